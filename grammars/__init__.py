@@ -1,0 +1,1 @@
+"""Constraints (regex, JSON schema, choices, EBNF) -> token bitmasks (the grammars issue)."""

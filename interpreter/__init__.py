@@ -1,0 +1,1 @@
+"""Runs programs: builds request trees and drives a backend (the lang issue builds it)."""

@@ -1,0 +1,1 @@
+"""User API: @program, gen, select, fork, roles (the lang issue builds it)."""
