@@ -1,0 +1,55 @@
+"""Attention over the paged KV pool, written with torch ops (the CPU path).
+
+The Triton kernels (`kernels.decode_attention`, `kernels.extend_attention`) take the same
+ForwardBatch layout on CUDA.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from runtime.forward_batch import ForwardBatch
+from runtime.kv_cache import KVPool
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv: KVPool,
+    layer: int,
+    batch: ForwardBatch,
+    scale: float,
+) -> torch.Tensor:
+    """Store the new k/v in their slots, then attend each sequence to its whole context.
+
+    q: [T, H, D]; k, v: [T, Hkv, D]. Returns [T, H * D].
+    """
+    k_cache, v_cache = kv.k[layer], kv.v[layer]
+    k_cache[batch.out_slots] = k
+    v_cache[batch.out_slots] = v
+    out = torch.empty_like(q)
+    q_start = kv_start = 0
+    for n, total in zip(batch.extend_lens, batch.seq_lens, strict=True):
+        slots = batch.kv_indices[kv_start : kv_start + total]
+        q_b = q[q_start : q_start + n].transpose(0, 1)  # (H, n, D)
+        k_b = k_cache[slots].transpose(0, 1)  # (Hkv, total, D)
+        v_b = v_cache[slots].transpose(0, 1)
+        mask = None
+        if 1 < n < total:
+            # Token i of the new run sits at position total - n + i and sees up to there.
+            mask = torch.ones(n, total, dtype=torch.bool, device=q.device).tril(total - n)
+        o = F.scaled_dot_product_attention(
+            q_b,
+            k_b,
+            v_b,
+            attn_mask=mask,
+            is_causal=(n == total and n > 1),
+            scale=scale,
+            enable_gqa=True,
+        )
+        out[q_start : q_start + n] = o.transpose(0, 1)
+        q_start += n
+        kv_start += total
+    return out.flatten(1)

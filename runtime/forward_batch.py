@@ -1,0 +1,65 @@
+"""ForwardBatch: one ragged batch of new tokens, each sequence reading its KV through slots."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ForwardBatch:
+    """New tokens of B sequences, concatenated (T tokens in all).
+
+    Sequence b owns rows qo_start[b]:qo_start[b] + extend_lens[b] of the T new tokens and its
+    whole context (cached prefix followed by the new tokens) lives in KV slots
+    kv_indices[kv_start[b]:kv_start[b] + seq_lens[b]]. A decode step is an extend of length 1,
+    so prefill chunks and decode tokens share one batch (hybrid prefill).
+    """
+
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    out_slots: torch.Tensor  # [T] int64, where each new token's K/V is written
+    kv_indices: torch.Tensor  # [sum(seq_lens)] int64
+    extend_lens: list[int]  # [B] new tokens per sequence
+    seq_lens: list[int]  # [B] context length per sequence after this step
+    logits_indices: torch.Tensor  # [N] rows of T whose next-token logits are wanted
+
+    @classmethod
+    def build(
+        cls,
+        new_tokens: list[list[int]],
+        slot_tables: list[torch.Tensor],
+        logits_rows: list[list[int]] | None = None,
+        device: torch.device | str = "cpu",
+    ) -> ForwardBatch:
+        """Batch sequence b's `new_tokens[b]` over its full `slot_tables[b]`.
+
+        The new tokens are the last len(new_tokens[b]) entries of the slot table. By default
+        logits are computed for each sequence's last new token; `logits_rows[b]` picks other
+        rows (offsets within that sequence's new tokens), e.g. all of them for prompt logprobs.
+        """
+        extend_lens = [len(t) for t in new_tokens]
+        seq_lens = [t.numel() for t in slot_tables]
+        for b, (n, total) in enumerate(zip(extend_lens, seq_lens, strict=True)):
+            if n < 1 or n > total:
+                raise ValueError(f"sequence {b}: {n} new tokens over a context of {total}")
+        positions = torch.cat(
+            [torch.arange(total - n, total) for n, total in zip(extend_lens, seq_lens, strict=True)]
+        )
+        out_slots = torch.cat([t[-n:] for t, n in zip(slot_tables, extend_lens, strict=True)])
+        rows, start = [], 0
+        for b, n in enumerate(extend_lens):
+            wanted = [n - 1] if logits_rows is None else logits_rows[b]
+            rows.extend(start + r for r in wanted)
+            start += n
+        flat_ids = [tok for seq in new_tokens for tok in seq]
+        return cls(
+            input_ids=torch.tensor(flat_ids, dtype=torch.int64, device=device),
+            positions=positions.to(device),
+            out_slots=out_slots.to(device),
+            kv_indices=torch.cat(slot_tables).to(device),
+            extend_lens=extend_lens,
+            seq_lens=seq_lens,
+            logits_indices=torch.tensor(rows, dtype=torch.int64, device=device),
+        )

@@ -1,0 +1,68 @@
+"""Find a model directory, read its config, build our model and fill it from safetensors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from transformers import AutoConfig
+
+from runtime.default_model import INSTALL_HINT, default_model_dir
+from runtime.models import LlamaForCausalLM, ModelConfig
+
+
+def resolve_model_dir(model: str | Path | None) -> Path:
+    """None (or "default") means the embedded default model; anything else is an HF directory."""
+    if model is None or str(model) == "default":
+        return default_model_dir()
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"model directory {path} does not exist (pass an HF model directory, or no model "
+            f"for the default one; {INSTALL_HINT})"
+        )
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} has no config.json; is it a transformers model directory?")
+    return path
+
+
+def load_model_config(path: Path) -> ModelConfig:
+    try:
+        hf = AutoConfig.from_pretrained(path)
+    except (ValueError, KeyError, OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read {path / 'config.json'}: {e}") from None
+    return ModelConfig.from_hf(hf)
+
+
+def load_model(
+    path: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device
+) -> LlamaForCausalLM:
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    model = model.to_empty(device=device).to(dtype)
+    if config.tie_word_embeddings:  # to_empty breaks the tie; restore it
+        model.lm_head.weight = model.embed_tokens.weight
+    # Rope tables are computed, not loaded, and stay fp32 whatever the weights' dtype.
+    model.rotary.float().reset()
+    model.load_hf_weights(_read_safetensors(path))
+    return model.eval()
+
+
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = sorted(p.name for p in path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path} has no *.safetensors weights")
+    weights = {}
+    for name in files:
+        try:
+            weights.update(load_file(path / name))
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"corrupt or unreadable weight file {path / name}: {e}") from None
+    return weights

@@ -1,0 +1,28 @@
+"""Tokenizer loading and the set of token ids that end generation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
+
+from runtime.models import ModelConfig
+
+
+def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot load the tokenizer in {path}: {e}") from None
+
+
+def eos_token_ids(path: Path, config: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    """EOS ids from the model config, generation_config.json (Llama 3 lists several) and the
+    tokenizer: any of them ends a request."""
+    ids = set(config.eos_token_ids)
+    if (path / "generation_config.json").is_file():
+        eos = GenerationConfig.from_pretrained(path).eos_token_id
+        ids |= {eos} if isinstance(eos, int) else set(eos or ())
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids

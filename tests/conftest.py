@@ -1,0 +1,96 @@
+"""Shared fixtures: tiny random models of each supported architecture, the default model."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+)
+
+# name -> (config class, extra config fields)
+TINY_VARIANTS = {
+    "llama": (transformers.LlamaConfig, dict(tie_word_embeddings=True)),
+    "llama3-rope": (
+        transformers.LlamaConfig,
+        dict(
+            tie_word_embeddings=False,
+            rope_parameters=dict(
+                rope_type="llama3",
+                rope_theta=500000.0,
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=128,
+            ),
+        ),
+    ),
+    "mistral": (transformers.MistralConfig, dict(head_dim=16, sliding_window=None)),
+    "qwen2": (transformers.Qwen2Config, dict(tie_word_embeddings=True)),
+    "qwen3": (transformers.Qwen3Config, dict(head_dim=32, tie_word_embeddings=False)),
+}
+
+
+@pytest.fixture(scope="session")
+def default_model_path() -> Path:
+    from runtime.default_model import default_model_dir
+
+    return default_model_dir()
+
+
+@pytest.fixture(scope="session")
+def make_tiny_model(tmp_path_factory, default_model_path):
+    """Build (once per variant) a tiny random model saved as an HF directory with the default
+    model's tokenizer, and return its path."""
+    built: dict[str, Path] = {}
+
+    def make(variant: str = "llama") -> Path:
+        if variant not in built:
+            config_cls, extra = TINY_VARIANTS[variant]
+            tokenizer = transformers.AutoTokenizer.from_pretrained(default_model_path)
+            config = config_cls(
+                vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id, **TINY, **extra
+            )
+            torch.manual_seed(0)
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            # Random init gives near-uniform logits; scale the head so greedy is decisive.
+            with torch.no_grad():
+                model.lm_head.weight.mul_(8.0)
+            path = tmp_path_factory.mktemp(f"tiny-{variant}")
+            model.save_pretrained(path)
+            tokenizer.save_pretrained(path)
+            built[variant] = path
+        return built[variant]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(make_tiny_model) -> Path:
+    return make_tiny_model("llama")
+
+
+@pytest.fixture
+def tiny_model_copy(tiny_model_path, tmp_path) -> Path:
+    """A private copy of the tiny model that a test may damage."""
+    dst = tmp_path / "model"
+    shutil.copytree(tiny_model_path, dst)
+    return dst
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_model_path):
+    from runtime import Engine
+
+    return Engine(model=str(tiny_model_path), device="cpu", dtype="float32", max_kv_tokens=4096)
