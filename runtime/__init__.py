@@ -1,0 +1,8 @@
+"""The braid runtime: model loading, our model forward, paged KV cache, engine, CLI."""
+
+from runtime.config import EngineConfig
+from runtime.engine import Engine
+from runtime.outputs import GenerateOutput, StreamChunk
+from runtime.sampling_params import SamplingParams
+
+__all__ = ["Engine", "EngineConfig", "GenerateOutput", "SamplingParams", "StreamChunk"]

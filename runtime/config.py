@@ -1,0 +1,80 @@
+"""EngineConfig: every engine setting in one validated dataclass."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None  # an HF model directory; None: the embedded default model
+    device: str = "auto"  # "auto": cuda when available, else cpu
+    # "auto": bfloat16 on cuda and on CPUs with native bf16 matmuls (2x faster decode than
+    # float32 there, measured on AVX512-BF16), float32 on other CPUs.
+    dtype: str = "auto"
+    max_kv_tokens: int | None = None  # KV pool size in tokens; overrides kv_cache_gb
+    kv_cache_gb: float | None = None  # KV pool size in GB; None: kv_memory_fraction
+    # Share of available host memory (cpu) or free device memory (cuda) for the KV pool.
+    kv_memory_fraction: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(
+                f"EngineConfig.device: expected auto, cpu or cuda[:N], got {self.device!r}"
+            )
+        if self.dtype != "auto" and self.dtype not in _DTYPES:
+            raise ValueError(
+                f"EngineConfig.dtype: expected auto or one of {list(_DTYPES)}, got {self.dtype!r}"
+            )
+        if self.max_kv_tokens is not None and self.max_kv_tokens < 1:
+            raise ValueError(f"EngineConfig.max_kv_tokens must be >= 1, got {self.max_kv_tokens}")
+        if self.kv_cache_gb is not None and self.kv_cache_gb <= 0:
+            raise ValueError(f"EngineConfig.kv_cache_gb must be > 0, got {self.kv_cache_gb}")
+        if not 0 < self.kv_memory_fraction < 1:
+            raise ValueError(
+                f"EngineConfig.kv_memory_fraction must be in (0, 1), got {self.kv_memory_fraction}"
+            )
+
+    @property
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            if self.torch_device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+                return torch.float32
+            return torch.bfloat16
+        return _DTYPES[self.dtype]
+
+    def kv_pool_tokens(self, bytes_per_token: int) -> int:
+        """The KV pool size in tokens: explicit, from a GB budget, or from free memory."""
+        if self.max_kv_tokens is not None:
+            return self.max_kv_tokens
+        if self.kv_cache_gb is not None:
+            budget = self.kv_cache_gb * 1024**3
+        elif self.torch_device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.torch_device)
+            budget = free * self.kv_memory_fraction
+        else:
+            budget = _available_host_memory() * self.kv_memory_fraction
+        return max(int(budget // bytes_per_token), 1)
+
+
+def _available_host_memory() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    # Not Linux: total physical memory is the best portable figure.
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

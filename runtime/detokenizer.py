@@ -1,0 +1,35 @@
+"""Incremental detokenization: text deltas that never split a UTF-8 character."""
+
+from __future__ import annotations
+
+from transformers import PreTrainedTokenizerBase
+
+# Context tokens decoded ahead of the new ones, so spacing rules (SentencePiece's leading
+# space, byte-level merges) see the same neighbours as a full decode does.
+_CONTEXT_TOKENS = 5
+
+
+class IncrementalDetokenizer:
+    """Feed token ids one step at a time and get back only the newly finished text.
+
+    Decoding a window [prefix_offset:] and subtracting the decode of [prefix_offset:read_offset]
+    gives the text the new tokens add; a trailing U+FFFD means a multi-byte character is not
+    complete yet, so it is held back until the next token completes it.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int]) -> None:
+        self.tokenizer = tokenizer
+        self.ids = list(prompt_ids[-_CONTEXT_TOKENS:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+
+    def add(self, token_ids: list[int]) -> str:
+        self.ids.extend(token_ids)
+        decode = self.tokenizer.decode
+        prefix = decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=True)
+        full = decode(self.ids[self.prefix_offset :], skip_special_tokens=True)
+        if full.endswith("\ufffd") or len(full) <= len(prefix):
+            return ""
+        self.prefix_offset = max(self.read_offset - _CONTEXT_TOKENS, 0)
+        self.read_offset = len(self.ids)
+        return full[len(prefix) :]

@@ -1,0 +1,71 @@
+"""The `braid` console script."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def braid(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "runtime.cli", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_help_lists_commands():
+    out = braid("--help")
+    assert out.returncode == 0 and "generate" in out.stdout
+
+
+def test_generate_streams_the_engines_greedy_text(tiny_model_path, tiny_engine):
+    from runtime import SamplingParams
+
+    expected = tiny_engine.generate("Once upon", SamplingParams(temperature=0, max_tokens=12))
+    out = braid(
+        "generate",
+        "Once upon",
+        "--model",
+        str(tiny_model_path),
+        "--max-tokens",
+        "12",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == expected.text + "\n"
+
+
+def test_generate_chat(tiny_model_path):
+    out = braid(
+        "generate",
+        "Hi",
+        "--chat",
+        "--model",
+        str(tiny_model_path),
+        "--max-tokens",
+        "3",
+        "--device",
+        "cpu",
+        "--stats",
+    )
+    assert out.returncode == 0, out.stderr
+    assert "tok/s" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "/nonexistent/model"], "model directory /nonexistent/model does not exist"),
+        (["--max-tokens", "-3"], "max_tokens must be >= 0"),
+    ],
+)
+def test_errors_are_one_line(tiny_model_path, args, message):
+    if "--model" not in args:
+        args = [*args, "--model", str(tiny_model_path)]
+    out = braid("generate", "Hi", *args)
+    assert out.returncode == 2
+    assert message in out.stderr and "Traceback" not in out.stderr
