@@ -30,8 +30,16 @@ def paged_attention(
     k_cache[batch.out_slots] = k
     v_cache[batch.out_slots] = v
     out = torch.empty_like(q)
+    if batch.decode_rows.numel():
+        out[batch.decode_rows] = _decode_attention(
+            q[batch.decode_rows], k_cache, v_cache, batch, scale
+        )
     q_start = kv_start = 0
     for n, total in zip(batch.extend_lens, batch.seq_lens, strict=True):
+        if n == 1:
+            q_start += 1
+            kv_start += total
+            continue
         slots = batch.kv_indices[kv_start : kv_start + total]
         q_b = q[q_start : q_start + n].transpose(0, 1)  # (H, n, D)
         k_b = k_cache[slots].transpose(0, 1)  # (Hkv, total, D)
@@ -53,3 +61,30 @@ def paged_attention(
         q_start += n
         kv_start += total
     return out.flatten(1)
+
+
+def _decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: ForwardBatch,
+    scale: float,
+) -> torch.Tensor:
+    """All one-token sequences at once over their padded slot tables.
+
+    Per KV head, two strided bmm's with that head's query heads grouped: on the CPU this is
+    ~7x faster in bf16 than SDPA with a mask and enable_gqa (which takes its math path and
+    expands K/V per query head) and ~2x faster than one matmul over a permuted K (a copy).
+    """
+    bd, num_heads, head_dim = q.shape
+    k = k_cache[batch.decode_kv_index]  # (Bd, L, Hkv, D)
+    v = v_cache[batch.decode_kv_index]
+    num_kv_heads = k.shape[2]
+    q = q.view(bd, num_kv_heads, num_heads // num_kv_heads, head_dim)  # (Bd, Hkv, G, D)
+    invalid = ~batch.decode_kv_valid[:, 0]  # (Bd, 1, L)
+    out = torch.empty_like(q)
+    for h in range(num_kv_heads):
+        scores = torch.bmm(q[:, h], k[:, :, h].transpose(1, 2)).float() * scale  # (Bd, G, L)
+        probs = scores.masked_fill_(invalid, float("-inf")).softmax(-1).to(v.dtype)
+        out[:, h] = torch.bmm(probs, v[:, :, h])  # (Bd, G, D)
+    return out.view(bd, num_heads, head_dim)

@@ -21,6 +21,15 @@ class EngineConfig:
     kv_cache_gb: float | None = None  # KV pool size in GB; None: kv_memory_fraction
     # Share of available host memory (cpu) or free device memory (cuda) for the KV pool.
     kv_memory_fraction: float = 0.2
+    prefix_cache: bool = True  # share KV of common prefixes through the radix cache
+    max_running_requests: int = 256
+    max_batch_tokens: int = 2048  # new tokens (prefill chunks + decode tokens) per step
+    chunk_size: int = 512  # longest prefill piece of one request in one step
+    # "hybrid": decode tokens and prefill chunks share each forward (split-fuse);
+    # "chunked": prefill-only and decode-only steps alternate.
+    prefill_mode: str = "hybrid"
+    # "lpm": longest cached prefix first; "fcfs": arrival order (both after priority).
+    schedule_policy: str = "lpm"
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -35,6 +44,17 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.max_kv_tokens must be >= 1, got {self.max_kv_tokens}")
         if self.kv_cache_gb is not None and self.kv_cache_gb <= 0:
             raise ValueError(f"EngineConfig.kv_cache_gb must be > 0, got {self.kv_cache_gb}")
+        for name in ("max_running_requests", "max_batch_tokens", "chunk_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.prefill_mode not in ("hybrid", "chunked"):
+            raise ValueError(
+                f"EngineConfig.prefill_mode: expected hybrid or chunked, got {self.prefill_mode!r}"
+            )
+        if self.schedule_policy not in ("lpm", "fcfs"):
+            raise ValueError(
+                f"EngineConfig.schedule_policy: expected lpm or fcfs, got {self.schedule_policy!r}"
+            )
         if not 0 < self.kv_memory_fraction < 1:
             raise ValueError(
                 f"EngineConfig.kv_memory_fraction must be in (0, 1), got {self.kv_memory_fraction}"

@@ -1,27 +1,30 @@
 """Engine: the public entry point to generation.
 
-This first version runs one request at a time under a lock; the scheduler (continuous
-batching over the same KV pool and ForwardBatch) replaces `_run` without changing the API.
+Callers (any thread) tokenize and validate their prompts, then hand requests to the engine
+thread, whose loop is three calls: schedule a batch, run it, process the results.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import random
 import threading
-from collections.abc import AsyncIterator, Iterator
-
-import torch
+import time
+from collections.abc import AsyncIterator, Callable
 
 from runtime.config import EngineConfig
 from runtime.detokenizer import IncrementalDetokenizer
-from runtime.forward_batch import ForwardBatch
 from runtime.kv_cache import KVPool
 from runtime.model_loader import load_model, load_model_config, resolve_model_dir
+from runtime.model_runner import ModelRunner, StepResult
 from runtime.outputs import GenerateOutput, StreamChunk
-from runtime.sampler import sample, step_seed
+from runtime.radix_cache import RadixCache
+from runtime.request import Request
 from runtime.sampling_params import SamplingParams
+from runtime.scheduler import Batch, Scheduler
+from runtime.stats import EngineStats
 from runtime.stop import StopStringMatcher
 from runtime.tokenizer import eos_token_ids, load_tokenizer
 
@@ -34,11 +37,10 @@ class Engine:
     def __init__(self, model: str | None = None, **config_fields) -> None:
         self.config = EngineConfig(model=model, **config_fields)
         path = resolve_model_dir(self.config.model)
-        self.model_config = load_model_config(path)
+        self.model_config = mc = load_model_config(path)
         self.tokenizer = load_tokenizer(path)
         self.device, dtype = self.config.torch_device, self.config.torch_dtype
-        self.model = load_model(path, self.model_config, dtype, self.device)
-        mc = self.model_config
+        model_ = load_model(path, mc, dtype, self.device)
         per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype)
         num_slots = self.config.kv_pool_tokens(per_token)
         self.kv = KVPool(mc.num_layers, num_slots, mc.num_kv_heads, mc.head_dim, dtype, self.device)
@@ -49,38 +51,113 @@ class Engine:
             dtype,
             self.device,
         )
+        self.cache = RadixCache(self.kv, enabled=self.config.prefix_cache)
+        self.scheduler = Scheduler(self.config, self.kv, self.cache)
+        vocab = min(len(self.tokenizer), mc.vocab_size)
+        self.runner = ModelRunner(model_, self.kv, self.device, vocab)
         self.eos_token_ids = eos_token_ids(path, mc, self.tokenizer)
         self.context_length = mc.max_position_embeddings
-        self._lock = threading.Lock()
+        self._stats = EngineStats()
+        self._rids = itertools.count()
+        self._live: dict[int, Request] = {}  # engine thread only
+        self._inbox: list[tuple[str, object]] = []
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="braid-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def model(self):
+        return self.runner.model
+
+    # ---- public API (any thread) -----------------------------------------------------
 
     def generate(
-        self, prompt: Prompt | list[Prompt], params: SamplingParams | None = None
-    ) -> GenerateOutput | list[GenerateOutput]:
-        """Generate for one prompt (text or token ids) or a list of them."""
-        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-            return [self.generate(p, params) for p in prompt]
+        self,
+        prompt: Prompt | list[Prompt],
+        params: SamplingParams | None = None,
+        priority: int = 0,
+    ) -> GenerateOutput | list[GenerateOutput] | list[list[GenerateOutput]]:
+        """Generate for one prompt (text or token ids) or a list of them; all of a list's
+        prompts run concurrently. With params.n > 1 each prompt gives a list of n outputs."""
         params = params or SamplingParams()
-        ids = self.encode(prompt)
-        text, token_ids, finish = [], [], "abort"
-        for chunk in self._run(ids, params):
-            text.append(chunk.text)
-            token_ids.extend(chunk.token_ids)
-            finish = chunk.finish_reason or finish
-        meta = {"prompt_tokens": len(ids), "completion_tokens": len(token_ids)}
-        return GenerateOutput("".join(text), token_ids, finish, meta)
+        many = isinstance(prompt, list) and prompt and not isinstance(prompt[0], int)
+        prompts = prompt if many else [prompt]
+        id_lists = [self.encode(p) for p in prompts]  # validate all before submitting any
+        groups = []
+        for ids in id_lists:
+            collectors = [_Collector() for _ in range(params.n)]
+            self._submit_n(ids, params, [c.add for c in collectors], priority)
+            groups.append(collectors)
+        outs = [[c.result() for c in group] for group in groups]
+        outs = [group if params.n > 1 else group[0] for group in outs]
+        return outs if many else outs[0]
 
     async def stream(
-        self, prompt: Prompt, params: SamplingParams | None = None
+        self, prompt: Prompt, params: SamplingParams | None = None, priority: int = 0
     ) -> AsyncIterator[StreamChunk]:
-        """Yield chunks of new text as they are generated."""
-        ids = self.encode(prompt)
-        chunks = self._run(ids, params or SamplingParams())
-        done = object()
+        """Yield chunks of new text as they are generated; leaving early aborts the request."""
+        params = params or SamplingParams()
+        if params.n != 1:
+            raise ValueError("stream() takes n=1; call it once per sample")
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[StreamChunk] = asyncio.Queue()
+        [rid] = self._submit_n(
+            self.encode(prompt),
+            params,
+            [lambda c: loop.call_soon_threadsafe(queue.put_nowait, c)],
+            priority,
+        )
+        finished = False
         try:
-            while (chunk := await asyncio.to_thread(next, chunks, done)) is not done:
+            while not finished:
+                chunk = await queue.get()
+                finished = chunk.finish_reason is not None
                 yield chunk
         finally:
-            chunks.close()  # frees the request's KV when the consumer stops early
+            if not finished:
+                self.abort(rid)
+
+    def submit(
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        emit: Callable[[StreamChunk], None],
+        priority: int = 0,
+    ) -> int:
+        """Queue one request (n=1); `emit` gets its chunks on the engine thread. Returns its id."""
+        if params.n != 1:
+            raise ValueError("submit() takes n=1")
+        return self._submit_n(self.encode(prompt), params, [emit], priority)[0]
+
+    def abort(self, rid: int) -> None:
+        """Stop a request; it ends with finish_reason "abort" and its KV is freed."""
+        self._post("abort", rid)
+
+    def flush_cache(self) -> None:
+        """Drop every prefix cached in the radix tree that no running request uses; returns
+        once the engine thread has done it."""
+        done = threading.Event()
+        self._post("flush", done)
+        done.wait()
+
+    def stats(self) -> dict:
+        out = self._stats.snapshot()
+        out.update(
+            kv_slots_total=self.kv.num_slots,
+            kv_slots_free=self.kv.num_free_slots,
+            kv_slots_cached=self.cache.num_cached_tokens,
+            running_requests=len(self.scheduler.running),
+            waiting_requests=len(self.scheduler.waiting),
+        )
+        return out
+
+    def shutdown(self) -> None:
+        """Abort what is queued or running and stop the engine thread."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        self._thread.join()
 
     def encode(self, prompt: Prompt) -> list[int]:
         """Token ids of a prompt, checked against the vocabulary and the context length."""
@@ -88,16 +165,10 @@ class Engine:
             ids = self.tokenizer.encode(prompt) if prompt else []
         else:
             ids = list(prompt)
-            bad = [
-                t
-                for t in ids
-                if not isinstance(t, int) or not 0 <= t < self.model_config.vocab_size
-            ]
+            vocab = self.model_config.vocab_size
+            bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
             if bad:
-                raise ValueError(
-                    f"prompt token ids must be ints in [0, {self.model_config.vocab_size}); "
-                    f"got {bad[:5]}"
-                )
+                raise ValueError(f"prompt token ids must be ints in [0, {vocab}); got {bad[:5]}")
         if not ids:
             raise ValueError("prompt is empty")
         if len(ids) >= self.context_length:
@@ -105,48 +176,211 @@ class Engine:
                 f"prompt has {len(ids)} tokens; the model's context is {self.context_length} "
                 f"tokens, so at most {self.context_length - 1} fit with room to generate"
             )
-        if len(ids) > self.kv.num_slots:
-            raise ValueError(f"prompt has {len(ids)} tokens; the KV pool holds {self.kv.num_slots}")
+        if len(ids) >= self.kv.num_slots:
+            raise ValueError(
+                f"prompt has {len(ids)} tokens; the KV pool holds {self.kv.num_slots} "
+                "(raise max_kv_tokens or kv_cache_gb)"
+            )
         return ids
 
-    def _run(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[StreamChunk]:
-        with self._lock:
-            yield from self._decode_loop(prompt_ids, params)
+    # ---- submission ------------------------------------------------------------------
 
-    def _decode_loop(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[StreamChunk]:
-        if params.max_tokens == 0:
-            yield StreamChunk("", [], "length")
-            return
-        seed = params.seed if params.seed is not None else random.getrandbits(63)
-        detok = IncrementalDetokenizer(self.tokenizer, prompt_ids)
-        stops = StopStringMatcher(params.stop_strings)
+    def _submit_n(
+        self,
+        ids: list[int],
+        params: SamplingParams,
+        emits: list[Callable[[StreamChunk], None]],
+        priority: int,
+    ) -> list[int]:
+        base_seed = params.seed if params.seed is not None else random.getrandbits(62)
         stop_ids = set(params.stop_token_ids or ())
         if not params.ignore_eos:
             stop_ids |= self.eos_token_ids
-        max_new = min(params.max_tokens, self.context_length - len(prompt_ids))
-        slots = self.kv.allocate(len(prompt_ids))
+        reqs = [
+            Request(
+                rid=next(self._rids),
+                prompt_ids=ids,
+                params=params,
+                seed=base_seed + i,
+                emit=emit,
+                detokenizer=IncrementalDetokenizer(self.tokenizer, ids),
+                stop_matcher=StopStringMatcher(params.stop_strings),
+                stop_ids=frozenset(stop_ids),
+                max_new_tokens=min(params.max_tokens, self.context_length - len(ids)),
+                priority=priority,
+            )
+            for i, emit in enumerate(emits)
+        ]
+        for r in reqs:
+            self._post("add", r)
+        return [r.rid for r in reqs]
+
+    def _post(self, op: str, arg: object) -> None:
+        with self._wake:
+            if self._stopping:
+                raise RuntimeError("the engine has been shut down")
+            self._inbox.append((op, arg))
+            self._wake.notify()
+
+    # ---- the engine thread -----------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not (self._inbox or self.scheduler.has_work or self._stopping):
+                    self._wake.wait()
+                inbox, self._inbox = self._inbox, []
+                stopping = self._stopping
+            for op, arg in inbox:
+                self._handle(op, arg)
+            if stopping:
+                for r in list(self._live.values()):
+                    self._finish(r, "abort", error="the engine was shut down")
+                return
+            batch = None
+            try:
+                batch = self.scheduler.schedule()
+                for r in self.scheduler.out_of_kv:
+                    self._finish(r, "length")
+                self.scheduler.out_of_kv.clear()
+                if batch is None:
+                    self._fail_unschedulable()
+                    continue
+                results = self.runner.run(batch)
+                self._process(batch, results)
+            except Exception as e:  # a bug or a device error: fail this batch, keep serving
+                log.exception("engine step failed")
+                victims = batch.requests if batch else list(self._live.values())
+                for r in victims:
+                    if r.rid in self._live:
+                        self._finish(r, "abort", error=f"engine step failed: {e!r}")
+
+    def _handle(self, op: str, arg: object) -> None:
+        if op == "add":
+            self._live[arg.rid] = arg
+            self.scheduler.add(arg)
+            self._stats.add(prompt_tokens=len(arg.prompt_ids))
+        elif op == "abort" and arg in self._live:
+            self._finish(self._live[arg], "abort")
+        elif op == "flush":
+            self.cache.reset()
+            arg.set()
+
+    def _fail_unschedulable(self) -> None:
+        """Nothing could run although requests wait: with nothing running to free KV, the
+        first waiting request cannot fit the pool even alone."""
+        if self.scheduler.waiting and not self.scheduler.running:
+            self._finish(self.scheduler.waiting[0], "length")
+
+    def _process(self, batch: Batch, results: list[StepResult]) -> None:
+        now = time.monotonic()
+        num_decodes = sum(1 for r in batch.requests if r.is_decoding)
+        self._stats.add(
+            forward_steps=1,
+            prefill_tokens_computed=sum(batch.num_new) - num_decodes,
+            decode_tokens=num_decodes,
+        )
+        for r, n, res in zip(batch.requests, batch.num_new, results, strict=True):
+            r.num_computed += n
+            r.prompt_logprobs.extend(res.prompt_logprobs)
+            if res.token is not None:
+                self._append_token(r, res, now)
+            elif r.num_uncomputed == 0:  # prompt logprobs only (max_tokens=0)
+                self._finish(r, "length")
+            else:
+                self.scheduler.cache_prefill_progress(r)
+        self._stats.add(
+            preemptions=self.scheduler.num_preemptions,
+            evicted_tokens=self.scheduler.num_evicted_tokens,
+        )
+        self.scheduler.num_preemptions = self.scheduler.num_evicted_tokens = 0
+
+    def _append_token(self, r: Request, res: StepResult, now: float) -> None:
+        if r.first_token_time is None:
+            r.first_token_time = now
+            self._stats.observe("ttft_s", now - r.arrival)
+        t = res.token
+        r.output_ids.append(t)
+        if r.params.logprobs or r.params.top_logprobs:
+            r.output_logprobs.append(res.logprob)
+            r.output_top_logprobs.append(res.top_logprobs)
+        if t in r.stop_ids:
+            self._finish(r, "stop", text=r.stop_matcher.flush(), tokens=[t])
+            return
+        text = r.stop_matcher.add(r.detokenizer.add([t]))
+        if r.stop_matcher.stopped:
+            self._finish(r, "stop", text=text, tokens=[t])
+        elif len(r.output_ids) >= r.max_new_tokens:
+            self._finish(r, "length", text=text + r.stop_matcher.flush(), tokens=[t])
+        elif not self._emit(r, StreamChunk(text, [t])):
+            self._finish(r, "abort")  # its consumer is gone
+
+    def _finish(
+        self,
+        r: Request,
+        reason: str,
+        text: str = "",
+        tokens: list[int] | None = None,
+        error: str | None = None,
+    ) -> None:
+        """Release the request's KV, then send its last chunk (so a caller woken by it
+        sees the pool already settled)."""
+        self.scheduler.finish(r)
+        self._live.pop(r.rid, None)
+        r.finish_reason = reason
+        now = time.monotonic()
+        if reason == "abort":
+            self._stats.add(requests_aborted=1)
+        else:
+            self._stats.add(requests_finished=1, cached_tokens=r.num_cached_prompt_tokens)
+            self._stats.observe("e2e_s", now - r.arrival)
+            if r.first_token_time is not None and len(r.output_ids) > 1:
+                self._stats.observe("tpot_s", (now - r.first_token_time) / (len(r.output_ids) - 1))
+        meta = {
+            "prompt_tokens": len(r.prompt_ids),
+            "cached_tokens": r.num_cached_prompt_tokens,
+            "completion_tokens": len(r.output_ids),
+            "preemptions": r.num_preemptions,
+        }
+        if r.params.logprobs or r.params.top_logprobs:
+            meta["logprobs"] = r.output_logprobs
+            meta["top_logprobs"] = r.output_top_logprobs
+        if r.params.prompt_logprobs_from is not None:
+            meta["prompt_logprobs"] = r.prompt_logprobs
+        self._emit(r, StreamChunk(text, tokens or [], reason, error, meta))
+
+    def _emit(self, r: Request, chunk: StreamChunk) -> bool:
+        """Hand a chunk to the request's consumer; a consumer that fails (say, its event loop
+        closed) loses its request, and the engine goes on."""
         try:
-            new_tokens = prompt_ids
-            for step in range(max_new):
-                batch = ForwardBatch.build([new_tokens], [slots], device=self.device)
-                logits = self.model(batch, self.kv)
-                [token], _ = sample(logits, [params], [step_seed(seed, step)])
-                finish = None
-                if token in stop_ids:
-                    finish, text = "stop", stops.flush()
-                else:
-                    text = stops.add(detok.add([token]))
-                    if stops.stopped:
-                        finish = "stop"
-                    elif step == max_new - 1:
-                        finish, text = "length", text + stops.flush()
-                yield StreamChunk(text, [token], finish)
-                if finish:
-                    return
-                if not self.kv.can_allocate(1):
-                    yield StreamChunk(stops.flush(), [], "length")
-                    return
-                slots = torch.cat([slots, self.kv.allocate(1)])
-                new_tokens = [token]
-        finally:
-            self.kv.free(slots)
+            r.emit(chunk)
+            return True
+        except Exception:
+            log.warning("request %d: its consumer raised; aborting it", r.rid, exc_info=True)
+            return False
+
+
+class _Collector:
+    """Gathers one request's chunks for the blocking `generate`."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.token_ids: list[int] = []
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+        self.meta: dict = {}
+        self._done = threading.Event()
+
+    def add(self, chunk: StreamChunk) -> None:
+        self.text.append(chunk.text)
+        self.token_ids.extend(chunk.token_ids)
+        if chunk.finish_reason is not None:
+            self.finish_reason, self.error = chunk.finish_reason, chunk.error
+            self.meta = chunk.meta or {}
+            self._done.set()
+
+    def result(self) -> GenerateOutput:
+        self._done.wait()
+        if self.error:
+            raise RuntimeError(self.error)
+        return GenerateOutput("".join(self.text), self.token_ids, self.finish_reason, self.meta)

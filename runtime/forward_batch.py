@@ -24,6 +24,11 @@ class ForwardBatch:
     extend_lens: list[int]  # [B] new tokens per sequence
     seq_lens: list[int]  # [B] context length per sequence after this step
     logits_indices: torch.Tensor  # [N] rows of T whose next-token logits are wanted
+    # Sequences with one new token (decodes) are attended together on the CPU path: their
+    # rows of T, their slot tables padded to the longest, and which padded entries are real.
+    decode_rows: torch.Tensor  # [Bd]
+    decode_kv_index: torch.Tensor  # [Bd, Lmax]
+    decode_kv_valid: torch.Tensor  # [Bd, 1, 1, Lmax] bool
 
     @classmethod
     def build(
@@ -54,6 +59,14 @@ class ForwardBatch:
             rows.extend(start + r for r in wanted)
             start += n
         flat_ids = [tok for seq in new_tokens for tok in seq]
+        decodes = [b for b, n in enumerate(extend_lens) if n == 1]
+        longest = max((seq_lens[b] for b in decodes), default=0)
+        kv_index = torch.zeros(len(decodes), longest, dtype=torch.int64)
+        for i, b in enumerate(decodes):
+            kv_index[i, : seq_lens[b]] = slot_tables[b]
+        lens = torch.tensor([seq_lens[b] for b in decodes], dtype=torch.int64)
+        kv_valid = (torch.arange(longest)[None, :] < lens[:, None])[:, None, None, :]
+        row_starts = torch.tensor([0, *extend_lens]).cumsum(0)
         return cls(
             input_ids=torch.tensor(flat_ids, dtype=torch.int64, device=device),
             positions=positions.to(device),
@@ -62,4 +75,7 @@ class ForwardBatch:
             extend_lens=extend_lens,
             seq_lens=seq_lens,
             logits_indices=torch.tensor(rows, dtype=torch.int64, device=device),
+            decode_rows=row_starts[decodes].to(device),
+            decode_kv_index=kv_index.to(device),
+            decode_kv_valid=kv_valid.to(device),
         )

@@ -10,7 +10,9 @@ class GenerateOutput:
     text: str
     token_ids: list[int]
     finish_reason: str  # "stop" (EOS, stop string or stop token) | "length" | "abort"
-    meta: dict = field(default_factory=dict)  # prompt_tokens, completion_tokens, ...
+    # prompt_tokens, cached_tokens, completion_tokens, preemptions; logprobs and
+    # top_logprobs (per output token) and prompt_logprobs when asked for.
+    meta: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -18,3 +20,5 @@ class StreamChunk:
     text: str  # the new text since the previous chunk
     token_ids: list[int]  # the new tokens since the previous chunk
     finish_reason: str | None = None  # set on the last chunk
+    error: str | None = None  # why the engine gave up on the request (finish_reason "abort")
+    meta: dict | None = None  # on the last chunk: token counts, logprobs (see GenerateOutput)

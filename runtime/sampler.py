@@ -1,31 +1,65 @@
-"""Turns per-request SamplingParams into the tensors `kernels.sample` takes, and samples."""
+"""Turns each request's SamplingParams into the tensors `kernels.sample` takes, and samples.
+
+Penalties and min_tokens are applied to the logits here (they need each request's token
+history); masking, temperature, top-k/top-p/min-p and the draw happen in the kernel.
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
 from kernels.reference import sample as reference_sample
 
-from runtime.sampling_params import SamplingParams
+if TYPE_CHECKING:
+    from runtime.request import Request
 
 _MASK63 = (1 << 63) - 1
 
 
 def step_seed(request_seed: int, step: int) -> int:
-    """A distinct, reproducible seed for each decoding step of a request."""
+    """A distinct, reproducible seed for each decoding step of a request, so a request
+    preempted and recomputed samples the same tokens again."""
     # splitmix64's increment and multiplier spread consecutive steps over the whole range.
     x = (request_seed * 0x9E3779B97F4A7C15 + step * 0xBF58476D1CE4E5B9) & _MASK63
     return x ^ (x >> 31)
 
 
-def sample(
-    logits: torch.Tensor, params: list[SamplingParams], seeds: list[int]
-) -> tuple[list[int], list[float]]:
-    """Sample one token per row of logits [B, V]; returns token ids and their logprobs."""
+def sample(logits: torch.Tensor, reqs: list[Request]) -> list[int]:
+    """One token per row of logits [B, V] (row b belongs to reqs[b])."""
     device = logits.device
+    if any(r.params.has_penalties or len(r.output_ids) < r.params.min_tokens for r in reqs):
+        logits = logits.clone()
+        for row, r in enumerate(reqs):
+            _apply_penalties(logits[row], r)
+    params = [r.params for r in reqs]
     temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
     top_k = torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device)
     top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
     min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device)
-    seed_t = torch.tensor(seeds, dtype=torch.int64, device=device)
-    ids, logprobs = reference_sample(logits, None, temperature, top_k, top_p, min_p, seed_t)
-    return ids.tolist(), logprobs.tolist()
+    seeds = torch.tensor(
+        [step_seed(r.seed, len(r.output_ids)) for r in reqs], dtype=torch.int64, device=device
+    )
+    ids, _ = reference_sample(logits, None, temperature, top_k, top_p, min_p, seeds)
+    return ids.tolist()
+
+
+def _apply_penalties(logits: torch.Tensor, r: Request) -> None:
+    """In place on one row [V]. Conventions as in vLLM/OpenAI: repetition (CTRL-style, over
+    prompt and output) divides positive logits and multiplies negative ones; frequency and
+    presence subtract per output occurrence / once."""
+    p, vocab = r.params, logits.numel()
+    if len(r.output_ids) < p.min_tokens:
+        logits[[t for t in r.stop_ids if t < vocab]] = float("-inf")
+    if p.repetition_penalty != 1:
+        seen = torch.tensor(r.token_ids, device=logits.device).unique()
+        seen = seen[seen < vocab]
+        vals = logits[seen]
+        logits[seen] = torch.where(
+            vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty
+        )
+    if (p.frequency_penalty or p.presence_penalty) and r.output_ids:
+        counts = torch.bincount(torch.tensor(r.output_ids, device=logits.device), minlength=vocab)
+        counts = counts[:vocab].to(logits.dtype)
+        logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)

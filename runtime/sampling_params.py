@@ -6,29 +6,49 @@ import msgspec
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """How one request samples and when it stops.
+    """How one request samples, what it reports, and when it stops.
 
     A msgspec Struct so the server decodes wire JSON straight into it and the same
     validation runs everywhere.
     """
 
     max_tokens: int = 128
+    min_tokens: int = 0  # EOS and stop token ids are suppressed before this many tokens
     temperature: float = 1.0  # 0 means greedy
     top_p: float = 1.0  # 1 means off
     top_k: int = 0  # 0 means off
     min_p: float = 0.0  # 0 means off
+    frequency_penalty: float = 0.0  # subtracted per earlier occurrence in the output
+    presence_penalty: float = 0.0  # subtracted once if the token occurred in the output
+    repetition_penalty: float = 1.0  # >1 discourages tokens of the prompt and output
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     seed: int | None = None  # None: a fresh seed per request
+    n: int = 1  # independent samples of the same prompt (its prefix is computed once)
+    logprobs: bool = False  # report the logprob of each generated token
+    top_logprobs: int = 0  # and of this many most likely alternatives at each step
+    # Report logprobs of the prompt's tokens from this position on (select scores choices
+    # this way, with max_tokens=0). None: no prompt logprobs.
+    prompt_logprobs_from: int | None = None
 
     def __post_init__(self) -> None:
         checks = [
             (self.max_tokens >= 0, "max_tokens must be >= 0"),
+            (0 <= self.min_tokens, "min_tokens must be >= 0"),
             (self.temperature >= 0, "temperature must be >= 0"),
             (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
             (self.top_k >= 0, "top_k must be >= 0 (0 turns it off)"),
             (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
+            (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
+            (-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
+            (self.repetition_penalty > 0, "repetition_penalty must be > 0"),
+            (self.n >= 1, "n must be >= 1"),
+            (0 <= self.top_logprobs <= 20, "top_logprobs must be in [0, 20]"),
+            (
+                self.prompt_logprobs_from is None or self.prompt_logprobs_from >= 1,
+                "prompt_logprobs_from must be >= 1 (the first token has no logprob)",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -45,3 +65,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def has_penalties(self) -> bool:
+        return (
+            self.frequency_penalty != 0
+            or self.presence_penalty != 0
+            or self.repetition_penalty != 1
+        )

@@ -1,0 +1,90 @@
+"""ModelRunner: one forward over a scheduled batch, then sampling and logprobs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from runtime.forward_batch import ForwardBatch
+from runtime.kv_cache import KVPool
+from runtime.models import LlamaForCausalLM
+from runtime.sampler import sample
+from runtime.scheduler import Batch
+
+
+@dataclass
+class StepResult:
+    token: int | None = None  # the sampled token, when the request's feed completed
+    logprob: float = 0.0  # its logprob under the model's distribution (temperature 1)
+    top_logprobs: dict[int, float] = field(default_factory=dict)
+    prompt_logprobs: list[float] = field(default_factory=list)  # for the fed prompt tokens
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, kv: KVPool, device: torch.device, vocab_size: int):
+        self.model = model
+        self.kv = kv
+        self.device = device
+        # Rows of the model's vocabulary past the tokenizer's are padding: never sampled.
+        self.vocab_size = vocab_size
+
+    def run(self, batch: Batch) -> list[StepResult]:
+        new_tokens, slot_tables, rows, prompt_rows = [], [], [], []
+        for i, (r, n) in enumerate(zip(batch.requests, batch.num_new, strict=True)):
+            start = r.num_computed
+            new_tokens.append(r.token_ids[start : start + n])
+            slot_tables.append(r.slots[: start + n])
+            # Position p's logits predict token p + 1: prompt logprobs from `first` on need
+            # the logits of positions first - 1 .. len(prompt) - 2.
+            lp = []
+            first = r.params.prompt_logprobs_from
+            if first is not None and not r.output_ids:
+                lo, hi = max(first - 1, start), min(len(r.prompt_ids) - 1, start + n)
+                lp = [p - start for p in range(lo, hi)]
+            prompt_rows.append(len(lp))
+            rows.append(lp + ([n - 1] if batch.samples(i) else []))
+        fb = ForwardBatch.build(new_tokens, slot_tables, rows, device=self.device)
+        logits = self.model(fb, self.kv)[:, : self.vocab_size]
+
+        results = [StepResult() for _ in batch.requests]
+        offset, sample_rows, sampled = 0, [], []
+        for i, r in enumerate(batch.requests):
+            num_lp = prompt_rows[i]
+            if num_lp:
+                start = r.num_computed
+                targets = torch.tensor(
+                    r.prompt_ids[start + rows[i][0] + 1 : start + rows[i][num_lp - 1] + 2],
+                    device=logits.device,
+                )
+                logp = torch.log_softmax(logits[offset : offset + num_lp], dim=-1)
+                results[i].prompt_logprobs = logp.gather(1, targets[:, None])[:, 0].tolist()
+            if batch.samples(i):
+                sample_rows.append(offset + num_lp)
+                sampled.append(i)
+            offset += len(rows[i])
+        if sampled:
+            self._sample(
+                logits[sample_rows],
+                [batch.requests[i] for i in sampled],
+                [results[i] for i in sampled],
+            )
+        return results
+
+    def _sample(self, logits: torch.Tensor, reqs: list, results: list[StepResult]) -> None:
+        tokens = sample(logits, reqs)
+        want_logprobs = [
+            i for i, r in enumerate(reqs) if r.params.logprobs or r.params.top_logprobs
+        ]
+        if want_logprobs:
+            logp = torch.log_softmax(logits[want_logprobs], dim=-1)
+            for row, i in enumerate(want_logprobs):
+                results[i].logprob = float(logp[row, tokens[i]])
+                k = reqs[i].params.top_logprobs
+                if k:
+                    top = logp[row].topk(k)
+                    results[i].top_logprobs = dict(
+                        zip(top.indices.tolist(), top.values.tolist(), strict=True)
+                    )
+        for res, t in zip(results, tokens, strict=True):
+            res.token = t

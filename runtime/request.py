@@ -1,0 +1,87 @@
+"""Request: one sequence's state as it moves through the scheduler."""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from runtime.detokenizer import IncrementalDetokenizer
+from runtime.outputs import StreamChunk
+from runtime.radix_cache import Node
+from runtime.sampling_params import SamplingParams
+from runtime.stop import StopStringMatcher
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    """A prompt plus its generated tokens, and where their KV lives.
+
+    `slots[:num_computed]` hold the KV of `token_ids[:num_computed]`; the first
+    `num_tree_slots` of them belong to the radix cache (locked through `cache_node`), the
+    rest are the request's own. Prefill feeds `token_ids[num_computed:]` in chunks; a token
+    is sampled when everything has been fed. After preemption the request starts over from
+    `num_computed = 0` with its output so far as part of what it feeds.
+    """
+
+    rid: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    seed: int
+    emit: Callable[[StreamChunk], None]  # called on the engine thread with each chunk
+    detokenizer: IncrementalDetokenizer
+    stop_matcher: StopStringMatcher
+    stop_ids: frozenset[int]
+    max_new_tokens: int
+    priority: int = 0
+    arrival: float = field(default_factory=time.monotonic)
+    status: Status = Status.WAITING
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    output_top_logprobs: list[dict[int, float]] = field(default_factory=list)
+    prompt_logprobs: list[float] = field(default_factory=list)
+    slots: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
+    num_computed: int = 0
+    num_tree_slots: int = 0
+    cache_node: Node | None = None
+    num_cached_prompt_tokens: int = 0  # prompt tokens found in the radix cache at admission
+    num_preemptions: int = 0
+    first_token_time: float | None = None
+    finish_reason: str | None = None
+    aborted: bool = False
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_uncomputed(self) -> int:
+        return self.num_tokens - self.num_computed
+
+    @property
+    def is_decoding(self) -> bool:
+        """Everything but the last sampled token is in the KV cache."""
+        return bool(self.output_ids) and self.num_uncomputed == 1
+
+    @property
+    def max_cached_prefix(self) -> int:
+        """How much of the sequence may come from the cache: at least one token must be
+        computed to get logits, and prompt logprobs need logits from their start on."""
+        limit = self.num_tokens - 1
+        start = self.params.prompt_logprobs_from
+        if start is not None and not self.output_ids:
+            limit = min(limit, start - 1)
+        return limit

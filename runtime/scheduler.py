@@ -1,0 +1,227 @@
+"""Scheduler: continuous batching with chunked or hybrid prefill, priorities and preemption.
+
+Each step it picks which requests feed how many tokens, within a token budget, and makes
+sure their KV slots exist (evicting cached prefixes, then preempting) before the forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from runtime.config import EngineConfig
+from runtime.kv_cache import KVPool
+from runtime.radix_cache import RadixCache
+from runtime.request import Request, Status
+
+# A waiting request whose prompt shares at least this many not-yet-cached tokens with a
+# request that is prefilling now waits for that prefill to reach the cache instead of
+# computing the same tokens again. Shorter overlaps (a BOS token, a role header) are cheaper
+# to recompute than to wait a step for.
+MIN_SHARED_TOKENS = 8
+
+
+@dataclass
+class Batch:
+    requests: list[Request]
+    num_new: list[int]  # tokens each request feeds in this step
+
+    def samples(self, i: int) -> bool:
+        """Does request i get a new token from this step (its feed completes)?"""
+        r = self.requests[i]
+        return r.num_computed + self.num_new[i] == r.num_tokens and r.max_new_tokens > 0
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, kv: KVPool, cache: RadixCache) -> None:
+        self.config = config
+        self.kv = kv
+        self.cache = cache
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+        self.num_evicted_tokens = 0
+        # Requests that cannot continue even with the whole pool to themselves; the engine
+        # finishes them with reason "length".
+        self.out_of_kv: list[Request] = []
+        self._last_step_prefilled = False  # for prefill_mode="chunked"
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, req: Request) -> None:
+        req.status = Status.WAITING
+        self.waiting.append(req)
+
+    def schedule(self) -> Batch | None:
+        """The next step's batch, or None when nothing can run."""
+        decodes = [r for r in self.running if r.is_decoding]
+        budget = self.config.max_batch_tokens
+        if self.config.prefill_mode == "chunked":
+            # Prefill-only and decode-only steps alternate while both have work.
+            if not (decodes and self._last_step_prefilled):
+                batch = Batch([], [])
+                self._add_prefills(batch, budget)
+                if batch.requests:
+                    self._last_step_prefilled = True
+                    return batch
+            self._last_step_prefilled = False
+            decodes = self._reserve_decode_slots(decodes)
+            return Batch(decodes, [1] * len(decodes)) if decodes else None
+        # Hybrid: every running decode gets its token, prefill chunks fill the rest.
+        decodes = self._reserve_decode_slots(decodes)
+        batch = Batch(decodes, [1] * len(decodes))
+        self._add_prefills(batch, budget - len(decodes))
+        return batch if batch.requests else None
+
+    def finish(self, req: Request) -> None:
+        """A finished or aborted request gives its KV to the cache and leaves."""
+        if req in self.running:
+            self.running.remove(req)
+            self._release(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        req.status = Status.FINISHED
+
+    def cache_prefill_progress(self, req: Request) -> None:
+        """Put a partly prefilled request's computed tokens into the radix cache now, so a
+        request waiting on the same prefix can use them (and swap our duplicate slots for
+        the cache's if another request got there first)."""
+        if not self.cache.enabled:
+            return
+        fed = req.num_computed
+        tokens = req.token_ids[:fed]
+        self.cache.insert(tokens, req.slots[:fed])
+        prefix, node = self.cache.match_prefix(tokens)
+        self.cache.lock(node)
+        self.cache.unlock(req.cache_node)
+        req.slots = torch.cat([prefix, req.slots[fed:]])
+        req.cache_node, req.num_tree_slots = node, fed
+
+    def _reserve_decode_slots(self, decodes: list[Request]) -> list[Request]:
+        """One new slot per decoding request; preempt the least important when KV runs out."""
+        while decodes and not self._make_room(len(decodes)):
+            if len(self.running) == 1:  # alone and still too long for the whole pool
+                self.out_of_kv.append(decodes.pop())
+                break
+            victim = self._victim(self.running)
+            self._preempt(victim)
+            if victim in decodes:
+                decodes.remove(victim)
+        for r in decodes:
+            r.slots = torch.cat([r.slots, self.kv.allocate(1)])
+        return decodes
+
+    def _add_prefills(self, batch: Batch, budget: int) -> None:
+        # Requests already part-way through their prefill continue first.
+        for r in self.running:
+            if budget <= 0:
+                return
+            if r.is_decoding or r in batch.requests:
+                continue
+            n = min(r.num_uncomputed, budget, self.config.chunk_size)
+            if not self._make_room(n):
+                return
+            r.slots = torch.cat([r.slots, self.kv.allocate(n)])
+            batch.requests.append(r)
+            batch.num_new.append(n)
+            budget -= n
+        for r in self._admission_order():
+            if budget <= 0 or len(self.running) >= self.config.max_running_requests:
+                return
+            if self._waits_for_shared_prefix(r):
+                continue
+            if not self._admit(r, batch, budget):
+                return
+            budget -= batch.num_new[-1]
+
+    def _admission_order(self) -> list[Request]:
+        if self.config.schedule_policy == "lpm":
+            # Longest cached prefix first: those requests cost least to start and keep the
+            # cache entries they use warm.
+            def key(r: Request):
+                cached = self.cache.match_prefix(r.token_ids[: r.max_cached_prefix])[0].numel()
+                return (-r.priority, -cached, r.arrival)
+        else:
+
+            def key(r: Request):
+                return (-r.priority, r.arrival)
+
+        return sorted(self.waiting, key=key)
+
+    def _admit(self, r: Request, batch: Batch, budget: int) -> bool:
+        prefix, node = self.cache.match_prefix(r.token_ids[: r.max_cached_prefix])
+        self.cache.lock(node)  # keep our prefix out of the eviction below
+        n = min(r.num_tokens - prefix.numel(), budget, self.config.chunk_size)
+        while not self._make_room(n):
+            # Only requests outside this step's batch can give their slots back now.
+            lower = [
+                x
+                for x in self.running
+                if x.priority < r.priority and all(x is not y for y in batch.requests)
+            ]
+            victim = self._victim(lower)
+            if victim is None:
+                self.cache.unlock(node)
+                return False
+            self._preempt(victim)
+        r.slots = torch.cat([prefix, self.kv.allocate(n)])
+        r.num_computed = r.num_tree_slots = prefix.numel()
+        r.cache_node = node
+        if r.num_preemptions == 0:
+            r.num_cached_prompt_tokens = prefix.numel()
+        r.status = Status.RUNNING
+        self.waiting.remove(r)
+        self.running.append(r)
+        batch.requests.append(r)
+        batch.num_new.append(n)
+        return True
+
+    def _waits_for_shared_prefix(self, r: Request) -> bool:
+        """Is a prefix of r that the cache lacks being prefilled right now by another request?"""
+        if not self.cache.enabled:
+            return False
+        prefilling = [x for x in self.running if not x.is_decoding]
+        if not prefilling:
+            return False
+        cached = self.cache.match_prefix(r.token_ids[: r.max_cached_prefix])[0].numel()
+        return any(
+            _common_prefix_length(r.token_ids, x.token_ids) - cached >= MIN_SHARED_TOKENS
+            for x in prefilling
+        )
+
+    def _make_room(self, n: int) -> bool:
+        """Ensure n free slots, evicting unused cached prefixes if needed."""
+        if not self.kv.can_allocate(n):
+            self.num_evicted_tokens += self.cache.evict(n - self.kv.num_free_slots)
+        return self.kv.can_allocate(n)
+
+    def _victim(self, candidates: list[Request]) -> Request | None:
+        """Lowest priority first, then the latest arrival (it has the least work to lose)."""
+        return min(candidates, key=lambda r: (r.priority, -r.arrival), default=None)
+
+    def _preempt(self, r: Request) -> None:
+        self.running.remove(r)
+        self._release(r)
+        r.num_preemptions += 1
+        self.num_preemptions += 1
+        self.add(r)
+
+    def _release(self, r: Request) -> None:
+        fed = r.num_computed
+        self.cache.insert(r.token_ids[:fed], r.slots[:fed])
+        if r.slots.numel() > fed:  # allocated for a step that never ran
+            self.kv.free(r.slots[fed:])
+        self.cache.unlock(r.cache_node)
+        r.slots = r.slots[:0]
+        r.cache_node, r.num_computed, r.num_tree_slots = None, 0, 0
+
+
+def _common_prefix_length(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

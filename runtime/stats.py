@@ -1,0 +1,57 @@
+"""Engine counters and latency percentiles, read by `engine.stats()` and the server."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+# Latency samples kept per metric: enough for stable p99s, bounded so memory stays flat.
+_WINDOW = 10_000
+
+
+class EngineStats:
+    COUNTERS = (
+        "requests_finished",
+        "requests_aborted",
+        "prompt_tokens",
+        "cached_tokens",
+        "prefill_tokens_computed",
+        "decode_tokens",
+        "preemptions",
+        "evicted_tokens",
+        "forward_steps",
+    )
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counters = dict.fromkeys(self.COUNTERS, 0)
+        self.latencies: dict[str, deque[float]] = {
+            "ttft_s": deque(maxlen=_WINDOW),  # arrival -> first token
+            "tpot_s": deque(maxlen=_WINDOW),  # mean time per output token after the first
+            "e2e_s": deque(maxlen=_WINDOW),  # arrival -> finish
+        }
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for name, n in counts.items():
+                self.counters[name] += n
+
+    def observe(self, name: str, seconds: float) -> None:
+        with self._lock:
+            self.latencies[name].append(seconds)
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            out: dict = dict(self.counters)
+            for name, values in self.latencies.items():
+                ordered = sorted(values)
+                for q in (50, 90, 99):
+                    key = f"{name.removesuffix('_s')}_p{q}_s"
+                    out[key] = _percentile(ordered, q)
+            return out
+
+
+def _percentile(ordered: list[float], q: int) -> float | None:
+    if not ordered:
+        return None
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
