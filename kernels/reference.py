@@ -69,17 +69,33 @@ def sample(
     p_i, driven by `uniform_noise(seeds)`.
     """
     logits = logits.float()
-    batch, vocab = logits.shape
     if bitmask is not None:
         logits = apply_bitmask(logits, bitmask)
         dead = torch.isneginf(logits).all(-1)
         if dead.any():
             row = int(dead.nonzero()[0])
             raise ValueError(f"sample: the bitmask of row {row} allows no token")
-    greedy = temperature == 0
-    scaled = logits / torch.where(greedy, 1.0, temperature).unsqueeze(1)
-    logprobs = torch.log_softmax(scaled, dim=-1)
+    chosen = logits.argmax(dim=-1)
+    chosen_lp = logits.gather(1, chosen[:, None])[:, 0] - logits.logsumexp(dim=-1)
+    rows = (temperature != 0).nonzero()[:, 0]
+    if rows.numel():  # the noise and filters cost O(V) per row: only for sampled rows
+        ids, lp = _sample_rows(
+            logits[rows], temperature[rows], top_k[rows], top_p[rows], min_p[rows], seeds[rows]
+        )
+        chosen[rows], chosen_lp[rows] = ids, lp
+    return chosen, chosen_lp
 
+
+def _sample_rows(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    seeds: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    vocab = logits.shape[1]
+    logprobs = torch.log_softmax(logits / temperature.unsqueeze(1), dim=-1)
     k = torch.where((top_k <= 0) | (top_k >= vocab), vocab, top_k).to(torch.int64)
     filtered = logprobs
     if bool((k < vocab).any()) or bool((top_p < 1).any()):
@@ -101,6 +117,4 @@ def sample(
     # Exponential race in log space: argmax log p - log E.
     race = filtered - torch.log(-torch.log(uniform_noise(seeds, vocab)))
     sampled = race.argmax(dim=-1)
-    chosen = torch.where(greedy, logits.argmax(dim=-1), sampled)
-    lp = torch.where(greedy.unsqueeze(1), logprobs, filtered)
-    return chosen, lp.gather(1, chosen.unsqueeze(1)).squeeze(1)
+    return sampled, filtered.gather(1, sampled.unsqueeze(1)).squeeze(1)
