@@ -281,13 +281,15 @@ class Engine:
             decode_tokens=num_decodes,
         )
         for r, n, res in zip(batch.requests, batch.num_new, results, strict=True):
+            prefilled = not r.is_decoding
             r.num_computed += n
             r.prompt_logprobs.extend(res.prompt_logprobs)
             if res.token is not None:
                 self._append_token(r, res, now)
             elif r.num_uncomputed == 0:  # prompt logprobs only (max_tokens=0)
                 self._finish(r, "length")
-            else:
+            if prefilled and r.finish_reason is None:
+                # Others may be waiting for this prefix: cache it now, not at the finish.
                 self.scheduler.cache_prefill_progress(r)
         self._stats.add(
             preemptions=self.scheduler.num_preemptions,

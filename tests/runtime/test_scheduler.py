@@ -101,13 +101,18 @@ def test_many_threads_equal_solo_runs(tiny_model_path, solo):
     engine.shutdown()
 
 
+@pytest.mark.parametrize("chunk_size", [32, 512])  # prefix prefilled in chunks / in one go
 @pytest.mark.parametrize("arrive_together", [True, False])
-def test_shared_prefix_is_prefilled_once(tiny_model_path, arrive_together):
+def test_shared_prefix_is_prefilled_once(tiny_model_path, arrive_together, chunk_size):
     rng = random.Random(2)
     prefix = [rng.randrange(100, 40000) for _ in range(120)]
     suffixes = [[rng.randrange(100, 40000) for _ in range(10)] for _ in range(8)]
     engine = Engine(
-        model=str(tiny_model_path), device="cpu", dtype="float32", max_kv_tokens=4096, chunk_size=32
+        model=str(tiny_model_path),
+        device="cpu",
+        dtype="float32",
+        max_kv_tokens=4096,
+        chunk_size=chunk_size,
     )
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     prompts = [prefix + s for s in suffixes]
