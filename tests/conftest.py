@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,24 @@ TINY = dict(
     max_position_embeddings=512,
     rms_norm_eps=1e-5,
 )
+
+
+def wait_idle(engine, timeout: float = 60.0) -> None:
+    """Aborts are processed by the engine thread: wait until it has nothing left."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        s = engine.stats()
+        if s["running_requests"] == 0 and s["waiting_requests"] == 0:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"engine still busy: {engine.stats()}")
+
+
+def assert_no_kv_leak(engine) -> None:
+    """Every KV slot is free or owned by the radix cache."""
+    s = engine.stats()
+    assert s["kv_slots_free"] + s["kv_slots_cached"] == s["kv_slots_total"], s
+
 
 # name -> (config class, extra config fields)
 TINY_VARIANTS = {

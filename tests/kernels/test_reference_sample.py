@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.reference import sample, uniform_noise, unpack_bitmask
+from kernels.reference import apply_bitmask, sample, uniform_noise, unpack_bitmask
+
+NEG_INF = float("-inf")
 
 
 def params(b: int, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed0=0):
@@ -24,7 +26,7 @@ def pack(allowed: torch.Tensor) -> torch.Tensor:
     words = (v + 31) // 32
     padded = torch.zeros(b, words * 32, dtype=torch.int64)
     padded[:, :v] = allowed.long()
-    packed = (padded.view(b, words, 32) << torch.arange(32)).sum(-1)
+    packed = (padded.view(b, words, 32) << torch.arange(32)).sum(-1)  # (B, W)
     return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
 
 
@@ -33,19 +35,41 @@ def test_pack_unpack_roundtrip():
     assert torch.equal(unpack_bitmask(pack(allowed), 77), allowed)
 
 
+def test_bitmask_trailing_bits_ignored_and_missing_words_disallow():
+    full = torch.full((2, 2), -1, dtype=torch.int32)  # every bit set, 64 tokens' worth
+    assert unpack_bitmask(full, 40).all()
+    logits = torch.zeros(2, 70)
+    masked = apply_bitmask(logits, full)
+    assert torch.isfinite(masked[:, :64]).all() and torch.isneginf(masked[:, 64:]).all()
+    assert (sample(logits, full, **params(2))[0] < 64).all()
+
+
 def test_greedy_is_exact_argmax_over_allowed_tokens():
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(16, 100, generator=g)
     logits[3, [5, 9]] = 50.0  # a tie: the lower index wins
+    logits[4, [70, 12]] = 50.0
     allowed = torch.rand(16, 100, generator=g) < 0.3
-    allowed[3, [5, 9]] = True
+    allowed[3:5, [5, 9, 12, 70]] = True
     for mask in (None, pack(allowed)):
         ids, lp = sample(logits, mask, **params(16, temperature=0.0))
-        ref_logits = logits if mask is None else logits.masked_fill(~allowed, float("-inf"))
+        ref_logits = logits if mask is None else logits.masked_fill(~allowed, NEG_INF)
         assert torch.equal(ids, ref_logits.argmax(-1))
-        assert ids[3] == 5
+        assert ids[3] == 5 and ids[4] == 12
         expected = torch.log_softmax(ref_logits, -1).gather(1, ids[:, None])[:, 0]
         torch.testing.assert_close(lp, expected)
+
+
+def test_other_dtypes():
+    g = torch.Generator().manual_seed(9)
+    logits = torch.randn(8, 64, generator=g).bfloat16()
+    p = params(8, temperature=0.0)
+    p["top_k"] = p["top_k"].int()
+    ids, lp = sample(logits, None, **p)
+    assert ids.dtype == torch.int64 and lp.dtype == torch.float32
+    assert torch.equal(ids, logits.float().argmax(-1))
+    ids, _ = sample(logits, None, **params(8, top_k=1))
+    assert torch.equal(ids, logits.float().argmax(-1))
 
 
 def test_never_samples_a_masked_token():
@@ -57,6 +81,8 @@ def test_never_samples_a_masked_token():
     for seed0 in range(0, 2000, 64):
         ids, _ = sample(logits, mask, **params(64, temperature=1.5, seed0=seed0))
         assert allowed[torch.arange(64), ids].all()
+    ids, _ = sample(logits, mask, **params(64, temperature=1.5, top_p=0.9, min_p=0.01))
+    assert allowed[torch.arange(64), ids].all()
 
 
 def test_all_masked_row_is_an_error():
@@ -77,11 +103,30 @@ def test_top_k_one_is_greedy_and_top_k_stays_in_the_top():
         assert (top5 == ids[:, None]).any(-1).all()
 
 
+def test_top_k_keeps_every_token_tied_at_the_boundary():
+    logits = torch.tensor([3.0, 1.0, 1.0, 0.9] + [0.0] * 12).expand(4000, 16)
+    ids, _ = sample(logits, None, **params(4000, top_k=2))
+    assert set(ids.tolist()) == {0, 1, 2}
+
+
+@pytest.mark.parametrize(
+    "filters", [dict(top_k=4), dict(top_p=0.6), dict(min_p=0.3)], ids=lambda f: next(iter(f))
+)
+def test_filters_only_return_kept_tokens(filters):
+    g = torch.Generator().manual_seed(6)
+    logits = torch.randn(32, 50, generator=g) * 2
+    kept = torch.stack([reference_distribution(row, 0.8, **filters) > 0 for row in logits])
+    assert (kept.sum(-1) < 50).all()  # the filter really drops something in every row
+    for seed0 in range(0, 640, 32):
+        ids, _ = sample(logits, None, **params(32, temperature=0.8, seed0=seed0, **filters))
+        assert kept[torch.arange(32), ids].all()
+
+
 def test_reproducible_per_seed_whatever_the_batch():
     g = torch.Generator().manual_seed(4)
     logits = torch.randn(8, 64, generator=g)
     p = params(8, seed0=100)
-    ids, _ = sample(logits, None, **p)
+    ids, lp = sample(logits, None, **p)
     again, _ = sample(logits, None, **p)
     assert torch.equal(ids, again)
     # Row 5 alone, and row 5 placed first in a reversed batch, draw the same token.
@@ -92,6 +137,46 @@ def test_reproducible_per_seed_whatever_the_batch():
     flat = torch.zeros(200, 1000)
     draws = sample(flat, None, **params(200))[0]
     assert draws.unique().numel() > 150  # different seeds, different draws
+
+
+def test_unfiltered_row_is_bit_identical_next_to_filtered_rows():
+    # Rows alone take the no-sort path; next to a top-k / top-p row they go through the sort.
+    g = torch.Generator().manual_seed(8)
+    logits = torch.randn(64, 5000, generator=g) * 0.1  # near-flat: close races
+    p = params(64, seed0=7)
+    p["top_k"][1::2] = 5
+    p["top_p"][2::4] = 0.5
+    ids, lp = sample(logits, None, **p)
+    plain = slice(0, None, 4)  # rows with no filter
+    alone = sample(logits[plain], None, **{k: v[plain] for k, v in p.items()})
+    assert torch.equal(ids[plain], alone[0])
+    assert torch.equal(lp[plain], alone[1])
+
+
+def hash_uint32(seed: int, t: int) -> int:
+    """The documented hash in plain Python integers, independently of the tensor code."""
+
+    def fmix32(h: int) -> int:
+        h ^= h >> 16
+        h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+        h ^= h >> 13
+        h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+        return h ^ (h >> 16)
+
+    seed &= 2**64 - 1
+    row = fmix32((seed & 0xFFFFFFFF) ^ fmix32(seed >> 32))
+    return fmix32(row ^ ((t * 0x9E3779B9) & 0xFFFFFFFF))
+
+
+def test_uniform_noise_is_the_documented_hash_bit_for_bit():
+    seeds = [0, 1, 2**31, 2**32 + 5, -1, -(2**63), 2**63 - 1, 123456789012345]
+    vocab = 300
+    u = uniform_noise(torch.tensor(seeds), vocab)
+    expected = torch.tensor(
+        [[(2 * (hash_uint32(s, t) >> 9) + 1) / 2**24 for t in range(vocab)] for s in seeds],
+        dtype=torch.float64,
+    )
+    assert torch.equal(u.double(), expected)
 
 
 def test_uniform_noise_is_in_the_open_interval_and_flat():
@@ -110,7 +195,7 @@ def chi2_pvalue(observed: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def reference_distribution(logits, temperature, top_k=0, top_p=1.0, min_p=0.0):
-    """The filtered, renormalised distribution, written independently of the kernel."""
+    """The filtered, renormalised distribution of one row, written independently of sample."""
     p = torch.softmax(logits / temperature, -1)
     if top_k:
         p = torch.where(p >= p.topk(top_k).values[-1], p, 0)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import pytest
 import torch
 import transformers
+from conftest import assert_no_kv_leak, wait_idle
 
 from runtime import Engine, SamplingParams
 
@@ -27,22 +27,6 @@ def reference_greedy(path, ids: list[int], n: int) -> list[int]:
 
 def greedy(**kw) -> SamplingParams:
     return SamplingParams(temperature=0, **kw)
-
-
-def wait_idle(engine, timeout: float = 60.0) -> None:
-    """Aborts are processed by the engine thread: wait until it has nothing left."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        s = engine.stats()
-        if s["running_requests"] == 0 and s["waiting_requests"] == 0:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"engine still busy: {engine.stats()}")
-
-
-def assert_no_kv_leak(engine) -> None:
-    s = engine.stats()
-    assert s["kv_slots_free"] + s["kv_slots_cached"] == s["kv_slots_total"], s
 
 
 def test_greedy_matches_transformers(tiny_engine, tiny_model_path):

@@ -13,25 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 import transformers
+from conftest import assert_no_kv_leak, wait_idle
 
 from runtime import Engine, SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
-
-
-def wait_idle(engine, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        s = engine.stats()
-        if s["running_requests"] == 0 and s["waiting_requests"] == 0:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"engine still busy: {engine.stats()}")
-
-
-def assert_no_kv_leak(engine) -> None:
-    s = engine.stats()
-    assert s["kv_slots_free"] + s["kv_slots_cached"] == s["kv_slots_total"], s
 
 
 @pytest.fixture(scope="module")
