@@ -22,6 +22,7 @@ from runtime.model_runner import ModelRunner, StepResult
 from runtime.outputs import GenerateOutput, StreamChunk
 from runtime.radix_cache import RadixCache
 from runtime.request import Request
+from runtime.request_tree import TreeNode
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Batch, Scheduler
 from runtime.stats import EngineStats
@@ -92,6 +93,33 @@ class Engine:
         outs = [[c.result() for c in group] for group in groups]
         outs = [group if params.n > 1 else group[0] for group in outs]
         return outs if many else outs[0]
+
+    def generate_tree(self, root: TreeNode, priority: int = 0) -> list[GenerateOutput]:
+        """Run every leaf of a request tree concurrently; outputs in depth-first leaf order.
+
+        A path whose segments are all text is tokenized as one string; otherwise each text
+        segment is tokenized on its own (special tokens only for the first) and the ids are
+        joined, which lets the caller fix token boundaries by passing ids.
+        """
+        leaves = [(self._join_segments(segs), params) for segs, params in root.leaves()]
+        if any(params.n != 1 for _, params in leaves):
+            raise ValueError("generate_tree: use one leaf per sample (n=1)")
+        collectors = [_Collector() for _ in leaves]
+        for (ids, params), c in zip(leaves, collectors, strict=True):
+            self._submit_n(ids, params, [c.add], priority)
+        return [c.result() for c in collectors]
+
+    def _join_segments(self, segments: list[str | list[int]]) -> list[int]:
+        if all(isinstance(s, str) for s in segments):
+            return self.encode("".join(segments))
+        ids: list[int] = []
+        for s in segments:
+            if isinstance(s, str):
+                if s:
+                    ids += self.tokenizer.encode(s, add_special_tokens=not ids)
+            else:
+                ids += s
+        return self.encode(ids)
 
     async def stream(
         self, prompt: Prompt, params: SamplingParams | None = None, priority: int = 0
