@@ -110,6 +110,25 @@ def test_top_k_keeps_every_token_tied_at_the_boundary():
 
 
 @pytest.mark.parametrize(
+    "probs, filters, support",
+    [
+        # top-p on the renormalised top-3 (0.57, 0.29, 0.14) stops at two tokens; on the raw
+        # distribution (0.4, 0.2, 0.1 of 1.0) it would keep three.
+        ([0.4, 0.2, 0.1] + [0.3 / 13] * 13, dict(top_k=3, top_p=0.8), {0, 1}),
+        # top-p before min-p keeps token 2 (0.2 >= 0.4 * 0.4); min-p first would renormalise
+        # to (0.44, 0.33, 0.22) and let top-p drop it.
+        ([0.4, 0.3, 0.2, 0.1], dict(top_p=0.75, min_p=0.4), {0, 1, 2}),
+    ],
+    ids=["top_k-then-top_p", "top_p-then-min_p"],
+)
+def test_filters_compose_in_order_top_k_top_p_min_p(probs, filters, support):
+    n = 3000
+    logits = torch.tensor(probs).log().expand(n, len(probs))
+    ids, _ = sample(logits, None, **params(n, **filters))
+    assert set(ids.tolist()) == support
+
+
+@pytest.mark.parametrize(
     "filters", [dict(top_k=4), dict(top_p=0.6), dict(min_p=0.3)], ids=lambda f: next(iter(f))
 )
 def test_filters_only_return_kept_tokens(filters):
@@ -142,7 +161,10 @@ def test_reproducible_per_seed_whatever_the_batch():
 def test_unfiltered_row_is_bit_identical_next_to_filtered_rows():
     # Rows alone take the no-sort path; next to a top-k / top-p row they go through the sort.
     g = torch.Generator().manual_seed(8)
-    logits = torch.randn(64, 5000, generator=g) * 0.1  # near-flat: close races
+    # Near-flat rows make close races; peaked rows make the float32 cumsum reach 1.0 early,
+    # which must not cut anything from a row whose top_p is off.
+    scale = torch.tensor([0.1, 5.0]).repeat_interleave(4).repeat(8).unsqueeze(1)  # (64, 1)
+    logits = torch.randn(64, 5000, generator=g) * scale
     p = params(64, seed0=7)
     p["top_k"][1::2] = 5
     p["top_p"][2::4] = 0.5

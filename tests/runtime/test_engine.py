@@ -134,13 +134,18 @@ def test_stream_matches_generate_and_frees_kv(tiny_engine):
 
 
 def test_abandoned_stream_frees_kv(tiny_engine):
+    aborted = tiny_engine.stats()["requests_aborted"]
+    finished = tiny_engine.stats()["requests_finished"]
+
     async def first_chunk():
-        async for _ in tiny_engine.stream(PROMPT, greedy(max_tokens=50, ignore_eos=True)):
+        # Long enough that the abort always lands before the request could finish.
+        async for _ in tiny_engine.stream(PROMPT, greedy(max_tokens=480, ignore_eos=True)):
             break
 
     asyncio.run(first_chunk())
     wait_idle(tiny_engine)
-    assert tiny_engine.stats()["requests_aborted"] >= 1
+    assert tiny_engine.stats()["requests_aborted"] == aborted + 1
+    assert tiny_engine.stats()["requests_finished"] == finished
     assert_no_kv_leak(tiny_engine)
 
 
