@@ -29,6 +29,9 @@ class ForwardBatch:
     decode_rows: torch.Tensor  # [Bd]
     decode_kv_index: torch.Tensor  # [Bd, Lmax]
     decode_kv_valid: torch.Tensor  # [Bd, 1, 1, Lmax] bool
+    # Leading slots every decode sequence shares (a common few-shot or system prompt): their
+    # K/V are read once for all rows instead of once per row.
+    decode_shared_len: int
 
     @classmethod
     def build(
@@ -66,6 +69,8 @@ class ForwardBatch:
             kv_index[i, : seq_lens[b]] = slot_tables[b]
         lens = torch.tensor([seq_lens[b] for b in decodes], dtype=torch.int64)
         kv_valid = (torch.arange(longest)[None, :] < lens[:, None])[:, None, None, :]
+        same = (kv_index == kv_index[:1]) & kv_valid[:, 0, 0]  # (Bd, Lmax)
+        shared_len = int(same.all(0).int().cumprod(0).sum()) if len(decodes) > 1 else 0
         row_starts = torch.tensor([0, *extend_lens]).cumsum(0)
         return cls(
             input_ids=torch.tensor(flat_ids, dtype=torch.int64, device=device),
@@ -78,4 +83,5 @@ class ForwardBatch:
             decode_rows=row_starts[decodes].to(device),
             decode_kv_index=kv_index.to(device),
             decode_kv_valid=kv_valid.to(device),
+            decode_shared_len=shared_len,
         )

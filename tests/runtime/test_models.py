@@ -98,3 +98,25 @@ def test_kv_pool_allocate_and_free():
     kv.free(a[2:])
     assert kv.num_free_slots == 8
     assert sorted(kv.allocate(8).tolist()) == list(range(8))
+
+
+@pytest.mark.parametrize("variant", ["llama", "qwen3"])
+def test_decode_rows_sharing_a_prefix_match_transformers(make_tiny_model, variant):
+    """Several decode rows over one shared prefix (read once for all rows) and own tails."""
+    config, ours, ref, kv = load_both(make_tiny_model(variant))
+    gen = torch.Generator().manual_seed(4)
+    prefix = torch.randint(0, config.vocab_size, (40,), generator=gen).tolist()
+    tails = [torch.randint(0, config.vocab_size, (n,), generator=gen).tolist() for n in (1, 5, 9)]
+    prefix_slots = random_slots(kv, len(prefix))
+    ours(ForwardBatch.build([prefix], [prefix_slots]), kv)
+    tables = []
+    for tail in tails:  # each tail's tokens but the last are prefilled over the shared prefix
+        slots = torch.cat([prefix_slots, random_slots(kv, len(tail))])
+        if len(tail) > 1:
+            ours(ForwardBatch.build([tail[:-1]], [slots[:-1]]), kv)
+        tables.append(slots)
+    batch = ForwardBatch.build([[t[-1]] for t in tails], tables)
+    assert batch.decode_shared_len == len(prefix)
+    got = ours(batch, kv)
+    for row, tail in zip(got, tails, strict=True):
+        torch.testing.assert_close(row, reference_logits(ref, prefix + tail)[-1], atol=TOL, rtol=0)
