@@ -7,6 +7,7 @@ thread, whose loop is three calls: schedule a batch, run it, process the results
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import itertools
 import logging
 import random
@@ -253,8 +254,12 @@ class Engine:
     # ---- the engine thread -----------------------------------------------------------
 
     def _loop(self) -> None:
+        worked = False
         while True:
             with self._wake:
+                if worked and not (self._inbox or self.scheduler.has_work or self._stopping):
+                    _release_free_heap()  # going idle: hand freed memory back to the OS
+                    worked = False
                 while not (self._inbox or self.scheduler.has_work or self._stopping):
                     self._wake.wait()
                 inbox, self._inbox = self._inbox, []
@@ -276,6 +281,7 @@ class Engine:
                     continue
                 results = self.runner.run(batch)
                 self._process(batch, results)
+                worked = True
             except Exception as e:  # a bug or a device error: fail this batch, keep serving
                 log.exception("engine step failed")
                 victims = batch.requests if batch else list(self._live.values())
@@ -388,6 +394,24 @@ class Engine:
         except Exception:
             log.warning("request %d: its consumer raised; aborting it", r.rid, exc_info=True)
             return False
+
+
+def _release_free_heap() -> None:
+    """glibc keeps freed blocks of the per-step tensors in its arenas, and resident memory
+    crept up ~30% over 3,000 requests; trimming when idle returns them. No-op elsewhere."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _load_libc():
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+_LIBC = _load_libc()
 
 
 class _Collector:
