@@ -75,6 +75,16 @@ def _grouped_attention(
     return torch.matmul(probs, v).view(*batch, num_heads, n, head_dim)
 
 
+def _gather_rows(cache: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """K or V of each row's slots: cache [S, Hkv, D], index [B, L] -> [B, Hkv, L, D].
+
+    index_select over the flattened table is ~9x faster on the CPU than indexing with the
+    2-D index, and the head-major copy halves the time of the matmuls that follow.
+    """
+    rows = cache.index_select(0, index.reshape(-1)).view(index.shape[0], -1, *cache.shape[1:])
+    return rows.transpose(1, 2).contiguous()
+
+
 def _decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -86,13 +96,8 @@ def _decode_attention(
     shared = batch.decode_shared_len
     if shared >= _MIN_SHARED_PREFIX:
         return _decode_attention_shared_prefix(q, k_cache, v_cache, batch, scale)
-    bd = q.shape[0]
-    # index_select over the flat table: ~9x faster on the CPU than indexing with a 2-D index.
-    flat = batch.decode_kv_index.view(-1)
-    k = k_cache.index_select(0, flat).view(bd, -1, *k_cache.shape[1:])  # (Bd, L, Hkv, D)
-    v = v_cache.index_select(0, flat).view(bd, -1, *v_cache.shape[1:])
-    k = k.transpose(1, 2).contiguous()  # (Bd, Hkv, L, D): a copy that halves the matmul time
-    v = v.transpose(1, 2).contiguous()
+    k = _gather_rows(k_cache, batch.decode_kv_index)  # (Bd, Hkv, L, D)
+    v = _gather_rows(v_cache, batch.decode_kv_index)
     valid = batch.decode_kv_valid[:, :, None]  # (Bd, 1, 1, 1, L)
     return _grouped_attention(q.unsqueeze(2), k, v, valid, scale).squeeze(2)
 
@@ -117,10 +122,8 @@ def _decode_attention_shared_prefix(
     prefix = batch.decode_kv_index[0, :shared]
     k_p = k_cache.index_select(0, prefix).transpose(0, 1)  # (Hkv, P, D)
     v_p = v_cache.index_select(0, prefix).transpose(0, 1)
-    tail = batch.decode_kv_index[:, shared:].reshape(-1)
-    k_t = k_cache.index_select(0, tail).view(bd, -1, num_kv_heads, head_dim)  # (Bd, T, Hkv, D)
-    v_t = v_cache.index_select(0, tail).view(bd, -1, num_kv_heads, head_dim)
-    k_t, v_t = k_t.transpose(1, 2).contiguous(), v_t.transpose(1, 2).contiguous()
+    k_t = _gather_rows(k_cache, batch.decode_kv_index[:, shared:])  # (Bd, Hkv, T, D)
+    v_t = _gather_rows(v_cache, batch.decode_kv_index[:, shared:])
     q_g = q.view(bd, num_kv_heads, group, head_dim)  # (Bd, Hkv, G, D)
     # All rows' queries of a KV head against the shared prefix: (Hkv, Bd*G, P).
     q_h = q_g.transpose(0, 1).reshape(num_kv_heads, bd * group, head_dim)
