@@ -57,7 +57,6 @@ class Request:
     num_preemptions: int = 0
     first_token_time: float | None = None
     finish_reason: str | None = None
-    aborted: bool = False
 
     @property
     def token_ids(self) -> list[int]:

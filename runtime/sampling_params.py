@@ -63,10 +63,6 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
     @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-    @property
     def has_penalties(self) -> bool:
         return (
             self.frequency_penalty != 0
