@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import platform
 import time
 from pathlib import Path
@@ -58,10 +59,15 @@ def machine() -> str:
     return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
 
 
-def _best_rate(fn, tokens: int, repeats: int) -> float:
-    fn()  # warm-up: first-call allocations and kernel selection are not decode speed
-    best = min(_timed(fn) for _ in range(repeats))
-    return tokens / best
+def isolated(fn, *args):
+    """Run fn(*args) in a fresh process and return its result.
+
+    Each side of a comparison gets a process of its own: threads and OpenMP teams left by
+    the other side (an engine thread, a transformers run) change the speed of the next.
+    """
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        return pool.apply(fn, args)
 
 
 def _timed(fn) -> float:
@@ -70,45 +76,70 @@ def _timed(fn) -> float:
     return time.perf_counter() - t
 
 
+def _best_seconds(fn, repeats: int) -> float:
+    fn()  # warm-up: first-call allocations and kernel selection are not the speed
+    return min(_timed(fn) for _ in range(repeats))
+
+
 def _write(result: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")
 
 
-def bench_decode(args: argparse.Namespace) -> int:
+def _engine(model: str | None, dtype: str, **config):
+    from runtime import Engine
+
+    return Engine(model=model, dtype=dtype, **config)
+
+
+def _hf_model(model: str | None, dtype: torch.dtype):
     import transformers
 
-    from runtime import Engine, SamplingParams
     from runtime.model_loader import resolve_model_dir
 
-    engine = Engine(model=args.model, dtype=args.dtype, max_kv_tokens=4096)
-    dtype = engine.config.torch_dtype
+    path = resolve_model_dir(model)
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+
+
+# ---- decode: batch 1 -----------------------------------------------------------------------
+
+
+def _braid_decode(model, dtype, tokens, repeats) -> tuple[float, list[int], str]:
+    from runtime import SamplingParams
+
+    engine = _engine(model, dtype, max_kv_tokens=4096)
     ids = engine.encode(DECODE_PROMPT)
-    params = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
-    ours = _best_rate(lambda: engine.generate(ids, params), args.tokens, args.repeats)
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    seconds = _best_seconds(lambda: engine.generate(ids, params), repeats)
+    return tokens / seconds, ids, str(engine.config.torch_dtype).removeprefix("torch.")
 
-    path = resolve_model_dir(args.model)
-    ref = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
-    ref.to(engine.device)
-    x = torch.tensor([ids], device=engine.device)
 
-    def hf_generate() -> None:
+def _hf_decode(model, dtype, ids, tokens, repeats) -> float:
+    ref = _hf_model(model, getattr(torch, dtype))
+    x = torch.tensor([ids])
+
+    def generate() -> None:
         with torch.no_grad():
             ref.generate(
                 x,
                 attention_mask=torch.ones_like(x),
                 do_sample=False,
-                max_new_tokens=args.tokens,
-                min_new_tokens=args.tokens,
+                max_new_tokens=tokens,
+                min_new_tokens=tokens,
             )
 
-    theirs = _best_rate(hf_generate, args.tokens, args.repeats)
+    return tokens / _best_seconds(generate, repeats)
+
+
+def bench_decode(args: argparse.Namespace) -> int:
+    ours, ids, dtype = isolated(_braid_decode, args.model, args.dtype, args.tokens, args.repeats)
+    theirs = isolated(_hf_decode, args.model, dtype, ids, args.tokens, args.repeats)
     result = {
         "workload": "decode",
         "machine": machine(),
-        "model": str(path),
-        "dtype": str(dtype),
+        "model": args.model or "default",
+        "dtype": dtype,
         "prompt_tokens": len(ids),
         "new_tokens": args.tokens,
         "braid_tok_s": round(ours, 2),
@@ -126,6 +157,8 @@ def bench_decode(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- few-shot: many requests sharing a long prompt ----------------------------------------
+
 # A few-shot prompt as an eval harness builds it: the same examples, then one question.
 _FEWSHOT_EXAMPLES = "".join(
     f"Question: What is {a} plus {b}?\nAnswer: {a + b}\n\n"
@@ -139,72 +172,71 @@ def _fewshot_prompts(n: int) -> list[str]:
     ]
 
 
-def bench_fewshot(args: argparse.Namespace) -> int:
-    import transformers
+def _braid_fewshot(model, dtype, n, tokens, cache) -> tuple[float, int, str, int]:
+    from runtime import SamplingParams
 
-    from runtime import Engine, SamplingParams
+    engine = _engine(model, dtype, prefix_cache=cache, max_kv_tokens=65536)
+    prompts = _fewshot_prompts(n)
+    engine.generate(prompts[0], SamplingParams(temperature=0, max_tokens=2))
+    engine.flush_cache()  # the timed run starts cold: the prefix is computed in it
+    before = engine.stats()["prefill_tokens_computed"]
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    seconds = _timed(lambda: engine.generate(prompts, params))
+    computed = engine.stats()["prefill_tokens_computed"] - before
+    dtype_name = str(engine.config.torch_dtype).removeprefix("torch.")
+    return seconds, computed, dtype_name, len(engine.encode(prompts[0]))
+
+
+def _hf_fewshot(model, dtype, n, tokens) -> tuple[float, int]:
     from runtime.model_loader import resolve_model_dir
+    from runtime.tokenizer import load_tokenizer
 
-    prompts = _fewshot_prompts(args.requests)
-    params = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
-    rows = {}
-    for cache in (True, False):
-        engine = Engine(model=args.model, dtype=args.dtype, prefix_cache=cache, max_kv_tokens=65536)
-        engine.generate(prompts[0], SamplingParams(temperature=0, max_tokens=2))
-        engine.flush_cache()  # the timed run starts cold: the prefix is computed in it
-        before = engine.stats()
-        seconds = _timed(lambda: engine.generate(prompts, params))  # noqa: B023
-        after = engine.stats()
-        computed = after["prefill_tokens_computed"] - before["prefill_tokens_computed"]
-        rows[f"braid (prefix cache {'on' if cache else 'off'})"] = (seconds, computed)
-        dtype, device, tokenizer = engine.config.torch_dtype, engine.device, engine.tokenizer
-        engine.shutdown()
-
-    ref = (
-        transformers.AutoModelForCausalLM.from_pretrained(
-            resolve_model_dir(args.model), dtype=dtype
-        )
-        .to(device)
-        .eval()
-    )
+    ref = _hf_model(model, getattr(torch, dtype))
+    tokenizer = load_tokenizer(resolve_model_dir(model))
     tokenizer.padding_side = "left"
-    enc = tokenizer(prompts, return_tensors="pt", padding=True).to(device)
+    enc = tokenizer(_fewshot_prompts(n), return_tensors="pt", padding=True)
 
-    def hf_generate() -> None:
+    def generate() -> None:
         with torch.no_grad():
             ref.generate(
                 **enc,
                 do_sample=False,
-                max_new_tokens=args.tokens,
-                min_new_tokens=args.tokens,
+                max_new_tokens=tokens,
+                min_new_tokens=tokens,
                 pad_token_id=tokenizer.pad_token_id,
             )
 
-    hf_generate()  # warm-up
-    rows["transformers.generate (one batch)"] = (_timed(hf_generate), int(enc.input_ids.numel()))
-    prompt_len = len(tokenizer.encode(prompts[0]))
+    generate()  # warm-up
+    return _timed(generate), int(enc.input_ids.numel())
+
+
+def bench_fewshot(args: argparse.Namespace) -> int:
+    n, tokens = args.requests, args.tokens
+    rows = {}
+    for cache in (True, False):
+        seconds, computed, dtype, prompt_len = isolated(
+            _braid_fewshot, args.model, args.dtype, n, tokens, cache
+        )
+        rows[f"braid (prefix cache {'on' if cache else 'off'})"] = (seconds, computed)
+    rows["transformers.generate (one batch)"] = isolated(_hf_fewshot, args.model, dtype, n, tokens)
     print(
-        f"few-shot: {args.requests} requests sharing a ~{prompt_len}-token prompt, "
-        f"{args.tokens} new tokens each, {dtype}, {machine()}"
+        f"few-shot: {n} requests sharing a ~{prompt_len}-token prompt, "
+        f"{tokens} new tokens each, {dtype}, {machine()}"
     )
     print(f"{'engine':<38}{'req/s':>8}{'prefill tokens':>16}{'speedup':>9}")
     base = rows["transformers.generate (one batch)"][0]
     for name, (seconds, computed) in rows.items():
-        print(f"{name:<38}{args.requests / seconds:>8.2f}{computed:>16}{base / seconds:>8.1f}x")
+        print(f"{name:<38}{n / seconds:>8.2f}{computed:>16}{base / seconds:>8.1f}x")
     _write(
         {
             "workload": "fewshot",
             "machine": machine(),
-            "dtype": str(dtype),
-            "requests": args.requests,
-            "new_tokens": args.tokens,
+            "dtype": dtype,
+            "requests": n,
+            "new_tokens": tokens,
             "prompt_tokens": prompt_len,
             "rows": {
-                k: {
-                    "seconds": round(s, 3),
-                    "req_s": round(args.requests / s, 3),
-                    "prefill_tokens": c,
-                }
+                k: {"seconds": round(s, 3), "req_s": round(n / s, 3), "prefill_tokens": c}
                 for k, (s, c) in rows.items()
             },
         },
@@ -213,40 +245,60 @@ def bench_fewshot(args: argparse.Namespace) -> int:
     return 0
 
 
-def _linear_bound_seconds(model: torch.nn.Module, batch: int, steps: int) -> float:
-    """Time of the model's linear layers alone (every nn.Linear once, as in a decode step,
-    lm_head included) at `batch` rows, for `steps` steps: what no engine can beat."""
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    p = next(model.parameters())
-    inputs = {
-        m.in_features: torch.randn(batch, m.in_features, dtype=p.dtype, device=p.device)
-        for m in linears
-    }
-
-    def one_step() -> None:
-        with torch.no_grad():
-            for m in linears:
-                m(inputs[m.in_features])
-
-    one_step()
-    return min(_timed(lambda: [one_step() for _ in range(steps)]) for _ in range(3))
+# ---- batch: decode throughput at N concurrent requests -----------------------------------
 
 
-def bench_batch(args: argparse.Namespace) -> int:
-    from runtime import Engine, SamplingParams
+def _braid_batch(model, dtype, n, tokens, rss) -> dict:
+    from runtime import SamplingParams
 
-    engine = Engine(model=args.model, dtype=args.dtype, prefix_cache=False)
-    n, tokens = args.concurrency, args.tokens
+    engine = _engine(model, dtype, prefix_cache=False)
     prompts = [engine.encode(f"Story {i}: Once upon a time") for i in range(n)]
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     engine.generate(prompts[:4], SamplingParams(temperature=0, max_tokens=4))
-    seconds = min(_timed(lambda: engine.generate(prompts, params)) for _ in range(2))
-    rate = n * tokens / seconds
-    bound = n * tokens / _linear_bound_seconds(engine.model, n, tokens)
-    print(
-        f"decode: {n} concurrent requests x {tokens} tokens, {engine.config.torch_dtype}, "
-        f"{machine()}"
-    )
+    out = {
+        "seconds": min(_timed(lambda: engine.generate(prompts, params)) for _ in range(2)),
+        "dtype": str(engine.config.torch_dtype).removeprefix("torch."),
+    }
+    if rss:
+        short = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+        done = 0
+        for total in (100, 1000):
+            while done < total:
+                ids = range(done, min(done + n, total))
+                engine.generate([f"Request {i}: tell me something" for i in ids], short)
+                done = ids.stop
+            out[f"rss_mb_after_{total}"] = _rss_mb()
+    return out
+
+
+def _linear_bound_seconds(model, dtype, batch: int, steps: int) -> float:
+    """Time of the model's linear layers alone (every nn.Linear once, as in a decode step,
+    lm_head included) at `batch` rows, for `steps` steps: what no engine can beat."""
+    from runtime.model_loader import load_model, load_model_config, resolve_model_dir
+
+    path = resolve_model_dir(model)
+    net = load_model(path, load_model_config(path), getattr(torch, dtype), torch.device("cpu"))
+    linears = [m for m in net.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = {
+        m.in_features: torch.randn(batch, m.in_features, dtype=getattr(torch, dtype))
+        for m in linears
+    }
+
+    def run() -> None:
+        with torch.no_grad():
+            for _ in range(steps):
+                for m in linears:
+                    m(inputs[m.in_features])
+
+    return _best_seconds(run, 3)
+
+
+def bench_batch(args: argparse.Namespace) -> int:
+    n, tokens = args.concurrency, args.tokens
+    out = isolated(_braid_batch, args.model, args.dtype, n, tokens, args.rss)
+    rate = n * tokens / out["seconds"]
+    bound = n * tokens / isolated(_linear_bound_seconds, args.model, out["dtype"], n, tokens)
+    print(f"decode: {n} concurrent requests x {tokens} tokens, {out['dtype']}, {machine()}")
     print(f"{'':<34}{'tok/s':>10}")
     print(f"{'braid':<34}{rate:>10.1f}")
     print(f"{'linear layers alone (the bound)':<34}{bound:>10.1f}")
@@ -254,7 +306,7 @@ def bench_batch(args: argparse.Namespace) -> int:
     result = {
         "workload": "batch",
         "machine": machine(),
-        "dtype": str(engine.config.torch_dtype),
+        "dtype": out["dtype"],
         "concurrency": n,
         "new_tokens": tokens,
         "braid_tok_s": round(rate, 1),
@@ -262,19 +314,12 @@ def bench_batch(args: argparse.Namespace) -> int:
         "fraction": round(rate / bound, 3),
     }
     if args.rss:
-        short = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-        rss = {}
-        for total in (100, 1000):
-            done = 100 if total == 1000 else 0
-            for start in range(done, total, n):
-                ids = range(start, min(start + n, total))
-                engine.generate([f"Request {i}: tell me something" for i in ids], short)
-            rss[total] = _rss_mb()
+        before, after = out["rss_mb_after_100"], out["rss_mb_after_1000"]
         print(
-            f"resident memory after 100 requests: {rss[100]:.0f} MB, "
-            f"after 1,000: {rss[1000]:.0f} MB ({rss[1000] / rss[100] - 1:+.1%})"
+            f"resident memory after 100 requests: {before:.0f} MB, "
+            f"after 1,000: {after:.0f} MB ({after / before - 1:+.1%})"
         )
-        result["rss_mb_after_100"], result["rss_mb_after_1000"] = rss[100], rss[1000]
+        result["rss_mb_after_100"], result["rss_mb_after_1000"] = before, after
     _write(result, args.json)
     return 0
 
