@@ -30,6 +30,9 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
+Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin: (T, 1, D/2) each
+
+
 class Rotary(nn.Module):
     """cos/sin tables for every position, applied in the half-split (non-interleaved) layout."""
 
@@ -55,17 +58,22 @@ class Rotary(nn.Module):
         self.sin.copy_(freqs.sin() * scale)
         return self
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        # x: (T, heads, D)
-        cos = self.cos[positions].unsqueeze(1)  # (T, 1, D/2)
-        sin = self.sin[positions].unsqueeze(1)
-        x1, x2 = x.float().chunk(2, dim=-1)
-        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-        return out.to(x.dtype)
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
+        """cos/sin for these positions, each (T, 1, D/2), in the model's dtype as transformers
+        applies them (once per forward, shared by all layers)."""
+        cos = self.cos[positions].unsqueeze(1).to(dtype)
+        return cos, self.sin[positions].unsqueeze(1).to(dtype)
+
+
+def apply_rope(x: torch.Tensor, rope: Rope) -> torch.Tensor:
+    """Rotate x (T, heads, D) in the half-split layout."""
+    cos, sin = rope
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int, rotary: Rotary) -> None:
+    def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         self.layer = layer
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
@@ -80,17 +88,18 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.qk_norm = config.qk_norm
-        self.rotary = rotary
         self.scale = self.head_dim**-0.5
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)  # (T, H, D)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool, rope: Rope) -> torch.Tensor:
+        qkv = self.qkv_proj(x)
+        qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
+        qk = qk.view(-1, self.num_heads + self.num_kv_heads, self.head_dim)  # (T, H+Hkv, D)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(q, batch.positions), self.rotary(k, batch.positions)
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+            qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=1)
+        # q and k rotated in one go: same positions, same tables.
+        q, k = apply_rope(qk, rope).split([self.num_heads, self.num_kv_heads], dim=1)
         out = paged_attention(q, k, v, kv, self.layer, batch, self.scale)
         return self.o_proj(out)
 
@@ -108,15 +117,15 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int, rotary: Rotary) -> None:
+    def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, layer, rotary)
+        self.self_attn = Attention(config, layer)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), batch, kv)
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool, rope: Rope) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), batch, kv, rope)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -125,10 +134,8 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.rotary = Rotary(config)  # one table shared by every layer
-        self.layers = nn.ModuleList(
-            DecoderLayer(config, i, self.rotary) for i in range(config.num_layers)
-        )
+        self.rotary = Rotary(config)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
@@ -138,8 +145,9 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
         """Next-token logits [N, V] (fp32) for the rows in batch.logits_indices."""
         x = self.embed_tokens(batch.input_ids)  # (T, hidden)
+        rope = self.rotary(batch.positions, x.dtype)
         for layer in self.layers:
-            x = layer(x, batch, kv)
+            x = layer(x, batch, kv, rope)
         x = self.norm(x[batch.logits_indices])
         return self.lm_head(x).float()
 
