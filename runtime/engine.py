@@ -76,7 +76,7 @@ class Engine:
             self.device,
         )
         self.cache = RadixCache(self.kv, enabled=self.config.prefix_cache)
-        self.scheduler = Scheduler(self.config, self.kv, self.cache)
+        self.scheduler = Scheduler(self.config, self.kv, self.cache, self._stats)
         vocab = min(len(self.tokenizer), mc.vocab_size)
         self.runner = ModelRunner(model_, self.kv, self.device, vocab)
 
@@ -347,11 +347,6 @@ class Engine:
             if prefilled and r.finish_reason is None:
                 # Others may be waiting for this prefix: cache it now, not at the finish.
                 self.scheduler.cache_prefill_progress(r)
-        self._stats.add(
-            preemptions=self.scheduler.num_preemptions,
-            evicted_tokens=self.scheduler.num_evicted_tokens,
-        )
-        self.scheduler.num_preemptions = self.scheduler.num_evicted_tokens = 0
 
     def _append_token(self, r: Request, res: StepResult, now: float) -> None:
         if r.first_token_time is None:
@@ -359,7 +354,7 @@ class Engine:
             self._stats.observe("ttft_s", now - r.arrival)
         t = res.token
         r.output_ids.append(t)
-        if r.params.logprobs or r.params.top_logprobs:
+        if r.params.wants_logprobs:
             r.output_logprobs.append(res.logprob)
             r.output_top_logprobs.append(res.top_logprobs)
         if t in r.stop_ids:
@@ -400,7 +395,7 @@ class Engine:
             "completion_tokens": len(r.output_ids),
             "preemptions": r.num_preemptions,
         }
-        if r.params.logprobs or r.params.top_logprobs:
+        if r.params.wants_logprobs:
             meta["logprobs"] = r.output_logprobs
             meta["top_logprobs"] = r.output_top_logprobs
         if r.params.prompt_logprobs_from is not None:

@@ -73,9 +73,7 @@ class ModelRunner:
 
     def _sample(self, logits: torch.Tensor, reqs: list, results: list[StepResult]) -> None:
         tokens = sample(logits, reqs)
-        want_logprobs = [
-            i for i, r in enumerate(reqs) if r.params.logprobs or r.params.top_logprobs
-        ]
+        want_logprobs = [i for i, r in enumerate(reqs) if r.params.wants_logprobs]
         if want_logprobs:
             logp = torch.log_softmax(logits[want_logprobs], dim=-1)
             for row, i in enumerate(want_logprobs):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Sequence
 
 import torch
 
@@ -49,7 +50,7 @@ class RadixCache:
             return self.root.slots, self.root
         now = next(self._clock)
         while i < len(tokens) and (child := node.children.get(tokens[i])) is not None:
-            n = _common_length(child.tokens, tokens, i)
+            n = common_prefix_length(child.tokens, tokens, i)
             if n < len(child.tokens):
                 child = self._split(child, n)
             child.last_used = now
@@ -66,7 +67,7 @@ class RadixCache:
             return 0
         node, i, now = self.root, 0, next(self._clock)
         while i < len(tokens) and (child := node.children.get(tokens[i])) is not None:
-            n = _common_length(child.tokens, tokens, i)
+            n = common_prefix_length(child.tokens, tokens, i)
             if n < len(child.tokens):
                 child = self._split(child, n)
             child.last_used = now
@@ -152,9 +153,10 @@ class RadixCache:
             stack.extend(node.children.values())
 
 
-def _common_length(edge: tuple[int, ...], tokens: list[int], start: int) -> int:
-    n = min(len(edge), len(tokens) - start)
+def common_prefix_length(a: Sequence[int], b: Sequence[int], b_start: int = 0) -> int:
+    """How many leading tokens of `a` equal those of `b` from `b_start` on."""
+    n = min(len(a), len(b) - b_start)
     for j in range(n):
-        if edge[j] != tokens[start + j]:
+        if a[j] != b[b_start + j]:
             return j
     return n

@@ -63,6 +63,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
     @property
+    def wants_logprobs(self) -> bool:
+        """Report each output token's logprob (top_logprobs implies it)."""
+        return self.logprobs or self.top_logprobs > 0
+
+    @property
     def has_penalties(self) -> bool:
         return (
             self.frequency_penalty != 0

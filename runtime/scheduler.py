@@ -12,8 +12,9 @@ import torch
 
 from runtime.config import EngineConfig
 from runtime.kv_cache import KVPool
-from runtime.radix_cache import RadixCache
+from runtime.radix_cache import Node, RadixCache, common_prefix_length
 from runtime.request import Request, Status
+from runtime.stats import EngineStats
 
 # A waiting request whose prompt shares at least this many not-yet-cached tokens with a
 # request that is prefilling now waits for that prefill to reach the cache instead of
@@ -34,14 +35,15 @@ class Batch:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, kv: KVPool, cache: RadixCache) -> None:
+    def __init__(
+        self, config: EngineConfig, kv: KVPool, cache: RadixCache, stats: EngineStats
+    ) -> None:
         self.config = config
         self.kv = kv
         self.cache = cache
+        self.stats = stats  # preemptions and evicted_tokens are counted here
         self.waiting: list[Request] = []
         self.running: list[Request] = []
-        self.num_preemptions = 0
-        self.num_evicted_tokens = 0
         # Requests that cannot continue even with the whole pool to themselves; the engine
         # finishes them with reason "length".
         self.out_of_kv: list[Request] = []
@@ -131,9 +133,10 @@ class Scheduler:
         for r in self._admission_order():
             if budget <= 0 or len(self.running) >= self.config.max_running_requests:
                 return
-            if self._waits_for_shared_prefix(r):
+            prefix, node = self.cache.match_prefix(r.token_ids[: r.max_cached_prefix])
+            if self._waits_for_shared_prefix(r, prefix.numel()):
                 continue
-            if not self._admit(r, batch, budget):
+            if not self._admit(r, prefix, node, batch, budget):
                 return
             budget -= batch.num_new[-1]
 
@@ -151,8 +154,10 @@ class Scheduler:
 
         return sorted(self.waiting, key=key)
 
-    def _admit(self, r: Request, batch: Batch, budget: int) -> bool:
-        prefix, node = self.cache.match_prefix(r.token_ids[: r.max_cached_prefix])
+    def _admit(
+        self, r: Request, prefix: torch.Tensor, node: Node, batch: Batch, budget: int
+    ) -> bool:
+        """Start r over its cached `prefix` (ending at `node`) with a first chunk."""
         self.cache.lock(node)  # keep our prefix out of the eviction below
         n = min(r.num_tokens - prefix.numel(), budget, self.config.chunk_size)
         while not self._make_room(n):
@@ -179,23 +184,21 @@ class Scheduler:
         batch.num_new.append(n)
         return True
 
-    def _waits_for_shared_prefix(self, r: Request) -> bool:
-        """Is a prefix of r that the cache lacks being prefilled right now by another request?"""
+    def _waits_for_shared_prefix(self, r: Request, cached: int) -> bool:
+        """Is a prefix of r that the cache lacks (past its `cached` tokens) being prefilled
+        right now by another request?"""
         if not self.cache.enabled:
             return False
-        prefilling = [x for x in self.running if not x.is_decoding]
-        if not prefilling:
-            return False
-        cached = self.cache.match_prefix(r.token_ids[: r.max_cached_prefix])[0].numel()
         return any(
-            _common_prefix_length(r.token_ids, x.token_ids) - cached >= MIN_SHARED_TOKENS
-            for x in prefilling
+            common_prefix_length(r.token_ids, x.token_ids) - cached >= MIN_SHARED_TOKENS
+            for x in self.running
+            if not x.is_decoding
         )
 
     def _make_room(self, n: int) -> bool:
         """Ensure n free slots, evicting unused cached prefixes if needed."""
         if not self.kv.can_allocate(n):
-            self.num_evicted_tokens += self.cache.evict(n - self.kv.num_free_slots)
+            self.stats.add(evicted_tokens=self.cache.evict(n - self.kv.num_free_slots))
         return self.kv.can_allocate(n)
 
     def _victim(self, candidates: list[Request]) -> Request | None:
@@ -206,7 +209,7 @@ class Scheduler:
         self.running.remove(r)
         self._release(r)
         r.num_preemptions += 1
-        self.num_preemptions += 1
+        self.stats.add(preemptions=1)
         self.add(r)
 
     def _release(self, r: Request) -> None:
@@ -217,11 +220,3 @@ class Scheduler:
         self.cache.unlock(r.cache_node)
         r.slots = r.slots[:0]
         r.cache_node, r.num_computed, r.num_tree_slots = None, 0, 0
-
-
-def _common_prefix_length(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
