@@ -30,33 +30,30 @@ class ModelRunner:
         self.vocab_size = vocab_size
 
     def run(self, batch: Batch) -> list[StepResult]:
-        new_tokens, slot_tables, rows, prompt_rows = [], [], [], []
+        new_tokens, slot_tables, rows, prompt_spans = [], [], [], []
         for i, (r, n) in enumerate(zip(batch.requests, batch.num_new, strict=True)):
             start = r.num_computed
             new_tokens.append(r.token_ids[start : start + n])
             slot_tables.append(r.slots[: start + n])
             # Position p's logits predict token p + 1: prompt logprobs from `first` on need
-            # the logits of positions first - 1 .. len(prompt) - 2.
-            lp = []
+            # the logits of positions first - 1 .. len(prompt) - 2; this step fed lo .. hi - 1.
+            lo = hi = start
             first = r.params.prompt_logprobs_from
             if first is not None and not r.output_ids:
                 lo, hi = max(first - 1, start), min(len(r.prompt_ids) - 1, start + n)
-                lp = [p - start for p in range(lo, hi)]
-            prompt_rows.append(len(lp))
-            rows.append(lp + ([n - 1] if batch.samples(i) else []))
+                hi = max(hi, lo)
+            prompt_spans.append((lo, hi))
+            rows.append([p - start for p in range(lo, hi)] + ([n - 1] if batch.samples(i) else []))
         fb = ForwardBatch.build(new_tokens, slot_tables, rows, device=self.device)
         logits = self.model(fb, self.kv)[:, : self.vocab_size]
 
         results = [StepResult() for _ in batch.requests]
         offset, sample_rows, sampled = 0, [], []
         for i, r in enumerate(batch.requests):
-            num_lp = prompt_rows[i]
+            lo, hi = prompt_spans[i]
+            num_lp = hi - lo
             if num_lp:
-                start = r.num_computed
-                targets = torch.tensor(
-                    r.prompt_ids[start + rows[i][0] + 1 : start + rows[i][num_lp - 1] + 2],
-                    device=logits.device,
-                )
+                targets = torch.tensor(r.prompt_ids[lo + 1 : hi + 1], device=logits.device)
                 logp = torch.log_softmax(logits[offset : offset + num_lp], dim=-1)
                 results[i].prompt_logprobs = logp.gather(1, targets[:, None])[:, 0].tolist()
             if batch.samples(i):

@@ -258,6 +258,18 @@ def test_prompt_logprobs(tiny_engine, hf, cached_first):
     assert out.token_ids == [] and out.finish_reason == "length"
 
 
+def test_prompt_logprobs_across_prefill_chunks(tiny_model_path, hf):
+    engine = Engine(
+        model=str(tiny_model_path), device="cpu", dtype="float32", max_kv_tokens=512, chunk_size=4
+    )
+    ids = engine.encode("Score every token of this prompt, please, from the fourth")
+    out = engine.generate(ids, SamplingParams(max_tokens=0, prompt_logprobs_from=6))
+    ref = hf_logprobs(hf, ids)
+    expected = [float(ref[p - 1, ids[p]]) for p in range(6, len(ids))]
+    assert out.meta["prompt_logprobs"] == pytest.approx(expected, abs=1e-4)
+    engine.shutdown()
+
+
 def test_n_samples_share_the_prompt(tiny_engine):
     params = SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True, n=4, seed=11)
     outs = tiny_engine.generate("Pick a word:", params)
