@@ -11,6 +11,10 @@ import torch
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_cache import KVPool
 
+# Below this many leading slots shared by all decode rows, gathering them per row costs less
+# than scoring them separately.
+_MIN_SHARED_PREFIX = 16
+
 
 def paged_attention(
     q: torch.Tensor,
@@ -48,10 +52,6 @@ def paged_attention(
         q_start += n
         kv_start += total
     return out.flatten(1)
-
-
-# Below this many shared leading tokens, gathering them per row costs less than the split.
-_MIN_SHARED_PREFIX = 16
 
 
 def _grouped_attention(
