@@ -1,0 +1,77 @@
+"""What a request may be constrained to: small frozen values, hashable so compiled grammars
+can be cached by them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Union
+
+
+@dataclass(frozen=True)
+class Regex:
+    """Output must fully match this Python-style regular expression."""
+
+    pattern: str
+
+
+@dataclass(frozen=True)
+class JsonSchema:
+    """Output must be a JSON document valid under this schema.
+
+    `schema` is the schema as canonical JSON text (sorted keys) so equal schemas share one
+    compiled grammar; build it with `JsonSchema.of(dict_or_text)`. `whitespace` is the regex
+    allowed between JSON tokens; the default allows none (compact output), which keeps
+    models from padding with endless newlines.
+    """
+
+    schema: str
+    whitespace: str | None = None
+
+    @classmethod
+    def of(cls, schema: dict[str, Any] | str, whitespace: str | None = None) -> JsonSchema:
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"json_schema is not valid JSON: {e}") from None
+        if not isinstance(schema, (dict, bool)):
+            raise ValueError(f"json_schema must be an object, got {type(schema).__name__}")
+        return cls(json.dumps(schema, sort_keys=True), whitespace)
+
+
+@dataclass(frozen=True)
+class Choices:
+    """Output must be exactly one of these strings."""
+
+    options: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if not self.options:
+            raise ValueError("choices must not be empty")
+
+
+@dataclass(frozen=True)
+class Ebnf:
+    """Output must be a sentence of this lark grammar (start rule `start`)."""
+
+    grammar: str
+
+
+Constraint = Union[Regex, JsonSchema, Choices, Ebnf]
+
+# `gen(dtype=...)`: what each Python type looks like as text.
+DTYPE_REGEXES: dict[type, str] = {
+    int: r"[+-]?(0|[1-9][0-9]*)",
+    float: r"[+-]?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?",
+    bool: r"(True|False)",
+    str: r'"([^"\\\x00-\x1f]|\\["\\/bfnrt])*"',
+}
+
+
+def dtype_constraint(dtype: type) -> Regex:
+    try:
+        return Regex(DTYPE_REGEXES[dtype])
+    except KeyError:
+        names = ", ".join(t.__name__ for t in DTYPE_REGEXES)
+        raise ValueError(f"dtype must be one of {names}, got {dtype!r}") from None

@@ -1,0 +1,67 @@
+"""The interface every compiled constraint offers the runtime, and the bitmask layout.
+
+A `Grammar` is the compiled, immutable, shareable form of a constraint for one vocabulary;
+a `Matcher` is one request's position in it. Bitmask layout (shared with kernels.sample):
+int32 `[rows, ceil(V / 32)]`, bit `t % 32` of word `t // 32` set allows token `t`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+
+def bitmask_words(vocab_size: int) -> int:
+    return (vocab_size + 31) // 32
+
+
+def allocate_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
+    """All-allowed int32 bitmask rows (-1 is every bit set)."""
+    return torch.full((rows, bitmask_words(vocab_size)), -1, dtype=torch.int32)
+
+
+def allowed_token_ids(row: torch.Tensor) -> list[int]:
+    """The token ids a bitmask row allows (for tests and debugging)."""
+    bits = (row.to(torch.int64).unsqueeze(-1) >> torch.arange(32)) & 1
+    return bits.flatten().nonzero().flatten().tolist()
+
+
+class Matcher(ABC):
+    """One request's progress through a grammar.
+
+    The runtime calls `fill_bitmask` before sampling, then `accept_token` with the sampled
+    id. Speculative decoding accepts draft tokens and `rollback`s the rejected ones.
+    """
+
+    @abstractmethod
+    def fill_bitmask(self, row: torch.Tensor) -> None:
+        """Overwrite `row` (int32 [ceil(V/32)]) with the tokens allowed next. EOS ids are
+        allowed only where the text so far is a complete sentence of the grammar; once the
+        grammar is terminated only EOS is allowed."""
+
+    @abstractmethod
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by one token; False (and no change) if the grammar forbids it."""
+
+    @abstractmethod
+    def is_terminated(self) -> bool:
+        """True once EOS was accepted, or the text is complete and nothing can follow it."""
+
+    @abstractmethod
+    def rollback(self, n: int) -> None:
+        """Undo the last `n` accepted tokens."""
+
+    @abstractmethod
+    def jump_forward(self) -> str:
+        """The text the grammar forces next whatever the model does (possibly empty).
+
+        It does not advance the matcher: the runtime tokenizes the text and accepts those
+        tokens, so model and matcher stay in step."""
+
+
+class Grammar(ABC):
+    """A constraint compiled for one vocabulary; immutable and shared across requests."""
+
+    @abstractmethod
+    def matcher(self) -> Matcher: ...
