@@ -30,6 +30,12 @@ class EngineConfig:
     prefill_mode: str = "hybrid"
     # "lpm": longest cached prefix first; "fcfs": arrival order (both after priority).
     schedule_policy: str = "lpm"
+    # Constrained requests: compiling a grammar runs in a worker process bounded by these
+    # limits (a schema that would hang or exhaust memory fails its request instead).
+    grammar_compile_timeout_s: float = 30.0
+    grammar_compile_memory_mb: int = 2048
+    # Append the text a grammar forces (e.g. a JSON key) without a forward per token.
+    jump_forward: bool = True
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -54,6 +60,11 @@ class EngineConfig:
         if self.schedule_policy not in ("lpm", "fcfs"):
             raise ValueError(
                 f"EngineConfig.schedule_policy: expected lpm or fcfs, got {self.schedule_policy!r}"
+            )
+        if self.grammar_compile_timeout_s <= 0 or self.grammar_compile_memory_mb < 64:
+            raise ValueError(
+                "EngineConfig: grammar_compile_timeout_s must be > 0 and "
+                "grammar_compile_memory_mb >= 64"
             )
         if not 0 < self.kv_memory_fraction < 1:
             raise ValueError(

@@ -22,12 +22,15 @@ class StepResult:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, kv: KVPool, device: torch.device, vocab_size: int):
+    def __init__(
+        self, model: LlamaForCausalLM, kv: KVPool, device: torch.device, tokenizer_size: int
+    ):
         self.model = model
         self.kv = kv
         self.device = device
         # Rows of the model's vocabulary past the tokenizer's are padding: never sampled.
-        self.vocab_size = vocab_size
+        self.vocab_size = min(tokenizer_size, model.config.vocab_size)
+        self.tokenizer_size = tokenizer_size
 
     def run(self, batch: Batch) -> list[StepResult]:
         new_tokens, slot_tables, rows, prompt_spans = [], [], [], []
@@ -61,15 +64,17 @@ class ModelRunner:
                 sampled.append(i)
             offset += len(rows[i])
         if sampled:
+            if sample_rows != list(range(logits.shape[0])):  # a decode step samples every row
+                logits = logits[sample_rows]
             self._sample(
-                logits[sample_rows],
+                logits,
                 [batch.requests[i] for i in sampled],
                 [results[i] for i in sampled],
             )
         return results
 
     def _sample(self, logits: torch.Tensor, reqs: list, results: list[StepResult]) -> None:
-        tokens = sample(logits, reqs)
+        tokens = sample(logits, reqs, self.tokenizer_size)
         want_logprobs = [i for i, r in enumerate(reqs) if r.params.wants_logprobs]
         if want_logprobs:
             logp = torch.log_softmax(logits[want_logprobs], dim=-1)

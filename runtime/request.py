@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from grammars.matcher import Matcher
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.outputs import StreamChunk
 from runtime.radix_cache import Node
@@ -43,6 +44,7 @@ class Request:
     stop_ids: frozenset[int]
     max_new_tokens: int
     priority: int = 0
+    matcher: Matcher | None = None  # the constraint's state, when the request has one
     arrival: float = field(default_factory=time.monotonic)
     status: Status = Status.WAITING
     output_ids: list[int] = field(default_factory=list)

@@ -1,7 +1,8 @@
 """Turns each request's SamplingParams into the tensors `kernels.sample` takes, and samples.
 
 Penalties and min_tokens are applied to the logits here (they need each request's token
-history); masking, temperature, top-k/top-p/min-p and the draw happen in the kernel.
+history); constrained rows get their grammar's bitmask; masking, temperature,
+top-k/top-p/min-p and the draw happen in the kernel.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from grammars.matcher import allocate_bitmask
+from kernels.reference import apply_bitmask
 from kernels.reference import sample as reference_sample
 
 if TYPE_CHECKING:
@@ -26,8 +29,11 @@ def step_seed(request_seed: int, step: int) -> int:
     return x ^ (x >> 31)
 
 
-def sample(logits: torch.Tensor, reqs: list[Request]) -> list[int]:
-    """One token per row of logits [B, V] (row b belongs to reqs[b])."""
+def sample(logits: torch.Tensor, reqs: list[Request], grammar_vocab_size: int) -> list[int]:
+    """One token per row of logits [B, V] (row b belongs to reqs[b]).
+
+    `grammar_vocab_size` is the tokenizer's size, which sets the width of the grammars'
+    bitmask rows (it may differ from V, the model's vocabulary, either way)."""
     device = logits.device
     if any(r.params.has_penalties or len(r.output_ids) < r.params.min_tokens for r in reqs):
         logits = logits.clone()
@@ -41,7 +47,20 @@ def sample(logits: torch.Tensor, reqs: list[Request]) -> list[int]:
     seeds = torch.tensor(
         [step_seed(r.seed, len(r.output_ids)) for r in reqs], dtype=torch.int64, device=device
     )
-    ids, _ = reference_sample(logits, None, temperature, top_k, top_p, min_p, seeds)
+    bitmask = None
+    if any(r.matcher is not None for r in reqs):
+        bitmask = allocate_bitmask(len(reqs), grammar_vocab_size)
+        for row, r in enumerate(reqs):
+            if r.matcher is not None:
+                r.matcher.fill_bitmask(bitmask[row])
+        bitmask = bitmask.to(device)
+    if not bool(temperature.any()):
+        # All greedy: the argmax is all the kernel would compute that we use (logprobs are
+        # the runner's job), and skipping its logsumexp saves two [B, V] temporaries.
+        if bitmask is not None:
+            logits = apply_bitmask(logits, bitmask)
+        return logits.argmax(dim=-1).tolist()
+    ids, _ = reference_sample(logits, bitmask, temperature, top_k, top_p, min_p, seeds)
     return ids.tolist()
 
 

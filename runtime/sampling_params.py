@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
+
+from grammars.constraints import Choices, Constraint, Ebnf, JsonSchema, Regex
+
+_CONSTRAINTS = ("regex", "json_schema", "choices", "grammar")
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -31,6 +37,13 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     # Report logprobs of the prompt's tokens from this position on (select scores choices
     # this way, with max_tokens=0). None: no prompt logprobs.
     prompt_logprobs_from: int | None = None
+    # Constraints (at most one), as in SGLang's sampling params: the output must match the
+    # regex, be a JSON document valid under the schema (a dict or its JSON text), be one of
+    # the choices, or be a sentence of the lark grammar.
+    regex: str | None = None
+    json_schema: dict[str, Any] | str | None = None
+    choices: list[str] | None = None
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -55,6 +68,24 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
                 raise ValueError(f"SamplingParams: {message}")
         if any(s == "" for s in self.stop_strings):
             raise ValueError("SamplingParams: stop strings must not be empty")
+        given = [k for k in _CONSTRAINTS if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"SamplingParams: give at most one constraint, got {given}")
+        if self.choices is not None and not self.choices:
+            raise ValueError("SamplingParams: choices must not be empty")
+
+    @property
+    def constraint(self) -> Constraint | None:
+        """The constraint as a `grammars` value (the compile cache's key), or None."""
+        if self.regex is not None:
+            return Regex(self.regex)
+        if self.json_schema is not None:
+            return JsonSchema.of(self.json_schema)
+        if self.choices is not None:
+            return Choices(tuple(self.choices))
+        if self.grammar is not None:
+            return Ebnf(self.grammar)
+        return None
 
     @property
     def stop_strings(self) -> tuple[str, ...]:

@@ -17,6 +17,7 @@ class EngineStats:
         "cached_tokens",
         "prefill_tokens_computed",
         "decode_tokens",
+        "jump_forward_tokens",  # forced by a grammar, appended without sampling
         "preemptions",
         "evicted_tokens",
         "forward_steps",

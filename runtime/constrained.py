@@ -1,0 +1,110 @@
+"""GrammarService: the engine's side of constrained decoding.
+
+It compiles constraints off the engine thread (bounded in time and memory by the
+grammars compiler's worker) and turns the text a grammar forces into tokens (jump-forward).
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from typing import TYPE_CHECKING
+
+from transformers import PreTrainedTokenizerBase
+
+from grammars.constraints import Constraint
+from grammars.matcher import Grammar, Matcher
+from grammars.vocabulary import TokenVocabulary, build_vocabulary
+from runtime.config import EngineConfig
+
+if TYPE_CHECKING:
+    from runtime.request import Request
+
+
+class GrammarService:
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, eos_token_ids: set[int], config: EngineConfig
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self.config = config
+        self._lock = threading.Lock()
+        self._vocab: TokenVocabulary | None = None
+        self._compiler = None  # started with the first constrained request
+
+    @property
+    def vocab(self) -> TokenVocabulary:
+        with self._lock:
+            if self._vocab is None:
+                self._vocab = build_vocabulary(self.tokenizer, self.eos_token_ids)
+            return self._vocab
+
+    def compile(self, constraint: Constraint) -> Future[Grammar]:
+        from grammars.compile import GrammarCompiler
+
+        vocab = self.vocab
+        with self._lock:
+            if self._compiler is None:
+                self._compiler = GrammarCompiler(
+                    vocab,
+                    timeout_s=self.config.grammar_compile_timeout_s,
+                    max_memory_mb=self.config.grammar_compile_memory_mb,
+                )
+            return self._compiler.submit(constraint)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._compiler is not None:
+                self._compiler.close()
+                self._compiler = None
+
+    def forced_tokens(self, r: Request, sampled: int | None) -> list[int]:
+        """The tokens to append after `sampled` was accepted by r's matcher (None: at the
+        start): `sampled` itself plus the tokens of any text the grammar forces next.
+
+        The forced text is tokenized together with the sampled token when that spells the
+        same bytes, so the model sees the tokens it would have produced itself (`"` then
+        `name` would otherwise stand where the tokenizer writes `"name`). The matcher is
+        left having accepted exactly the returned tokens.
+        """
+        matcher = r.matcher
+        tokens = [] if sampled is None else [sampled]
+        if not self.config.jump_forward or matcher.is_terminated():
+            return tokens
+        forced = matcher.jump_forward().encode()
+        if not forced:
+            return tokens
+        if sampled is not None:
+            merged = self._tokenize(self.vocab.token_bytes[sampled] + forced)
+            if merged is not None:
+                matcher.rollback(1)
+                if _accept_all(matcher, merged):
+                    return merged
+                matcher.accept_token(sampled)
+        tail = self._tokenize(forced)
+        if tail is not None and _accept_all(matcher, tail):
+            return tokens + tail
+        return tokens
+
+    def _tokenize(self, data: bytes) -> list[int] | None:
+        """Token ids spelling exactly `data`, or None (a partial UTF-8 character, or text
+        the tokenizer would turn into special tokens)."""
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:
+            return None
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        spelled = [self.vocab.token_bytes[i] for i in ids]
+        if not ids or any(b is None for b in spelled) or b"".join(spelled) != data:
+            return None
+        return ids
+
+
+def _accept_all(matcher: Matcher, tokens: list[int]) -> bool:
+    """Accept every token or none."""
+    for n, t in enumerate(tokens):
+        if not matcher.accept_token(t):
+            if n:
+                matcher.rollback(n)
+            return False
+    return True
