@@ -16,6 +16,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 
+import torch
+
 from grammars.matcher import Grammar
 from runtime.config import EngineConfig
 from runtime.constrained import GrammarService
@@ -83,7 +85,9 @@ class Engine:
         self.scheduler = Scheduler(self.config, self.kv, self.cache, self._stats)
         self.runner = ModelRunner(model_, self.kv, self.device, len(self.tokenizer))
 
+    @torch.no_grad()
     def _run(self, path, ready: threading.Event, failure: list[BaseException]) -> None:
+        # No autograd bookkeeping: activations die as soon as they are used.
         try:
             self._setup(path)
         except BaseException as e:  # handed to the constructor, which raises it
@@ -343,7 +347,11 @@ class Engine:
             self._live[arg.rid] = arg
             self.scheduler.add(arg)
             self._stats.add(prompt_tokens=len(arg.prompt_ids))
-            if arg.matcher is not None and arg.max_new_tokens > 0:
+            if (
+                arg.matcher is not None
+                and arg.max_new_tokens > 0
+                and arg.params.prompt_logprobs_from is None  # its logits come before output
+            ):
                 # Text the grammar forces at the start is fed with the prompt.
                 self._add_tokens(arg, self.grammars.forced_tokens(arg, None), [], time.monotonic())
         elif op == "abort" and arg in self._live:

@@ -48,7 +48,7 @@ def load_model(
     # Rope tables are computed, not loaded, and stay fp32 whatever the weights' dtype.
     model.rotary.float().reset()
     model.load_hf_weights(_read_safetensors(path))
-    return model.eval()
+    return model.eval().requires_grad_(False)
 
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
