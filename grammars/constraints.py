@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class Ebnf:
     grammar: str
 
 
-Constraint = Union[Regex, JsonSchema, Choices, Ebnf]
+Constraint = Regex | JsonSchema | Choices | Ebnf
 
 # `gen(dtype=...)`: what each Python type looks like as text.
 DTYPE_REGEXES: dict[type, str] = {

@@ -47,7 +47,7 @@ def _byte_decoder() -> dict[str, int]:
             printable.append(b)
             chars.append(256 + n)
             n += 1
-    return {chr(c): b for b, c in zip(printable, chars)}
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
 
 
 def _is_byte_level(tokenizer: PreTrainedTokenizerBase) -> bool:

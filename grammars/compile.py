@@ -1,0 +1,173 @@
+"""compile(constraint, vocab) -> Grammar, cached; GrammarCompiler runs it in a bounded worker.
+
+Regex, choices and JSON schemas become outlines-core indexes, which can take seconds and
+gigabytes for large schemas, so the runtime compiles them in a separate worker process with
+a memory limit and kills it when it runs past a time limit: a hostile or huge schema fails
+its own request and nothing else. EBNF grammars compile in-process (lark's parser tables are
+cheap; their cost is paid per token by the matcher).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+import queue
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future
+from multiprocessing.connection import Connection
+
+from grammars.constraints import Constraint, Ebnf
+from grammars.index_builder import build_index, constraint_regex
+from grammars.matcher import Grammar
+from grammars.regex import RegexGrammar
+from grammars.vocabulary import TokenVocabulary
+
+_CACHE_SIZE = 256  # compiled grammars kept per compiler (an index can be megabytes)
+
+
+def compile(constraint: Constraint, vocab: TokenVocabulary) -> Grammar:
+    """Compile in this process, unbounded (tests, benchmarks, offline use); cached."""
+    key = (constraint, vocab.fingerprint)
+    grammar = _local_cache.get(key)
+    if grammar is None:
+        grammar = _build(constraint, vocab, lambda pattern: build_index(pattern, vocab))
+        _local_cache[key] = grammar
+        if len(_local_cache) > _CACHE_SIZE:
+            _local_cache.popitem(last=False)
+    else:
+        _local_cache.move_to_end(key)
+    return grammar
+
+
+_local_cache: OrderedDict = OrderedDict()
+
+
+def _build(constraint: Constraint, vocab: TokenVocabulary, index_of) -> Grammar:
+    if isinstance(constraint, Ebnf):
+        from grammars.ebnf import EbnfGrammar
+
+        return EbnfGrammar(constraint.grammar, vocab)
+    pattern = constraint_regex(constraint)
+    return RegexGrammar(index_of(pattern), vocab, pattern)
+
+
+class GrammarCompiler:
+    """Compiles constraints for one vocabulary off the caller's thread, within limits.
+
+    `submit` returns a future at once; a compile thread hands index building to a worker
+    process (spawned once, replaced after a timeout or a crash). Results are cached, and
+    concurrent submissions of one constraint share one compile.
+    """
+
+    def __init__(
+        self, vocab: TokenVocabulary, timeout_s: float = 30.0, max_memory_mb: int = 2048
+    ) -> None:
+        self.vocab = vocab
+        self.timeout_s = timeout_s
+        self.max_memory_mb = max_memory_mb
+        self._cache: OrderedDict[Constraint, Future[Grammar]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._jobs: queue.Queue[tuple[Constraint, Future[Grammar]] | None] = queue.Queue()
+        self._worker: _Worker | None = None
+        self._thread = threading.Thread(target=self._serve, name="braid-grammar", daemon=True)
+        self._thread.start()
+
+    def submit(self, constraint: Constraint) -> Future[Grammar]:
+        with self._lock:
+            future = self._cache.get(constraint)
+            if future is not None and not (future.done() and future.exception()):
+                self._cache.move_to_end(constraint)
+                return future
+            future = Future()
+            self._cache[constraint] = future
+            if len(self._cache) > _CACHE_SIZE:
+                self._cache.popitem(last=False)
+        self._jobs.put((constraint, future))
+        return future
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self._thread.join()
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            constraint, future = job
+            try:
+                future.set_result(_build(constraint, self.vocab, self._index_in_worker))
+            except Exception as e:  # handed to the request that asked
+                future.set_exception(e if isinstance(e, ValueError) else ValueError(str(e)))
+        if self._worker is not None:
+            self._worker.stop()
+
+    def _index_in_worker(self, pattern: str):
+        if self._worker is None:
+            self._worker = _Worker(self.vocab, self.max_memory_mb)
+        try:
+            return self._worker.build(pattern, self.timeout_s)
+        except _WorkerLost as e:
+            self._worker = None
+            raise ValueError(str(e)) from None
+
+
+class _WorkerLost(Exception):
+    pass
+
+
+class _Worker:
+    """A process that builds indexes, one at a time, under a memory limit."""
+
+    def __init__(self, vocab: TokenVocabulary, max_memory_mb: int) -> None:
+        self.max_memory_mb = max_memory_mb
+        ctx = multiprocessing.get_context("spawn")  # never fork a process full of threads
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(
+            target=_worker_main, args=(child, vocab, max_memory_mb), daemon=True
+        )
+        self.process.start()
+        child.close()
+
+    def build(self, pattern: str, timeout_s: float):
+        self.conn.send(pattern)
+        if not self.conn.poll(timeout_s):
+            self.stop()
+            raise _WorkerLost(
+                f"compiling the constraint took longer than the {timeout_s:g} s limit "
+                "(grammar_compile_timeout_s)"
+            )
+        try:
+            ok, payload = self.conn.recv()
+        except (EOFError, OSError):
+            self.stop()
+            raise _WorkerLost(
+                f"compiling the constraint exceeded the {self.max_memory_mb} MB memory limit "
+                "(grammar_compile_memory_mb) or crashed the compile worker"
+            ) from None
+        if not ok:
+            raise ValueError(payload)
+        return pickle.loads(payload)
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.join()
+        self.conn.close()
+
+
+def _worker_main(conn: Connection, vocab: TokenVocabulary, max_memory_mb: int) -> None:
+    import resource
+
+    # RLIMIT_DATA counts heap and private anonymous mappings (what index building grows),
+    # not the shared libraries the interpreter maps.
+    limit = max_memory_mb * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    while True:
+        try:
+            pattern = conn.recv()
+        except EOFError:
+            return
+        try:
+            conn.send((True, pickle.dumps(build_index(pattern, vocab))))
+        except MemoryError:
+            conn.send((False, f"compiling the constraint exceeded {max_memory_mb} MB"))
+        except Exception as e:
+            conn.send((False, str(e)))

@@ -1,0 +1,138 @@
+"""Regex grammars: outlines-core's token-level DFA index, with our matcher on top.
+
+outlines-core compiles a regex against the vocabulary into an index mapping (state, token)
+to the next state. The matcher keeps its own stack of states (so rollback is a pop), fills
+masks through an outlines Guide positioned at the current state, and derives what the index
+does not offer directly: which states can only end (termination) and the bytes forced next
+(jump-forward), cached per state on the shared grammar.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from outlines_core import Guide, Index
+
+from grammars.matcher import Grammar, Matcher, bitmask_words
+from grammars.vocabulary import TokenVocabulary
+
+_MAX_FORCED_BYTES = 4096  # one jump's text; the rest comes with the next
+
+
+class RegexGrammar(Grammar):
+    def __init__(self, index: Index, vocab: TokenVocabulary, source: str) -> None:
+        self.index = index
+        self.vocab = vocab
+        self.source = source  # the regex, for error messages
+        self.eos_id = min(vocab.eos_token_ids)  # the one outlines knows
+        self.words = bitmask_words(vocab.size)
+        # Per-state facts derived from the index, shared by every matcher of this grammar.
+        self._lock = threading.Lock()
+        self._ends: dict[int, bool] = {}
+        self._forced: dict[int, tuple[bytes, int] | None] = {}
+        self._single_byte = {b[0]: i for i, b in enumerate(vocab.token_bytes) if b and len(b) == 1}
+        self._first_byte = [b[0] if b else -1 for b in vocab.token_bytes]
+
+    def matcher(self) -> RegexMatcher:
+        return RegexMatcher(self)
+
+    def only_ends(self, state: int) -> bool:
+        """Final, and nothing but EOS may follow."""
+        with self._lock:
+            if state not in self._ends:
+                self._ends[state] = self.index.is_final_state(state) and all(
+                    t == self.eos_id for t in self.index.get_allowed_tokens(state)
+                )
+            return self._ends[state]
+
+    def forced_byte(self, state: int) -> tuple[bytes, int] | None:
+        """(byte, next state) when every way forward from `state` starts with the same byte
+        and ending here is not allowed; None otherwise."""
+        with self._lock:
+            if state not in self._forced:
+                self._forced[state] = self._compute_forced(state)
+            return self._forced[state]
+
+    def _compute_forced(self, state: int) -> tuple[bytes, int] | None:
+        if self.index.is_final_state(state):
+            return None
+        firsts = {self._first_byte[t] for t in self.index.get_allowed_tokens(state)}
+        if len(firsts) != 1:
+            return None
+        (byte,) = firsts
+        token = self._single_byte.get(byte)
+        nxt = None if token is None else self.index.get_next_state(state, token)
+        return None if nxt is None else (bytes([byte]), nxt)
+
+
+class RegexMatcher(Matcher):
+    """An outlines Guide (it writes masks fast) plus EOS handling for every EOS id."""
+
+    # Rollback reaches this many tokens back (speculative drafts, jump-forward's retokenize).
+    MAX_ROLLBACK = 256
+
+    def __init__(self, grammar: RegexGrammar) -> None:
+        self.grammar = grammar
+        self.guide = Guide(grammar.index, max_rollback=self.MAX_ROLLBACK)
+        self.ended = False  # EOS accepted
+
+    @property
+    def state(self) -> int:
+        return self.guide.get_state()
+
+    def fill_bitmask(self, row: torch.Tensor) -> None:
+        g = self.grammar
+        if self.ended or g.only_ends(self.state):
+            row.zero_()
+            _set_bits(row, g.vocab.eos_token_ids)
+            return
+        self.guide.write_mask_into(row.data_ptr(), g.words, 4)
+        if g.index.is_final_state(self.state):
+            _set_bits(row, g.vocab.eos_token_ids)  # outlines knows only one of them
+
+    def accept_token(self, token_id: int) -> bool:
+        g = self.grammar
+        if self.ended:
+            return False
+        if token_id in g.vocab.eos_token_ids:
+            self.ended = g.index.is_final_state(self.state)
+            return self.ended
+        if g.index.get_next_state(self.state, token_id) is None:
+            return False
+        self.guide.advance(token_id, return_tokens=False)
+        return True
+
+    def is_terminated(self) -> bool:
+        return self.ended or self.grammar.only_ends(self.state)
+
+    def rollback(self, n: int) -> None:
+        if n and self.ended:
+            self.ended = False
+            n -= 1
+        if n:
+            try:
+                self.guide.rollback_state(n)
+            except ValueError:
+                raise ValueError(
+                    f"cannot roll back {n} tokens (at most {self.MAX_ROLLBACK}, and no further "
+                    "than the start)"
+                ) from None
+
+    def jump_forward(self) -> str:
+        if self.ended:
+            return ""
+        out, state = b"", self.state
+        while len(out) < _MAX_FORCED_BYTES and (step := self.grammar.forced_byte(state)):
+            byte, state = step
+            out += byte
+        return out.decode("utf-8", errors="ignore")  # a partial last character waits
+
+
+def _set_bits(row: torch.Tensor, token_ids) -> None:
+    for t in token_ids:
+        word, bit = divmod(t, 32)
+        if word < row.numel():
+            # int32 words: bit 31 is the sign bit, so build the value in Python and wrap it.
+            value = (int(row[word]) & 0xFFFFFFFF) | (1 << bit)
+            row[word] = value - (1 << 32) if value >= 1 << 31 else value
