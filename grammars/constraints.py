@@ -19,8 +19,9 @@ class Regex:
 class JsonSchema:
     """Output must be a JSON document valid under this schema.
 
-    `schema` is the schema as canonical JSON text (sorted keys) so equal schemas share one
-    compiled grammar; build it with `JsonSchema.of(dict_or_text)`. `whitespace` is the regex
+    `schema` is the schema as compact JSON text so equal schemas share one compiled grammar;
+    keys keep their order, since properties are generated in the schema's order; build it
+    with `JsonSchema.of(dict_or_text)`. `whitespace` is the regex
     allowed between JSON tokens; the default allows none (compact output), which keeps
     models from padding with endless newlines.
     """
@@ -37,7 +38,7 @@ class JsonSchema:
                 raise ValueError(f"json_schema is not valid JSON: {e}") from None
         if not isinstance(schema, (dict, bool)):
             raise ValueError(f"json_schema must be an object, got {type(schema).__name__}")
-        return cls(json.dumps(schema, sort_keys=True), whitespace)
+        return cls(json.dumps(schema, separators=(",", ":")), whitespace)
 
 
 @dataclass(frozen=True)
