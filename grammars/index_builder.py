@@ -53,7 +53,10 @@ def build_index(pattern: str, vocab: TokenVocabulary) -> Index:
     except re.error as e:
         raise ValueError(f"invalid regex {pattern!r}: {e}") from None
     try:
-        index = Index(pattern, outlines_vocabulary(vocab))
+        # outlines-core matches leftmost-first: once an alternative has matched, it drops the
+        # lower-priority ones that could still go on ("a|ab" would never reach "ab"). Anchoring
+        # the end makes every match wait for the end, so all alternatives stay alive.
+        index = Index(f"(?:{pattern})$", outlines_vocabulary(vocab))
     except (ValueError, RuntimeError) as e:
         raise ValueError(f"regex {_short(pattern)} cannot be compiled: {e}") from None
     if not index.get_allowed_tokens(index.get_initial_state()):
