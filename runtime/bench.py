@@ -53,6 +53,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     batch.add_argument("--json", type=Path, default=Path("bench-results/batch.json"))
     batch.set_defaults(run=bench_batch)
 
+    from runtime import bench_grammar
+
+    bench_grammar.add_parser(workloads)
+
 
 def machine() -> str:
     if torch.cuda.is_available():
