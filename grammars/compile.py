@@ -31,7 +31,7 @@ def compile(constraint: Constraint, vocab: TokenVocabulary) -> Grammar:
     key = (constraint, vocab.fingerprint)
     grammar = _local_cache.get(key)
     if grammar is None:
-        grammar = _build(constraint, vocab, lambda pattern: build_index(pattern, vocab))
+        grammar = _build(constraint, vocab, lambda c: _regex_and_index(c, vocab))
         _local_cache[key] = grammar
         if len(_local_cache) > _CACHE_SIZE:
             _local_cache.popitem(last=False)
@@ -43,13 +43,18 @@ def compile(constraint: Constraint, vocab: TokenVocabulary) -> Grammar:
 _local_cache: OrderedDict = OrderedDict()
 
 
-def _build(constraint: Constraint, vocab: TokenVocabulary, index_of) -> Grammar:
+def _build(constraint: Constraint, vocab: TokenVocabulary, regex_and_index) -> Grammar:
     if isinstance(constraint, Ebnf):
         from grammars.ebnf import EbnfGrammar
 
         return EbnfGrammar(constraint.grammar, vocab)
+    pattern, index = regex_and_index(constraint)
+    return RegexGrammar(index, vocab, pattern)
+
+
+def _regex_and_index(constraint: Constraint, vocab: TokenVocabulary):
     pattern = constraint_regex(constraint)
-    return RegexGrammar(index_of(pattern), vocab, pattern)
+    return pattern, build_index(pattern, vocab)
 
 
 class GrammarCompiler:
@@ -94,17 +99,17 @@ class GrammarCompiler:
         while (job := self._jobs.get()) is not None:
             constraint, future = job
             try:
-                future.set_result(_build(constraint, self.vocab, self._index_in_worker))
+                future.set_result(_build(constraint, self.vocab, self._in_worker))
             except Exception as e:  # handed to the request that asked
                 future.set_exception(e if isinstance(e, ValueError) else ValueError(str(e)))
         if self._worker is not None:
             self._worker.stop()
 
-    def _index_in_worker(self, pattern: str):
+    def _in_worker(self, constraint: Constraint):
         if self._worker is None:
             self._worker = _Worker(self.vocab, self.max_memory_mb)
         try:
-            return self._worker.build(pattern, self.timeout_s)
+            return self._worker.build(constraint, self.timeout_s)
         except _WorkerLost as e:
             self._worker = None
             raise ValueError(str(e)) from None
@@ -115,7 +120,8 @@ class _WorkerLost(Exception):
 
 
 class _Worker:
-    """A process that builds indexes, one at a time, under a memory limit."""
+    """A process that turns constraints into regexes and indexes, one at a time, under a
+    memory limit (a schema's regex can grow large before its index does)."""
 
     def __init__(self, vocab: TokenVocabulary, max_memory_mb: int) -> None:
         self.max_memory_mb = max_memory_mb
@@ -127,8 +133,8 @@ class _Worker:
         self.process.start()
         child.close()
 
-    def build(self, pattern: str, timeout_s: float):
-        self.conn.send(pattern)
+    def build(self, constraint: Constraint, timeout_s: float):
+        self.conn.send(constraint)
         if not self.conn.poll(timeout_s):
             self.stop()
             raise _WorkerLost(
@@ -162,11 +168,11 @@ def _worker_main(conn: Connection, vocab: TokenVocabulary, max_memory_mb: int) -
     resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     while True:
         try:
-            pattern = conn.recv()
+            constraint = conn.recv()
         except EOFError:
             return
         try:
-            conn.send((True, pickle.dumps(build_index(pattern, vocab))))
+            conn.send((True, pickle.dumps(_regex_and_index(constraint, vocab))))
         except MemoryError:
             conn.send((False, f"compiling the constraint exceeded {max_memory_mb} MB"))
         except Exception as e:
