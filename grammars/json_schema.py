@@ -6,6 +6,8 @@ generation safe: every text the regex matches must be valid under the schema. Be
 stricter than the schema is allowed (the model just cannot write some valid documents,
 e.g. extra properties or `1.0` for an integer); being looser is a bug. A keyword that
 cannot be enforced exactly raises UnsupportedSchema naming it, never silently dropped.
+Keywords the spec does not define (`x-...`, `javaType`, typos) are annotations and ignored,
+as validators ignore them.
 
 Inside, a schema converts to a regex string, or to None when it admits no instance we can
 write (an unsatisfiable branch, or recursion past MAX_DEPTH): callers drop such options.
@@ -14,11 +16,14 @@ write (an unsatisfiable branch, or recursion past MAX_DEPTH): callers drop such 
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
 from typing import Any
 
 from grammars.index_builder import escape
 from grammars.json_schema_pattern import pattern_regex
 from grammars.json_schema_ranges import integer_regex, number_regex
+from grammars.json_schema_values import is_valid, json_equal
 from grammars.schema_errors import InvalidSchema, UnsupportedSchema
 
 MAX_DEPTH = 4  # recursive $refs unroll this deep; deeper instances cannot be generated
@@ -31,6 +36,13 @@ CHAR = (
     r'([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u([0-9a-ce-fA-CE-F][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2}))'
 )
 STRING = f'"{CHAR}*"'
+# Counted characters (minLength/maxLength) cost one automaton state per count, and the
+# index's build time grows with states times vocabulary: with escapes in the count, 16
+# characters take seconds. So counted characters are plain ones (no quote, backslash or
+# control character: stricter, hence safe), and a maxLength above MAX_STRING_CHARS
+# generates at most that many.
+PLAIN_CHAR = r'[^"\\\x00-\x1f]'
+MAX_STRING_CHARS = 256
 BOOLEAN = "(true|false)"
 NULL = "null"
 
@@ -47,7 +59,17 @@ FORMATS = {
     "uri": r"[a-zA-Z][a-zA-Z0-9+.-]*://[a-zA-Z0-9._~:/?#@!$&'()*+,;=%-]+",
     "hostname": r"[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}"
     r"[a-zA-Z0-9])?)*",
+    # Stricter than the formats (the full ipv6 form; absolute URIs as references): safe.
+    "ipv6": r"([0-9a-fA-F]{1,4}:){7}[0-9a-fA-F]{1,4}",
+    "uri-reference": r"[a-zA-Z][a-zA-Z0-9+.-]*://[a-zA-Z0-9._~:/?#@!$&'()*+,;=%-]+",
+    "byte": r"([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?",
 }
+# Formats the spec defines that we have no regex for: refused by name. Other names (custom
+# or OpenAPI hints like "password") are annotations, as validators treat unknown formats.
+MISSING_FORMATS = {
+    "idn-email", "idn-hostname", "iri", "iri-reference", "uri-template", "json-pointer",
+    "relative-json-pointer", "regex", "duration",
+}  # fmt: skip
 
 # Keywords that describe and never constrain.
 ANNOTATIONS = {
@@ -61,17 +83,26 @@ TYPE_KEYWORDS = {
     "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
     "object": {
         "properties", "required", "additionalProperties", "unevaluatedProperties",
-        "minProperties", "maxProperties",
+        "minProperties", "maxProperties", "patternProperties",
     },
     "array": {"items", "prefixItems", "minItems", "maxItems", "additionalItems",
               "unevaluatedItems"},
     "boolean": set(),
     "null": set(),
 }  # fmt: skip
-GENERAL = {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "nullable"}
+GENERAL = {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "nullable", "not"}
+# Validation keywords a regex cannot enforce (or that we do not yet): refused by name.
+UNSUPPORTED = {
+    "dependencies", "dependentRequired", "dependentSchemas", "if",
+    "uniqueItems", "contains", "minContains", "maxContains", "propertyNames", "$dynamicRef",
+    "$recursiveRef",
+}  # fmt: skip
 ALL_TYPES = tuple(TYPE_KEYWORDS)
 _TYPED = set().union(*TYPE_KEYWORDS.values())
-_KNOWN = ANNOTATIONS | GENERAL | _TYPED
+# Formats whose every string has a length in this range: length bounds around them hold.
+FORMAT_LENGTHS = {"date": (10, 10), "uuid": (36, 36), "ipv4": (7, 15)}
+_CONSTRAINING = GENERAL | _TYPED | UNSUPPORTED
+_KEYED = ("properties", "patternProperties")  # name -> schema maps, merged by name
 
 
 def schema_to_regex(schema: dict[str, Any] | bool, whitespace: str | None = None) -> str:
@@ -102,31 +133,57 @@ class _Converter:
     # ---- dispatch --------------------------------------------------------------------
 
     def convert(self, schema: Any, path: str, depth: int) -> str | None:
+        regex = self._convert(schema, path, depth)
+        if regex is not None and len(regex) > MAX_REGEX_CHARS:
+            raise UnsupportedSchema(f"the schema's regex is too large at {path}")
+        return regex
+
+    def _convert(self, schema: Any, path: str, depth: int) -> str | None:
         if schema is True or schema == {}:
             return self.any_value(2)
         if schema is False:
             return None
         if not isinstance(schema, dict):
             raise InvalidSchema(f"a schema must be an object or a boolean at {path}")
+        # A finite set first: its values are checked against every other keyword.
+        if "const" in schema:
+            return self.values([schema["const"]], "const", schema, path)
+        if "enum" in schema:
+            if not isinstance(schema["enum"], list) or not schema["enum"]:
+                raise InvalidSchema(f"'enum' must be a non-empty list at {path}")
+            return self.values(schema["enum"], "enum", schema, path)
         if "$ref" in schema:
+            rest = {k: v for k, v in schema.items() if k in _CONSTRAINING and k != "$ref"}
+            if rest:  # siblings of $ref apply too (2019-09; stricter than draft 7, so safe)
+                return self.allof({"allOf": [{"$ref": schema["$ref"]}, rest]}, path, depth)
             return self.ref(schema, path, depth)
         for key in ("allOf", "anyOf", "oneOf"):
             if key in schema:
                 return getattr(self, key.lower())(schema, path, depth)
-        if "const" in schema:
-            return self.values([schema["const"]], schema, path)
-        if "enum" in schema:
-            if not isinstance(schema["enum"], list) or not schema["enum"]:
-                raise InvalidSchema(f"'enum' must be a non-empty list at {path}")
-            return self.values(schema["enum"], schema, path)
         self.check_keywords(schema, path)
-        if "type" not in schema and not schema.keys() & _TYPED and "nullable" not in schema:
+        if not schema.keys() & _CONSTRAINING:
             return self.any_value(2)  # only annotations: any value
         types = self.types(schema, path)
         options = [getattr(self, t)(schema, path, depth) for t in types]
         return _alt(options)
 
     def types(self, schema: dict, path: str) -> list[str]:
+        types = self.declared_types(schema, path)
+        if "not" in schema:  # only `not` of types is a regex: drop those types
+            gone = self.excluded_types(schema["not"], path)
+            types = [t for t in types if t not in gone and (t != "integer" or "number" not in gone)]
+        return types
+
+    def excluded_types(self, excluded: Any, path: str) -> list[str]:
+        if isinstance(excluded, dict) and set(excluded) - ANNOTATIONS == {"type"}:
+            return self.declared_types(excluded, path)
+        if isinstance(excluded, dict) and set(excluded) - ANNOTATIONS == {"anyOf"}:
+            return [t for sub in excluded["anyOf"] for t in self.excluded_types(sub, path)]
+        if excluded is True or excluded == {}:
+            return list(ALL_TYPES)
+        raise UnsupportedSchema(f"keyword 'not' at {path} (only 'not' of types is supported)")
+
+    def declared_types(self, schema: dict, path: str) -> list[str]:
         declared = schema.get("type")
         if declared is None:
             # Infer from the keywords present; none at all means any value.
@@ -145,17 +202,15 @@ class _Converter:
         return types
 
     def check_keywords(self, schema: dict, path: str) -> None:
-        for key in schema:
-            if key not in _KNOWN:
-                raise UnsupportedSchema(f"unsupported JSON-schema keyword {key!r} at {path}")
+        for key in schema.keys() & UNSUPPORTED:
+            if key == "uniqueItems" and (schema[key] is False or schema.get("maxItems", 2) <= 1):
+                continue
+            raise UnsupportedSchema(f"unsupported JSON-schema keyword {key!r} at {path}")
 
     # ---- combinators -----------------------------------------------------------------
 
     def ref(self, schema: dict, path: str, depth: int) -> str | None:
         ref = schema["$ref"]
-        if set(schema) - ANNOTATIONS - {"$ref"}:
-            extra = sorted(set(schema) - ANNOTATIONS - {"$ref"})
-            raise UnsupportedSchema(f"keywords {extra} next to '$ref' at {path}")
         if not isinstance(ref, str) or not ref.startswith("#"):
             raise UnsupportedSchema(f"only local '$ref's (#/...) are supported, got {ref!r}")
         if depth >= MAX_DEPTH:
@@ -175,48 +230,113 @@ class _Converter:
         return _alt(self.branches(schema, "anyOf", path, depth))
 
     def oneof(self, schema: dict, path: str, depth: int) -> str | None:
-        # Exactly-one is anyOf when no instance can match two branches; we can tell that
-        # cheaply only when the branches' types are disjoint.
+        # Exactly-one is anyOf when no instance can match two branches. We prove that for
+        # each pair from cheap facts (types, discriminating constants, forbidden properties).
         subs = schema["oneOf"]
-        seen: set[str] = set()
-        for i, sub in enumerate(subs if isinstance(subs, list) else []):
-            types = set(self.branch_types(sub))
-            if types & seen or not types:
-                raise UnsupportedSchema(
-                    f"'oneOf' at {path}: branch {i} may overlap another (only branches of "
-                    "distinct types are supported)"
-                )
-            seen |= types
+        rest = {k: v for k, v in schema.items() if k != "oneOf"}
+        facts = [self.branch_facts(sub, rest) for sub in (subs if isinstance(subs, list) else [])]
+        for j, b in enumerate(facts):
+            for i, a in enumerate(facts[:j]):
+                if not _disjoint(a, b):
+                    raise UnsupportedSchema(
+                        f"'oneOf' at {path}: branches {i} and {j} may both match one value "
+                        "(supported: branches of distinct types, or told apart by a required "
+                        "property's const/enum, or by a property one of them forbids)"
+                    )
         return _alt(self.branches(schema, "oneOf", path, depth))
 
     def allof(self, schema: dict, path: str, depth: int) -> str | None:
-        subs = schema["allOf"]
-        if not isinstance(subs, list) or not subs:
-            raise InvalidSchema(f"'allOf' must be a non-empty list at {path}")
-        merged = {k: v for k, v in schema.items() if k != "allOf"}
-        for sub in subs:
-            if isinstance(sub, dict) and "$ref" in sub and len(sub) == 1:
-                sub = self.resolve(sub["$ref"], path)
-            if not isinstance(sub, dict):
-                raise UnsupportedSchema(f"'allOf' with a boolean schema at {path}")
-            for key, value in sub.items():
-                if key in ANNOTATIONS:
+        """All parts merged into one schema (exact for the keywords merged below)."""
+        parts: list[dict] = []
+        deeper = self.collect_parts(schema, path, depth, parts)
+        if deeper is None:
+            return None
+        merged: dict[str, Any] = {}
+        checks: list[dict] = []  # conflicting enum/const: kept as checks on the values
+        for part in parts:
+            for key, value in part.items():
+                if key not in _CONSTRAINING:
                     continue
-                if key == "properties":
-                    props = dict(merged.get("properties", {}))
-                    clash = props.keys() & value.keys()
-                    if clash:
-                        raise UnsupportedSchema(
-                            f"'allOf' at {path} constrains property {sorted(clash)[0]!r} twice"
-                        )
-                    merged["properties"] = {**props, **value}
+                if key not in merged:
+                    merged[key] = dict(value) if key in _KEYED else value
+                elif key in _KEYED:
+                    for name, sub in value.items():
+                        old = merged[key].get(name)
+                        merged[key][name] = sub if old is None else {"allOf": [old, sub]}
                 elif key == "required":
-                    merged["required"] = list(dict.fromkeys(merged.get("required", []) + value))
-                elif key in merged and merged[key] != value:
+                    merged[key] = list(dict.fromkeys([*merged[key], *value]))
+                elif key == "type":
+                    merged[key] = _intersect_types(merged[key], value)
+                    if not merged[key]:
+                        return None
+                elif key in ("minimum", "minLength", "minItems", "minProperties"):
+                    merged[key] = max(merged[key], value)
+                elif key in ("maximum", "maxLength", "maxItems", "maxProperties"):
+                    merged[key] = min(merged[key], value)
+                elif key == "not":
+                    merged[key] = {"anyOf": [merged[key], value]}
+                elif key == "anyOf" and len(merged[key]) * len(value) <= 64:
+                    merged[key] = [{"allOf": [x, y]} for x in merged[key] for y in value]
+                elif key in ("enum", "const"):
+                    checks.append({key: value})
+                elif not json_equal(merged[key], value):
                     raise UnsupportedSchema(f"'allOf' at {path} combines two {key!r} keywords")
-                else:
-                    merged[key] = value
-        return self.convert(merged, path, depth)
+        if checks:
+            merged["allOf"] = checks
+        if not self.close_properties(parts, merged, path):
+            return None
+        return self.convert(merged, path, deeper)
+
+    def collect_parts(self, schema: Any, path: str, depth: int, parts: list[dict]) -> int | None:
+        """Flatten nested allOf and $refs into `parts`; the depth reached (None: no value)."""
+        if schema is True:
+            return depth
+        if schema is False:
+            return None
+        if not isinstance(schema, dict):
+            raise InvalidSchema(f"'allOf' entries must be schemas at {path}")
+        deepest = depth
+        if "$ref" in schema:
+            if depth >= MAX_DEPTH:
+                return None
+            target = self.resolve(schema["$ref"], path)
+            deepest = self.collect_parts(target, path, depth + 1, parts)
+            if deepest is None:
+                return None
+        subs = schema.get("allOf", [])
+        if not isinstance(subs, list) or ("allOf" in schema and not subs):
+            raise InvalidSchema(f"'allOf' must be a non-empty list at {path}")
+        parts.append({k: v for k, v in schema.items() if k not in ("allOf", "$ref")})
+        for sub in subs:
+            reached = self.collect_parts(sub, path, depth, parts)
+            if reached is None:
+                return None
+            deepest = max(deepest, reached)
+        return deepest
+
+    def close_properties(self, parts: list[dict], merged: dict, path: str) -> bool:
+        """additionalProperties in one part forbids the other parts' extra properties: drop
+        them (False if one of them is required)."""
+        for part in parts:
+            extra = part.get("additionalProperties", True)
+            if extra is True or extra == {}:
+                continue
+            if extra is not False:
+                if set(merged.get("properties", {})) - set(part.get("properties", {})):
+                    raise UnsupportedSchema(
+                        f"'allOf' at {path}: additionalProperties with a schema meets "
+                        "another part's properties"
+                    )
+                continue
+            allowed = set(part.get("properties", {}))
+            patterns = part.get("patternProperties", {})
+            for name in list(merged.get("properties", {})):
+                if name not in allowed and not any(_search(p, name, path) for p in patterns):
+                    if name in merged.get("required", []):
+                        return False
+                    del merged["properties"][name]
+            merged["additionalProperties"] = False
+        return True
 
     def branches(self, schema: dict, key: str, path: str, depth: int) -> list[str | None]:
         subs = schema[key]
@@ -231,18 +351,32 @@ class _Converter:
             ]
         return [self.convert(sub, f"{path}/{key}/{i}", depth) for i, sub in enumerate(subs)]
 
-    def branch_types(self, sub: Any) -> list[str]:
-        if isinstance(sub, dict) and "$ref" in sub:
-            sub = self.resolve(sub["$ref"], "oneOf")
-        if not isinstance(sub, dict):
-            return list(ALL_TYPES)
+    def branch_facts(self, sub: Any, rest: dict) -> _Facts:
+        for _ in range(8):  # a chain of bare $refs
+            if isinstance(sub, dict) and set(sub) - ANNOTATIONS == {"$ref"}:
+                sub = self.resolve(sub["$ref"], "oneOf")
+        if not isinstance(sub, dict) or "$ref" in sub:
+            return _Facts(set(_BRANCH_TYPES), None, {}, set(), True, set())
+        values = None
         if "const" in sub or "enum" in sub:
-            values = [sub["const"]] if "const" in sub else sub["enum"]
-            return [_json_type(v) for v in values]
-        if any(k in sub for k in ("anyOf", "oneOf", "allOf")):
-            return list(ALL_TYPES)
-        types = self.types(sub, "oneOf")
-        return ["number" if t == "integer" else t for t in types]
+            values = [sub["const"]] if "const" in sub else list(sub["enum"])
+        if values is not None:
+            types = {_json_type(v) for v in values}
+        elif any(k in sub for k in ("anyOf", "oneOf", "allOf", "not")) or (
+            "type" not in sub and "type" not in rest
+        ):
+            types = set(ALL_TYPES)
+        else:
+            types = set(self.declared_types({**rest, **sub}, "oneOf"))
+        props = {}
+        for name, prop in {**rest.get("properties", {}), **sub.get("properties", {})}.items():
+            if isinstance(prop, dict) and set(prop) - ANNOTATIONS == {"$ref"}:
+                prop = self.resolve(prop["$ref"], "oneOf")
+            props[name] = prop
+        required = set(rest.get("required", [])) | set(sub.get("required", []))
+        closed = sub.get("additionalProperties", rest.get("additionalProperties", True)) is False
+        types = {"number" if t == "integer" else t for t in types}
+        return _Facts(types, values, props, required, not closed, set(props))
 
     def resolve(self, ref: str, path: str) -> Any:
         target: Any = self.root
@@ -255,21 +389,15 @@ class _Converter:
 
     # ---- values --------------------------------------------------------------------
 
-    def values(self, values: list, schema: dict, path: str) -> str | None:
-        allowed = set(ANNOTATIONS) | {"enum", "const", "type", "nullable"}
-        extra = set(schema) - allowed
-        if extra:
-            raise UnsupportedSchema(f"keyword {sorted(extra)[0]!r} next to enum/const at {path}")
-        if "type" in schema:
-            types = self.types(schema, path)
-            values = [v for v in values if _json_type(v) in types or
-                      (_json_type(v) == "number" and "integer" in types and float(v).is_integer()
-                       and isinstance(v, int))]  # fmt: skip
-        if not values:
+    def values(self, values: list, key: str, schema: dict, path: str) -> str | None:
+        """A finite set: the values also valid under the schema's other keywords."""
+        rest = {k: v for k, v in schema.items() if k != key}
+        kept = [v for v in values if is_valid(v, rest, lambda ref: self.resolve(ref, path))]
+        if not kept:
             return None
-        if self.ws and any(isinstance(v, (dict, list)) and v for v in values):
+        if self.ws and any(isinstance(v, (dict, list)) and v for v in kept):
             raise UnsupportedSchema(f"enum/const of objects or arrays with whitespace at {path}")
-        return _alt([escape(_dump(v)) for v in values])
+        return _alt([escape(_dump(v)) for v in kept])
 
     def any_value(self, depth: int) -> str:
         """Any JSON value nested at most `depth` containers deep."""
@@ -287,21 +415,26 @@ class _Converter:
         lo, hi = schema.get("minLength", 0), schema.get("maxLength")
         _check_bound(lo, hi, "minLength", "maxLength", path)
         fmt, pattern = schema.get("format"), schema.get("pattern")
+        if fmt in MISSING_FORMATS:
+            raise UnsupportedSchema(f"unsupported string format {fmt!r} at {path}")
+        if fmt not in FORMATS:
+            fmt = None
         if fmt is not None and pattern is not None:
             raise UnsupportedSchema(f"'format' together with 'pattern' at {path}")
-        if fmt is not None or pattern is not None:
+        if pattern is not None:
             if (lo, hi) != (0, None):
-                raise UnsupportedSchema(f"length bounds with 'format' or 'pattern' at {path}")
-            if pattern is not None:
-                return f'"{pattern_regex(pattern, CHAR, path)}"'
-            if fmt not in FORMATS:
-                raise UnsupportedSchema(f"unsupported string format {fmt!r} at {path}")
+                raise UnsupportedSchema(f"length bounds with 'pattern' at {path}")
+            return f'"{pattern_regex(pattern, CHAR, path)}"'
+        if fmt is not None:
+            shortest, longest = FORMAT_LENGTHS.get(fmt, (1, None))
+            if lo > shortest or (hi is not None and (longest is None or hi < longest)):
+                raise UnsupportedSchema(f"length bounds with format {fmt!r} at {path}")
             return f'"{FORMATS[fmt]}"'
+        if lo > MAX_STRING_CHARS:
+            raise UnsupportedSchema(f"minLength {lo} at {path} exceeds {MAX_STRING_CHARS}")
         if hi is None:
-            return f'"{CHAR}{{{lo},}}"' if lo else STRING
-        if hi > MAX_REPEAT:
-            raise UnsupportedSchema(f"maxLength {hi} at {path} exceeds {MAX_REPEAT}")
-        return f'"{CHAR}{{{lo},{hi}}}"'
+            return f'"{PLAIN_CHAR}{{{lo}}}{CHAR}*"' if lo else STRING
+        return f'"{PLAIN_CHAR}{{{lo},{min(hi, MAX_STRING_CHARS)}}}"'
 
     def integer(self, schema: dict, path: str, depth: int) -> str | None:
         lo, hi = _bounds(schema, path, integer=True)
@@ -329,16 +462,39 @@ class _Converter:
         if not isinstance(props, dict) or not isinstance(required, list):
             raise InvalidSchema(f"'properties' must be an object and 'required' a list at {path}")
         extra = schema.get("additionalProperties", schema.get("unevaluatedProperties", True))
+        patterns = schema.get("patternProperties", {})
+        if not isinstance(patterns, dict):
+            raise InvalidSchema(f"'patternProperties' must be an object at {path}")
+
+        def schema_of(name: str) -> Any:
+            """A named property's schema: listed, or additionalProperties, plus every
+            patternProperties entry its name matches."""
+            matched = [sub for pattern, sub in patterns.items() if _search(pattern, name, path)]
+            base = props[name] if name in props else (True if matched else extra)
+            return {"allOf": [base, *matched]} if matched else base
+
         names = list(props) + [r for r in required if r not in props]
         members = []  # (regex of `"key":value`, required), in schema order
         for name in names:
-            value = self.convert(props.get(name, True), f"{path}/properties/{name}", depth)
+            value = self.convert(schema_of(name), f"{path}/properties/{name}", depth)
             if value is None:
                 if name in required:
                     return None
                 continue
             members.append((f"{escape(_dump(name))}{w}:{w}{value}", name in required))
         lo, hi = schema.get("minProperties", 0), schema.get("maxProperties")
+        if not members and patterns:
+            # Keys written to match a pattern; a key may match several, so each value
+            # obeys all of them (stricter when they do not overlap, hence safe).
+            subs = list(patterns.values())
+            value = self.convert(
+                subs[0] if len(subs) == 1 else {"allOf": subs}, f"{path}/patternProperties", depth
+            )
+            if value is None:
+                return rf"\{{{w}\}}" if lo == 0 else None
+            keys = [f'"{pattern_regex(p, CHAR, path)}"' for p in patterns]
+            member = f"{_alt(keys)}{w}:{w}{value}"
+            return _sequence(r"\{", r"\}", member, lo, hi, w, path, "Properties")
         if not members and extra not in (False, None) and extra != {"not": {}}:
             # A map: any keys, each value under additionalProperties.
             value = self.convert(extra, f"{path}/additionalProperties", depth)
@@ -378,6 +534,66 @@ class _Converter:
         if any(p is None for p in parts):
             return None
         return rf"\[{w}" + f"{w},{w}".join(parts) + rf"{w}\]"
+
+
+_BRANCH_TYPES = ("string", "number", "object", "array", "boolean", "null")
+
+
+@dataclass(frozen=True)
+class _Facts:
+    """What a oneOf branch says, enough to prove two branches never match one value."""
+
+    types: set[str]  # integer counted as number
+    values: list | None  # the branch is this enum/const
+    props: dict[str, Any]
+    required: set[str]
+    open: bool  # other properties allowed
+    listed: set[str]
+
+
+def _disjoint(a: _Facts, b: _Facts) -> bool:
+    if not a.types & b.types:
+        return True
+    if a.values is not None and b.values is not None:
+        return not any(json_equal(x, y) for x in a.values for y in b.values)
+    if a.types | b.types != {"object"}:
+        return False
+    for name in a.required & b.required:
+        x, y = _constants(a.props.get(name)), _constants(b.props.get(name))
+        if x is not None and y is not None and not any(json_equal(u, v) for u in x for v in y):
+            return True
+    for p, q in ((a, b), (b, a)):
+        for name in p.required:
+            if q.props.get(name) is False or (not q.open and name not in q.listed):
+                return True
+    return False
+
+
+def _constants(schema: Any) -> list | None:
+    if isinstance(schema, dict):
+        if "const" in schema:
+            return [schema["const"]]
+        if isinstance(schema.get("enum"), list):
+            return schema["enum"]
+    return None
+
+
+def _intersect_types(a: Any, b: Any) -> list[str]:
+    a = [a] if isinstance(a, str) else list(a)
+    b = [b] if isinstance(b, str) else list(b)
+    out = [t for t in a if t in b]
+    if "integer" in a and "number" in b and "integer" not in out:
+        out.append("integer")
+    if "number" in a and "integer" in b and "integer" not in out:
+        out.append("integer")
+    return out
+
+
+def _search(pattern: str, name: str, path: str) -> bool:
+    try:
+        return re.search(pattern, name) is not None
+    except re.error as e:
+        raise UnsupportedSchema(f"patternProperties pattern {pattern!r} at {path}: {e}") from None
 
 
 def _members(members: list[tuple[str, bool]], w: str) -> str:
