@@ -415,9 +415,7 @@ class _Scorer:
     def __init__(self, model: str | None, timeout_s: float, memory_mb: int) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(
-            target=_scorer_main, args=(child, model, timeout_s, memory_mb), daemon=True
-        )
+        self.process = ctx.Process(target=_scorer_main, args=(child, model, timeout_s, memory_mb))
         self.process.start()
         child.close()
 
