@@ -156,17 +156,11 @@ class Lexer:
         cands, pending, _, _ = lex
         if not pending:
             return True
-        for t, s in cands:
-            term = self.terminals[t]
-            if term.shortest and s in term.fsm.finals:
-                continue
-            moves = term.fsm.map.get(s, {})
-            for symbol, chars in term.fsm.alphabet.by_transition.items():
-                if moves.get(symbol) not in term.live:
-                    continue
-                if any(c is anything_else or c.encode()[: len(pending)] == pending for c in chars):
-                    return True
-        return False
+        return any(
+            c is anything_else or c.encode()[: len(pending)] == pending
+            for chars in self._next_char_sets(cands)
+            for c in chars
+        )
 
     def next_chars(self, lex: LexState) -> set[str] | None:
         """The characters some candidate takes next, or None when there are many (a class
@@ -175,6 +169,16 @@ class Lexer:
         if pending:
             return None
         out: set[str] = set()
+        for chars in self._next_char_sets(cands):
+            if anything_else in chars:
+                return None
+            out.update(chars)
+            if len(out) > 1:
+                return None
+        return out
+
+    def _next_char_sets(self, cands):
+        """For each live move of each candidate, the characters that take it."""
         for t, s in cands:
             term = self.terminals[t]
             if term.shortest and s in term.fsm.finals:
@@ -182,12 +186,7 @@ class Lexer:
             moves = term.fsm.map.get(s, {})
             for symbol, chars in term.fsm.alphabet.by_transition.items():
                 if moves.get(symbol) in term.live:
-                    if anything_else in chars:
-                        return None
-                    out.update(chars)
-            if len(out) > 1:
-                return None
-        return out
+                    yield chars
 
 
 def _utf8_length(lead: int) -> int:

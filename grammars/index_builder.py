@@ -58,6 +58,10 @@ def build_index(pattern: str, vocab: TokenVocabulary) -> Index:
         # the end makes every match wait for the end, so all alternatives stay alive.
         index = Index(f"(?:{pattern})$", outlines_vocabulary(vocab))
     except (ValueError, RuntimeError) as e:
+        if "Found no transitions" in str(e):  # outlines' words for a dead end
+            raise ValueError(
+                f"regex {_short(pattern)} matches nothing this vocabulary can spell"
+            ) from None
         raise ValueError(f"regex {_short(pattern)} cannot be compiled: {e}") from None
     if not index.get_allowed_tokens(index.get_initial_state()):
         raise ValueError(f"regex {_short(pattern)} matches nothing this vocabulary can spell")

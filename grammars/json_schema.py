@@ -215,16 +215,7 @@ class _Converter:
             raise UnsupportedSchema(f"only local '$ref's (#/...) are supported, got {ref!r}")
         if depth >= MAX_DEPTH:
             return None  # recursion this deep is not generated
-        target: Any = self.root
-        for part in filter(None, ref[1:].split("/")):
-            part = part.replace("~1", "/").replace("~0", "~")
-            if isinstance(target, dict) and part in target:
-                target = target[part]
-            elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
-                target = target[int(part)]
-            else:
-                raise InvalidSchema(f"'$ref' {ref!r} at {path} points at nothing")
-        return self.convert(target, ref, depth + 1)
+        return self.convert(self.resolve(ref, path), ref, depth + 1)
 
     def anyof(self, schema: dict, path: str, depth: int) -> str | None:
         return _alt(self.branches(schema, "anyOf", path, depth))
@@ -379,12 +370,9 @@ class _Converter:
         return _Facts(types, values, props, required, not closed, set(props))
 
     def resolve(self, ref: str, path: str) -> Any:
-        target: Any = self.root
-        for part in filter(None, ref.lstrip("#").split("/")):
-            part = part.replace("~1", "/").replace("~0", "~")
-            if not isinstance(target, dict) or part not in target:
-                raise InvalidSchema(f"'$ref' {ref!r} at {path} points at nothing")
-            target = target[part]
+        target = resolve_pointer(self.root, ref)
+        if target is _MISSING:
+            raise InvalidSchema(f"'$ref' {ref!r} at {path} points at nothing")
         return target
 
     # ---- values --------------------------------------------------------------------
@@ -587,6 +575,23 @@ def _intersect_types(a: Any, b: Any) -> list[str]:
     if "number" in a and "integer" in b and "integer" not in out:
         out.append("integer")
     return out
+
+
+_MISSING = object()
+
+
+def resolve_pointer(root: Any, ref: str) -> Any:
+    """What a local `$ref` ("#/a/b/0") points at in `root`, or _MISSING."""
+    target = root
+    for part in filter(None, ref.lstrip("#").split("/")):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(target, dict) and part in target:
+            target = target[part]
+        elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
+            target = target[int(part)]
+        else:
+            return _MISSING
+    return target
 
 
 def _search(pattern: str, name: str, path: str) -> bool:

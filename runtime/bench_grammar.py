@@ -49,6 +49,9 @@ def add_parser(workloads: argparse._SubParsersAction) -> None:
     grammar.add_argument("--jobs", type=int, default=1, help="MaskBench worker processes")
     grammar.add_argument("--timeout", type=float, default=30.0, help="compile limit, seconds")
     grammar.add_argument("--memory-mb", type=int, default=2048, help="compile memory limit")
+    grammar.add_argument(
+        "--skip-e2e", action="store_true", help="skip constrained vs free decoding on the model"
+    )
     grammar.add_argument("--json", type=Path, default=Path("bench-results/grammar.json"))
     grammar.set_defaults(run=bench_grammar)
 
@@ -155,22 +158,15 @@ class _SchemaOrder:
             return False
 
     def resolve(self, schema: Any) -> Any:
+        from grammars.json_schema import resolve_pointer
+
         for _ in range(32):  # a $ref chain; a cycle of bare refs ends here
             if not (isinstance(schema, dict) and isinstance(schema.get("$ref"), str)):
                 return schema
             ref = schema["$ref"]
-            if not ref.startswith("#"):
+            schema = resolve_pointer(self.root, ref) if ref.startswith("#") else None
+            if not isinstance(schema, (dict, bool)):
                 return {}
-            target: Any = self.root
-            for part in filter(None, ref[1:].split("/")):
-                part = part.replace("~1", "/").replace("~0", "~")
-                if isinstance(target, dict) and part in target:
-                    target = target[part]
-                elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
-                    target = target[int(part)]
-                else:
-                    return {}
-            schema = target
         return {}
 
 
@@ -254,10 +250,12 @@ def _cell(text: str) -> str:
 
 
 def bench_grammar(args: argparse.Namespace) -> int:
-    from runtime.bench import _write, machine
+    from runtime.bench import _write, isolated, machine
 
     result: dict[str, Any] = {"workload": "grammar", "machine": machine()}
     result["corpus"] = _bench_corpus(args.model, args.corpus)
+    if not args.skip_e2e:
+        result["end_to_end"] = isolated(_bench_end_to_end, args.model)
     if args.maskbench:
         per_schema_path = args.json.with_name(args.json.stem + "-maskbench.json")
         result["maskbench"] = _bench_maskbench(args, per_schema_path)
@@ -330,6 +328,79 @@ def _bench_corpus(model: str | None, directory: Path) -> dict:
     print(coverage_table(coverage))
     print()
     return summary
+
+
+# ---- end to end: constrained vs unconstrained decoding on the model -----------------------
+
+_PEOPLE = [
+    "Alice Moreau, 34, is a structural engineer in Lyon; reach her at alice@moreau.fr.",
+    "Kenji Watanabe (52) teaches physics in Osaka and has no email.",
+    "Our new intern, Sam Patel, is 21 and lives in Leeds. Email: sam.patel@example.com",
+    "Dr. Maria Gonzalez, aged 45, runs a clinic in Seville.",
+    "Tom Berg is 29, a chef from Oslo, tom@berg.no.",
+    "Priya Nair, 38, data scientist, Bangalore.",
+    "Lukas Novak works as a pilot out of Prague; he is 41.",
+    "Grace Okafor, 27, nurse in Lagos, grace.okafor@mail.ng.",
+]
+_PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "job": {"type": "string", "maxLength": 40},
+        "city": {"type": "string", "maxLength": 30},
+        "email": {"anyOf": [{"type": "string", "format": "email"}, {"type": "null"}]},
+    },
+    "required": ["name", "age", "job", "city", "email"],
+    "additionalProperties": False,
+}
+
+
+def _bench_end_to_end(model: str | None) -> dict:
+    """The same extraction prompts, greedy, free and under a JSON schema: output tokens per
+    second. Jump-forward appends the forced keys and punctuation without sampling them."""
+    from runtime import Engine, SamplingParams
+    from runtime.bench import machine
+
+    engine = Engine(model=model, max_kv_tokens=8192)
+    try:
+        prompts = [
+            engine.tokenizer.apply_chat_template(
+                [{"role": "user", "content": f"Extract name, age, job, city, email as JSON: {p}"}],
+                tokenize=False,
+                add_generation_prompt=True,
+            )
+            for p in _PEOPLE
+        ]
+        engine.generate(prompts[0], SamplingParams(max_tokens=4))  # warm up
+        rows = {}
+        for label, constraint in (("unconstrained", {}), ("json_schema", {"json_schema": _PERSON})):
+            params = SamplingParams(temperature=0, max_tokens=96, **constraint)
+            before = engine.stats()
+            start = time.perf_counter()
+            outs = engine.generate(prompts, params)
+            seconds = time.perf_counter() - start
+            after = engine.stats()
+            tokens = sum(len(o.token_ids) for o in outs)
+            rows[label] = {
+                "requests": len(outs),
+                "output_tokens": tokens,
+                "seconds": seconds,
+                "tokens_per_s": tokens / seconds,
+                "jump_forward_tokens": after["jump_forward_tokens"] - before["jump_forward_tokens"],
+                "sample": outs[0].text[:200],
+            }
+    finally:
+        engine.shutdown()
+    print(f"end to end, {len(_PEOPLE)} extraction requests at once, greedy, {machine()}")
+    print(f"{'':<16}{'tokens':>8}{'seconds':>9}{'tok/s':>8}{'jump-forward':>14}")
+    for label, row in rows.items():
+        print(
+            f"{label:<16}{row['output_tokens']:>8}{row['seconds']:>9.2f}"
+            f"{row['tokens_per_s']:>8.1f}{row['jump_forward_tokens']:>14}"
+        )
+    print(f"json_schema sample: {rows['json_schema']['sample']}\n")
+    return rows
 
 
 def _percentiles(values: list[float], scale: float) -> dict:

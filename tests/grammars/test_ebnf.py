@@ -9,7 +9,6 @@ import lark
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from transformers import AutoTokenizer
 
 import grammars
 from grammars.matcher import allowed_token_ids
@@ -77,39 +76,17 @@ INVALID = {
 }
 
 
-@pytest.fixture(scope="module")
-def tokenizer(default_model_path):
-    return AutoTokenizer.from_pretrained(default_model_path)
-
-
-@pytest.fixture(scope="module")
-def vocab(tokenizer):
-    return grammars.build_vocabulary(tokenizer, {tokenizer.eos_token_id})
-
-
-def _feed(grammar, tokenizer, text: str) -> bool:
-    """Every token of `text` in the mask, then EOS; False at the first refusal."""
-    matcher = grammar.matcher()
-    row = grammars.allocate_bitmask(1, grammar.vocab.size)[0]
-    for token in [*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id]:
-        matcher.fill_bitmask(row)
-        if token not in allowed_token_ids(row):
-            return False
-        assert matcher.accept_token(token), "in the mask but refused by accept_token"
-    return matcher.is_terminated()
-
-
 @pytest.mark.parametrize("name", sorted(GRAMMARS))
-def test_lark_sentences_pass_the_masks(name, tokenizer, vocab):
+def test_lark_sentences_pass_the_masks(name, feeds, vocab):
     grammar = grammars.compile(grammars.Ebnf(GRAMMARS[name]), vocab)
     parser = lark.Lark(GRAMMARS[name], parser="lalr")
     for text in EXAMPLES[name]:
         parser.parse(text)
-        assert _feed(grammar, tokenizer, text), text
+        assert feeds(grammar, text), text
     for text in INVALID[name]:
         with pytest.raises(lark.exceptions.LarkError):
             parser.parse(text)
-        assert not _feed(grammar, tokenizer, text), text
+        assert not feeds(grammar, text), text
 
 
 def _walk(grammar, rng: random.Random, max_steps: int = 120) -> bytes | None:
@@ -155,24 +132,8 @@ def test_walks_do_end(vocab):
     assert sum(out is not None for out in ended) >= 3
 
 
-def test_rollback_restores_masks(tokenizer, vocab):
-    grammar = grammars.compile(grammars.Ebnf(JSON), vocab)
-    ids = tokenizer.encode('{"key": [1, 2', add_special_tokens=False)
-    matcher = grammar.matcher()
-    rows = grammars.allocate_bitmask(len(ids) + 1, vocab.size)
-    for i, token in enumerate(ids):
-        matcher.fill_bitmask(rows[i])
-        assert matcher.accept_token(token)
-    matcher.fill_bitmask(rows[-1])
-    after = grammars.allocate_bitmask(1, vocab.size)[0]
-    for back in (1, 3, len(ids)):
-        matcher.rollback(back)
-        matcher.fill_bitmask(after)
-        assert after.equal(rows[len(ids) - back])
-        for token in ids[len(ids) - back :]:
-            assert matcher.accept_token(token)
-    with pytest.raises(ValueError, match="roll back"):
-        matcher.rollback(len(ids) + 1)
+def test_rollback_restores_masks(check_rollback, vocab):
+    check_rollback(grammars.compile(grammars.Ebnf(JSON), vocab), '{"key": [1, 2')
 
 
 def test_jump_forward_text(tokenizer, vocab):

@@ -19,7 +19,6 @@ import urllib.parse
 import jsonschema
 import pytest
 from jsonschema.validators import validator_for
-from transformers import AutoTokenizer
 
 import grammars
 from grammars.matcher import allowed_token_ids
@@ -60,16 +59,6 @@ def _is_uri(value: object) -> bool:
 def validator(schema):
     cls = validator_for(schema, default=jsonschema.Draft202012Validator)
     return cls(schema, format_checker=FORMATS)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(default_model_path):
-    return AutoTokenizer.from_pretrained(default_model_path)
-
-
-@pytest.fixture(scope="module")
-def vocab(tokenizer):
-    return grammars.build_vocabulary(tokenizer, {tokenizer.eos_token_id})
 
 
 def test_corpus_spans_the_features():

@@ -1,0 +1,135 @@
+"""Regex and choices grammars against Python's `re`: every string the regex matches gets
+through the masks token by token, every walk over the masks writes a string it matches."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import grammars
+from grammars.matcher import allowed_token_ids
+
+# In the common subset of Python's and Rust's regex syntax (Rust's \d is Unicode: [0-9]).
+PATTERNS = [
+    r"\([0-9]{3}\) [0-9]{3}-[0-9]{4}",
+    r"[a-z]{1,8}(-[a-z]{1,8}){0,3}",
+    r"(yes|no|maybe)( because [a-z ]{1,20})?",
+    r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])",
+    r"-?(0|[1-9][0-9]{0,5})(\.[0-9]{1,4})?",
+    r"[A-Z][a-zé]{0,6}( [A-Z][a-zé]{0,6}){0,2}",
+]
+SETTINGS = settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+def walk(grammar, rng: random.Random, max_steps: int = 80) -> str | None:
+    vocab = grammar.vocab
+    eos = min(vocab.eos_token_ids)
+    matcher = grammar.matcher()
+    row = grammars.allocate_bitmask(1, vocab.size)[0]
+    out = b""
+    for _ in range(max_steps):
+        matcher.fill_bitmask(row)
+        allowed = allowed_token_ids(row)
+        assert allowed, f"dead end after {out!r}"
+        if eos in allowed and (len(allowed) == 1 or rng.random() < 0.3):
+            assert matcher.accept_token(eos)
+            return out.decode("utf-8")
+        token = rng.choice([t for t in allowed if t != eos])
+        assert matcher.accept_token(token)
+        out += vocab.token_bytes[token]
+    return None
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+@SETTINGS
+@given(data=st.data())
+def test_every_match_gets_through(pattern, feeds, vocab, data):
+    grammar = grammars.compile(grammars.Regex(pattern), vocab)
+    text = data.draw(st.from_regex(pattern, fullmatch=True))
+    assert feeds(grammar, text), text
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+@SETTINGS
+@given(seed=st.integers(0, 2**32 - 1))
+def test_walks_match(pattern, vocab, seed):
+    grammar = grammars.compile(grammars.Regex(pattern), vocab)
+    out = walk(grammar, random.Random(seed))
+    if out is not None:
+        assert re.fullmatch(pattern, out), out
+
+
+@pytest.mark.parametrize("pattern", PATTERNS[:3])
+def test_non_matches_are_refused(pattern, feeds, vocab):
+    grammar = grammars.compile(grammars.Regex(pattern), vocab)
+    for text in ("(555) 12-3456", "Abc", "yes because", "x" * 30, ""):
+        if not re.fullmatch(pattern, text):
+            assert not feeds(grammar, text), text
+
+
+@SETTINGS
+@given(
+    value=st.one_of(
+        st.integers(-(10**12), 10**12),
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.booleans(),
+    )
+)
+def test_dtype_regexes_take_python_values(value, feeds, vocab):
+    constraint = grammars.dtype_constraint(type(value))
+    assert re.fullmatch(constraint.pattern, repr(value))
+    assert feeds(grammars.compile(constraint, vocab), repr(value))
+
+
+def test_choices_reach_every_option(feeds, vocab):
+    options = ("a", "ab", "abc", "b", "naïve", "New York")
+    grammar = grammars.compile(grammars.Choices(options), vocab)
+    for option in options:
+        assert feeds(grammar, option), option
+    for other in ("abcd", "c", "New"):
+        assert not feeds(grammar, other), other
+
+
+def test_rollback_restores_masks(check_rollback, vocab):
+    check_rollback(grammars.compile(grammars.Regex(PATTERNS[0]), vocab), "(555) 867-5309")
+
+
+def test_jump_forward_is_the_forced_text(tokenizer, vocab):
+    grammar = grammars.compile(grammars.Regex(r'\{"id": [0-9]+, "ok": (true|false)\}'), vocab)
+    matcher = grammar.matcher()
+    assert matcher.jump_forward() == '{"id": '
+    for token in tokenizer.encode('{"id": 42', add_special_tokens=False):
+        assert matcher.accept_token(token)
+    assert matcher.jump_forward() == ""  # more digits or the comma
+    for token in tokenizer.encode(', "ok": t', add_special_tokens=False):
+        assert matcher.accept_token(token)
+    assert matcher.jump_forward() == "rue}"
+
+
+@pytest.mark.parametrize(
+    "pattern, message",
+    [("(unclosed", "invalid regex"), ("[z-a]", "invalid regex"), (r"a[^\s\S]", "matches nothing")],
+)
+def test_bad_regexes_are_named(pattern, message, vocab):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        grammars.compile(grammars.Regex(pattern), vocab)
+
+
+def test_compiler_limits_time_and_keeps_working(vocab):
+    slow = grammars.Regex(r'"([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4}){0,40}"')
+    compiler = grammars.GrammarCompiler(vocab, timeout_s=0.5)
+    try:
+        with pytest.raises(ValueError, match="grammar_compile_timeout_s"):
+            compiler.submit(slow).result()
+        quick = grammars.Regex("[0-9]{2}")
+        first, again = compiler.submit(quick), compiler.submit(quick)
+        assert first is again  # one compile for both
+        assert first.result().matcher().accept_token(vocab.token_bytes.index(b"4"))
+    finally:
+        compiler.close()

@@ -1,0 +1,75 @@
+"""Token bytes: joining the bytes of a text's tokens must give the text's UTF-8 back."""
+
+from __future__ import annotations
+
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+import grammars
+
+TEXTS = ["Hello, world!", "  indented\n\ttabs", "café naïve", "数据 🙂 ok", '{"k": [1, 2.5]}']
+
+
+@pytest.fixture(scope="module")
+def byte_level(default_model_path):
+    return AutoTokenizer.from_pretrained(default_model_path)
+
+
+def test_byte_level_round_trip(byte_level):
+    vocab = grammars.build_vocabulary(byte_level, {byte_level.eos_token_id})
+    assert vocab.size == len(byte_level)
+    for text in TEXTS:
+        ids = byte_level.encode(text, add_special_tokens=False)
+        assert b"".join(vocab.token_bytes[i] for i in ids) == text.encode()
+    # A character split across tokens: some token holds only part of it.
+    partial = [b for b in vocab.token_bytes if b and not _is_utf8(b)]
+    assert partial
+    for special in byte_level.all_special_ids:
+        assert vocab.token_bytes[special] is None
+    assert byte_level.eos_token_id in vocab.eos_token_ids
+
+
+def _sentencepiece_tokenizer() -> PreTrainedTokenizerFast:
+    """A Llama-2-style tokenizer: Metaspace (U+2581 for spaces), byte fallback <0xNN>."""
+    pieces = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    pieces += ["▁", "a", "b", "c", "f", "▁a", "▁b", "ab", "▁ab", "é", "ca", "caf", "▁caf"]
+    vocab = {p: i for i, p in enumerate(pieces)}
+    merges = [("▁", "a"), ("▁", "b"), ("a", "b"), ("▁a", "b"), ("c", "a")]
+    merges += [("ca", "f"), ("▁", "caf")]
+    model = models.BPE(vocab, merges, unk_token="<unk>", byte_fallback=True)
+    tok = Tokenizer(model)
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+
+
+def test_sentencepiece_round_trip():
+    tokenizer = _sentencepiece_tokenizer()
+    vocab = grammars.build_vocabulary(tokenizer)
+    assert vocab.token_bytes[tokenizer.convert_tokens_to_ids("▁ab")] == b" ab"
+    assert vocab.token_bytes[tokenizer.convert_tokens_to_ids("<0xC3>")] == b"\xc3"
+    assert vocab.eos_token_ids == {tokenizer.eos_token_id}
+    for text in ("ab ab", "abc d", "café ☃"):
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        # Metaspace writes the first word with a leading space; the text is the rest.
+        assert b"".join(vocab.token_bytes[i] for i in ids) == b" " + text.encode()
+
+
+def test_vocabularies_differ_in_fingerprint(byte_level):
+    a = grammars.build_vocabulary(byte_level, {byte_level.eos_token_id})
+    b = grammars.build_vocabulary(byte_level, {byte_level.eos_token_id, 0})
+    assert a.fingerprint != b.fingerprint
+    assert a.fingerprint == grammars.build_vocabulary(byte_level).fingerprint
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
