@@ -9,9 +9,11 @@ cheap; their cost is paid per token by the matcher).
 
 from __future__ import annotations
 
-import multiprocessing
+import os
 import pickle
 import queue
+import subprocess
+import sys
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future
@@ -121,28 +123,40 @@ class _WorkerLost(Exception):
 
 class _Worker:
     """A process that turns constraints into regexes and indexes, one at a time, under a
-    memory limit (a schema's regex can grow large before its index does)."""
+    memory limit (a schema's regex can grow large before its index does).
+
+    It is a plain `python -m grammars.compile_worker` child talking over its stdin/stdout,
+    not a multiprocessing one: spawn would re-run the user's main script in it (a script
+    without an `if __name__ == "__main__"` guard would crash), and fork would copy a process
+    full of threads."""
 
     def __init__(self, vocab: TokenVocabulary, max_memory_mb: int) -> None:
         self.max_memory_mb = max_memory_mb
-        ctx = multiprocessing.get_context("spawn")  # never fork a process full of threads
-        self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(
-            target=_worker_main, args=(child, vocab, max_memory_mb), daemon=True
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "grammars.compile_worker", str(max_memory_mb)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
         )
-        self.process.start()
-        child.close()
+        self.sender = Connection(os.dup(self.process.stdin.fileno()), readable=False)
+        self.receiver = Connection(os.dup(self.process.stdout.fileno()), writable=False)
+        self.process.stdin.close()
+        self.process.stdout.close()
+        self.sender.send(vocab)
 
     def build(self, constraint: Constraint, timeout_s: float):
-        self.conn.send(constraint)
-        if not self.conn.poll(timeout_s):
+        try:
+            self.sender.send(constraint)
+            ready = self.receiver.poll(timeout_s)
+        except OSError:
+            ready = True  # the worker is gone: recv below says so
+        if not ready:
             self.stop()
             raise _WorkerLost(
                 f"compiling the constraint took longer than the {timeout_s:g} s limit "
                 "(grammar_compile_timeout_s)"
             )
         try:
-            ok, payload = self.conn.recv()
+            ok, payload = self.receiver.recv()
         except (EOFError, OSError):
             self.stop()
             raise _WorkerLost(
@@ -155,25 +169,6 @@ class _Worker:
 
     def stop(self) -> None:
         self.process.kill()
-        self.process.join()
-        self.conn.close()
-
-
-def _worker_main(conn: Connection, vocab: TokenVocabulary, max_memory_mb: int) -> None:
-    import resource
-
-    # RLIMIT_DATA counts heap and private anonymous mappings (what index building grows),
-    # not the shared libraries the interpreter maps.
-    limit = max_memory_mb * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-    while True:
-        try:
-            constraint = conn.recv()
-        except EOFError:
-            return
-        try:
-            conn.send((True, pickle.dumps(_regex_and_index(constraint, vocab))))
-        except MemoryError:
-            conn.send((False, f"compiling the constraint exceeded {max_memory_mb} MB"))
-        except Exception as e:
-            conn.send((False, str(e)))
+        self.process.wait()
+        self.sender.close()
+        self.receiver.close()
