@@ -80,7 +80,7 @@ class EngineConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         if self.dtype == "auto":
-            if self.torch_device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            if self.torch_device.type == "cpu" and not _cpu_has_native_bf16():
                 return torch.float32
             return torch.bfloat16
         return _DTYPES[self.dtype]
@@ -109,3 +109,15 @@ def _available_host_memory() -> int:
         pass
     # Not Linux: total physical memory is the best portable figure.
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _cpu_has_native_bf16() -> bool:
+    """bf16 matmul instructions (AVX512-BF16 or AMX). oneDNN also reports bf16 "supported"
+    on plain AVX512 by emulating it, which is no faster than float32 (measured: 13.2 vs
+    14.0 tok/s on a Xeon without them)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return "avx512_bf16" in flags or "amx_bf16" in flags
