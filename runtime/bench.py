@@ -79,10 +79,31 @@ def isolated(fn, *args):
 
     Each side of a comparison gets a process of its own: threads and OpenMP teams left by
     the other side (an engine thread, a transformers run) change the speed of the next.
+    The process is not a daemon, so an engine in it may start its grammar worker.
     """
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(1) as pool:
-        return pool.apply(fn, args)
+    receiver, sender = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=_run_isolated, args=(sender, fn, args))
+    process.start()
+    sender.close()
+    try:
+        ok, value = receiver.recv()
+    except EOFError:
+        process.join()
+        raise RuntimeError(f"{fn.__name__} died (exit code {process.exitcode})") from None
+    process.join()
+    if not ok:
+        raise RuntimeError(f"{fn.__name__} failed:\n{value}")
+    return value
+
+
+def _run_isolated(conn, fn, args) -> None:
+    import traceback
+
+    try:
+        conn.send((True, fn(*args)))
+    except BaseException:
+        conn.send((False, traceback.format_exc()))
 
 
 def _timed(fn) -> float:
