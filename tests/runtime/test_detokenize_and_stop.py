@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from transformers import AutoTokenizer
 
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.stop import StopStringMatcher
@@ -14,11 +13,6 @@ TEXTS = [
     "  leading spaces\n\nand\ttabs  ",
     "<|im_start|>assistant\nspecial tokens in between<|im_end|>",
 ]
-
-
-@pytest.fixture(scope="module")
-def tokenizer(default_model_path):
-    return AutoTokenizer.from_pretrained(default_model_path)
 
 
 @pytest.mark.parametrize("text", TEXTS)
