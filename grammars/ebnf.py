@@ -32,6 +32,7 @@ Stack = tuple[int, ...]
 Position = tuple[LexState, Stack]
 
 _MASK_CACHE = 4096  # masks kept per grammar (each is V/8 bytes)
+_STEP_CACHE = 200_000  # parser steps and lexer walks kept per grammar before starting over
 _MAX_FORCED_CHARS = 4096
 
 
@@ -149,6 +150,10 @@ class EbnfGrammar(Grammar):
         if hit is not None:
             self._masks.move_to_end(position)
             return hit
+        # A shared grammar lives as long as the engine: keep its memo tables bounded.
+        for memo in (self._feeds, self._accepted, self._walks):
+            if len(memo) > _STEP_CACHE:
+                memo.clear()
         allowed = np.zeros(self.vocab.size, dtype=bool)
         self._walk(position, 0, allowed)
         only_eos = not allowed.any()
