@@ -16,6 +16,7 @@ write (an unsatisfiable branch, or recursion past MAX_DEPTH): callers drop such 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -27,11 +28,11 @@ from grammars.json_schema_values import is_valid, json_equal
 from grammars.schema_errors import InvalidSchema, UnsupportedSchema
 
 MAX_DEPTH = 4  # recursive $refs unroll this deep; deeper instances cannot be generated
-MAX_REPEAT = 2048  # largest maxLength / maxItems bound turned into a counted repetition
+MAX_REPEAT = 2048  # largest maxItems / maxProperties bound turned into a counted repetition
 MAX_REGEX_CHARS = 1_000_000  # a regex this long would not compile into a DFA in time
 
 # One JSON string character, exactly one code point each (surrogate escapes excluded so
-# length bounds count code points the way validators do).
+# a pattern's counted repetitions count code points the way validators do).
 CHAR = (
     r'([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u([0-9a-ce-fA-CE-F][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2}))'
 )
@@ -46,6 +47,7 @@ MAX_STRING_CHARS = 256
 BOOLEAN = "(true|false)"
 NULL = "null"
 
+_URI = r"[a-zA-Z][a-zA-Z0-9+.-]*://[a-zA-Z0-9._~:/?#@!$&'()*+,;=%-]+"
 _DATE = r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
 _TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
 FORMATS = {
@@ -56,12 +58,12 @@ FORMATS = {
     "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
     "ipv4": r"((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}"
     r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])",
-    "uri": r"[a-zA-Z][a-zA-Z0-9+.-]*://[a-zA-Z0-9._~:/?#@!$&'()*+,;=%-]+",
+    "uri": _URI,
     "hostname": r"[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}"
     r"[a-zA-Z0-9])?)*",
     # Stricter than the formats (the full ipv6 form; absolute URIs as references): safe.
     "ipv6": r"([0-9a-fA-F]{1,4}:){7}[0-9a-fA-F]{1,4}",
-    "uri-reference": r"[a-zA-Z][a-zA-Z0-9+.-]*://[a-zA-Z0-9._~:/?#@!$&'()*+,;=%-]+",
+    "uri-reference": _URI,
     "byte": r"([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?",
 }
 # Formats the spec defines that we have no regex for: refused by name. Other names (custom
@@ -106,11 +108,9 @@ _KEYED = ("properties", "patternProperties")  # name -> schema maps, merged by n
 
 
 def schema_to_regex(schema: dict[str, Any] | bool, whitespace: str | None = None) -> str:
-    regex = _Converter(schema, whitespace or "").convert(schema, "#", 0)
+    regex = _Converter(schema, whitespace or "").convert(schema, "#", 0)  # bounds its size
     if regex is None:
         raise UnsupportedSchema("the schema admits no instance that can be generated")
-    if len(regex) > MAX_REGEX_CHARS:
-        raise UnsupportedSchema(f"the schema's regex is too large ({len(regex)} characters)")
     return regex
 
 
@@ -347,7 +347,7 @@ class _Converter:
             if isinstance(sub, dict) and set(sub) - ANNOTATIONS == {"$ref"}:
                 sub = self.resolve(sub["$ref"], "oneOf")
         if not isinstance(sub, dict) or "$ref" in sub:
-            return _Facts(set(_BRANCH_TYPES), None, {}, set(), True, set())
+            return _Facts(_as_numbers(ALL_TYPES), None, {}, set(), True)
         values = None
         if "const" in sub or "enum" in sub:
             values = [sub["const"]] if "const" in sub else list(sub["enum"])
@@ -366,8 +366,7 @@ class _Converter:
             props[name] = prop
         required = set(rest.get("required", [])) | set(sub.get("required", []))
         closed = sub.get("additionalProperties", rest.get("additionalProperties", True)) is False
-        types = {"number" if t == "integer" else t for t in types}
-        return _Facts(types, values, props, required, not closed, set(props))
+        return _Facts(_as_numbers(types), values, props, required, not closed)
 
     def resolve(self, ref: str, path: str) -> Any:
         target = resolve_pointer(self.root, ref)
@@ -425,7 +424,7 @@ class _Converter:
         return f'"{PLAIN_CHAR}{{{lo},{min(hi, MAX_STRING_CHARS)}}}"'
 
     def integer(self, schema: dict, path: str, depth: int) -> str | None:
-        lo, hi = _bounds(schema, path, integer=True)
+        lo, hi = _integer_bounds(schema, path)
         step = schema.get("multipleOf")
         if step is not None and step != 1:
             raise UnsupportedSchema(f"'multipleOf' {step} at {path} (only 1 for integers)")
@@ -524,9 +523,6 @@ class _Converter:
         return rf"\[{w}" + f"{w},{w}".join(parts) + rf"{w}\]"
 
 
-_BRANCH_TYPES = ("string", "number", "object", "array", "boolean", "null")
-
-
 @dataclass(frozen=True)
 class _Facts:
     """What a oneOf branch says, enough to prove two branches never match one value."""
@@ -535,8 +531,7 @@ class _Facts:
     values: list | None  # the branch is this enum/const
     props: dict[str, Any]
     required: set[str]
-    open: bool  # other properties allowed
-    listed: set[str]
+    open: bool  # properties not in `props` allowed
 
 
 def _disjoint(a: _Facts, b: _Facts) -> bool:
@@ -552,9 +547,14 @@ def _disjoint(a: _Facts, b: _Facts) -> bool:
             return True
     for p, q in ((a, b), (b, a)):
         for name in p.required:
-            if q.props.get(name) is False or (not q.open and name not in q.listed):
+            if q.props.get(name) is False or (not q.open and name not in q.props):
                 return True
     return False
+
+
+def _as_numbers(types) -> set[str]:
+    """Types with integer counted as number (an integer is a number)."""
+    return {"number" if t == "integer" else t for t in types}
 
 
 def _constants(schema: Any) -> list | None:
@@ -570,9 +570,8 @@ def _intersect_types(a: Any, b: Any) -> list[str]:
     a = [a] if isinstance(a, str) else list(a)
     b = [b] if isinstance(b, str) else list(b)
     out = [t for t in a if t in b]
-    if "integer" in a and "number" in b and "integer" not in out:
-        out.append("integer")
-    if "number" in a and "integer" in b and "integer" not in out:
+    integers = ("integer" in a and "number" in b) or ("number" in a and "integer" in b)
+    if integers and "integer" not in out:
         out.append("integer")
     return out
 
@@ -687,10 +686,8 @@ def _number_bounds(schema: dict, path: str) -> tuple[Any, bool, Any, bool]:
     return lo, lo_excl, hi, hi_excl
 
 
-def _bounds(schema: dict, path: str, integer: bool) -> tuple[int | None, int | None]:
+def _integer_bounds(schema: dict, path: str) -> tuple[int | None, int | None]:
     """Inclusive integer bounds."""
-    import math
-
     lo, lo_excl, hi, hi_excl = _number_bounds(schema, path)
     if lo is not None:
         lo = math.floor(lo) + 1 if lo_excl and float(lo).is_integer() else math.ceil(lo)
