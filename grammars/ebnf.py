@@ -25,7 +25,7 @@ from lark.lexer import PatternStr
 from lark.parsers.lalr_analysis import Shift
 
 from grammars.ebnf_lexer import CONTINUE, EMIT, Lexer, LexState, build_terminal
-from grammars.matcher import Grammar, Matcher, bitmask_words
+from grammars.matcher import Grammar, Matcher, bitmask_words, set_bits
 from grammars.vocabulary import TokenVocabulary
 
 Stack = tuple[int, ...]
@@ -267,11 +267,10 @@ class EbnfMatcher(Matcher):
     def fill_bitmask(self, row: torch.Tensor) -> None:
         g = self.grammar
         if self.ended:
-            words = np.zeros(g.words, dtype=np.int32)
-            _set(words, g.eos_ids)
+            row.zero_()
+            set_bits(row, g.vocab.eos_token_ids)
         else:
-            words, only_eos = g.mask(self.positions[-1])
-        row.copy_(torch.from_numpy(words))
+            row.copy_(torch.from_numpy(g.mask(self.positions[-1])[0]))
 
     def accept_token(self, token_id: int) -> bool:
         g = self.grammar
@@ -303,11 +302,6 @@ class EbnfMatcher(Matcher):
 
     def jump_forward(self) -> str:
         return "" if self.ended else self.grammar.forced_text(self.positions[-1])
-
-
-def _set(words: np.ndarray, ids: np.ndarray) -> None:
-    for t in ids.tolist():
-        words.view(np.uint32)[t // 32] |= np.uint32(1 << (t % 32))
 
 
 class _TokenTrie:

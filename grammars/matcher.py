@@ -27,6 +27,16 @@ def allowed_token_ids(row: torch.Tensor) -> list[int]:
     return bits.flatten().nonzero().flatten().tolist()
 
 
+def set_bits(row: torch.Tensor, token_ids) -> None:
+    """Allow `token_ids` in a bitmask row, leaving its other bits as they are."""
+    for t in token_ids:
+        word, bit = divmod(t, 32)
+        if word < row.numel():
+            # int32 words: bit 31 is the sign bit, so build the value in Python and wrap it.
+            value = (int(row[word]) & 0xFFFFFFFF) | (1 << bit)
+            row[word] = value - (1 << 32) if value >= 1 << 31 else value
+
+
 class Matcher(ABC):
     """One request's progress through a grammar.
 

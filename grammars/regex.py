@@ -14,7 +14,7 @@ import threading
 import torch
 from outlines_core import Guide, Index
 
-from grammars.matcher import Grammar, Matcher, bitmask_words
+from grammars.matcher import Grammar, Matcher, bitmask_words, set_bits
 from grammars.vocabulary import TokenVocabulary
 
 _MAX_FORCED_BYTES = 4096  # one jump's text; the rest comes with the next
@@ -85,11 +85,11 @@ class RegexMatcher(Matcher):
         g = self.grammar
         if self.ended or g.only_ends(self.state):
             row.zero_()
-            _set_bits(row, g.vocab.eos_token_ids)
+            set_bits(row, g.vocab.eos_token_ids)
             return
         self.guide.write_mask_into(row.data_ptr(), g.words, 4)
         if g.index.is_final_state(self.state):
-            _set_bits(row, g.vocab.eos_token_ids)  # outlines knows only one of them
+            set_bits(row, g.vocab.eos_token_ids)  # outlines knows only one of them
 
     def accept_token(self, token_id: int) -> bool:
         g = self.grammar
@@ -127,12 +127,3 @@ class RegexMatcher(Matcher):
             byte, state = step
             out += byte
         return out.decode("utf-8", errors="ignore")  # a partial last character waits
-
-
-def _set_bits(row: torch.Tensor, token_ids) -> None:
-    for t in token_ids:
-        word, bit = divmod(t, 32)
-        if word < row.numel():
-            # int32 words: bit 31 is the sign bit, so build the value in Python and wrap it.
-            value = (int(row[word]) & 0xFFFFFFFF) | (1 << bit)
-            row[word] = value - (1 << 32) if value >= 1 << 31 else value

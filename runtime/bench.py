@@ -405,6 +405,7 @@ def _braid_chat(model, dtype, n, seed) -> dict:
     import threading
 
     from runtime import SamplingParams
+    from runtime.stats import percentile
 
     engine = _engine(model, dtype, max_kv_tokens=65536)
     work = _chat_workload(n, seed)
@@ -453,10 +454,10 @@ def _braid_chat(model, dtype, n, seed) -> dict:
         "prefill_tokens_computed": after["prefill_tokens_computed"]
         - before["prefill_tokens_computed"],
         "cache_hit_rate": cached / prompt_tokens,
-        "ttft_p50_s": _quantile(ttft, 0.5),
-        "ttft_p99_s": _quantile(ttft, 0.99),
-        "tpot_p50_s": _quantile(tpot, 0.5),
-        "tpot_p99_s": _quantile(tpot, 0.99),
+        "ttft_p50_s": percentile(ttft, 50),
+        "ttft_p99_s": percentile(ttft, 99),
+        "tpot_p50_s": percentile(tpot, 50),
+        "tpot_p99_s": percentile(tpot, 99),
         "dtype": str(engine.config.torch_dtype).removeprefix("torch."),
     }
 
@@ -489,10 +490,6 @@ def _hf_chat(model, dtype, n, seed, batch: int = 8) -> dict:
                 pad_token_id=tokenizer.pad_token_id,
             )
     return {"seconds": time.perf_counter() - start, "output_tokens": sum(t for _, t in work)}
-
-
-def _quantile(ordered: list[float], q: float) -> float:
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def bench_chat(args: argparse.Namespace) -> int:

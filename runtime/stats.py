@@ -48,11 +48,12 @@ class EngineStats:
                 ordered = sorted(values)
                 for q in (50, 90, 99):
                     key = f"{name.removesuffix('_s')}_p{q}_s"
-                    out[key] = _percentile(ordered, q)
+                    out[key] = percentile(ordered, q)
             return out
 
 
-def _percentile(ordered: list[float], q: int) -> float | None:
+def percentile(ordered: list[float], q: int) -> float | None:
+    """The q-th percentile of sorted values (nearest rank), None if there are none."""
     if not ordered:
         return None
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
