@@ -1,1 +1,17 @@
-"""Runs programs: builds request trees and drives a backend (the lang issue builds it)."""
+"""Runs programs: each state's operations on an event loop, against a backend that turns
+gens into engine requests and selects into request trees."""
+
+from interpreter.backend import Backend, default_backend, set_default_backend
+from interpreter.chat_template import ChatTemplate
+from interpreter.executor import ProgramError, StreamExecutor
+from interpreter.local_backend import LocalBackend
+
+__all__ = [
+    "Backend",
+    "ChatTemplate",
+    "LocalBackend",
+    "ProgramError",
+    "StreamExecutor",
+    "default_backend",
+    "set_default_backend",
+]

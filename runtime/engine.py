@@ -132,15 +132,35 @@ class Engine:
         segment is tokenized on its own (special tokens only for the first) and the ids are
         joined, which lets the caller fix token boundaries by passing ids.
         """
-        leaves = [(self._join_segments(segs), params) for segs, params in root.leaves()]
-        if any(params.n != 1 for _, params in leaves):
-            raise ValueError("generate_tree: use one leaf per sample (n=1)")
-        collectors = [_Collector() for _ in leaves]
+        leaves = self._tree_leaves(root)
         grammars = [self._compile(params) for _, params in leaves]
         grammars = [g.result() for g in grammars]  # all compile, or none is submitted
+        collectors = [_Collector() for _ in leaves]
         for (ids, params), c, g in zip(leaves, collectors, grammars, strict=True):
             self._submit_n(ids, params, [c.add], priority, g)
         return [c.result() for c in collectors]
+
+    async def agenerate_tree(self, root: TreeNode, priority: int = 0) -> list[GenerateOutput]:
+        """`generate_tree` for asyncio callers: waits without blocking the event loop."""
+        loop = asyncio.get_running_loop()
+        leaves = self._tree_leaves(root)
+        grammars = await asyncio.gather(
+            *(asyncio.wrap_future(self._compile(params)) for _, params in leaves)
+        )
+        done = [loop.create_future() for _ in leaves]
+        collectors = [
+            _Collector(lambda f=f: loop.call_soon_threadsafe(f.set_result, None)) for f in done
+        ]
+        for (ids, params), c, g in zip(leaves, collectors, grammars, strict=True):
+            self._submit_n(ids, params, [c.add], priority, g)
+        await asyncio.gather(*done)
+        return [c.result() for c in collectors]
+
+    def _tree_leaves(self, root: TreeNode) -> list[tuple[list[int], SamplingParams]]:
+        leaves = [(self._join_segments(segs), params) for segs, params in root.leaves()]
+        if any(params.n != 1 for _, params in leaves):
+            raise ValueError("generate_tree: use one leaf per sample (n=1)")
+        return leaves
 
     def _join_segments(self, segments: list[str | list[int]]) -> list[int]:
         if all(isinstance(s, str) for s in segments):
@@ -499,15 +519,17 @@ _LIBC = _load_libc()
 
 
 class _Collector:
-    """Gathers one request's chunks for the blocking `generate`."""
+    """Gathers one request's chunks for the blocking `generate` (or, given `on_done`, for an
+    asyncio caller, which it tells from the engine thread)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_done: Callable[[], None] | None = None) -> None:
         self.text: list[str] = []
         self.token_ids: list[int] = []
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.meta: dict = {}
         self._done = threading.Event()
+        self._on_done = on_done
 
     def add(self, chunk: StreamChunk) -> None:
         self.text.append(chunk.text)
@@ -516,6 +538,8 @@ class _Collector:
             self.finish_reason, self.error = chunk.finish_reason, chunk.error
             self.meta = chunk.meta or {}
             self._done.set()
+            if self._on_done is not None:
+                self._on_done()
 
     def result(self) -> GenerateOutput:
         self._done.wait()

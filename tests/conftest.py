@@ -180,3 +180,17 @@ def check_rollback(tokenizer):
             matcher.rollback(len(ids) + 1)
 
     return check
+
+
+@pytest.fixture(scope="session")
+def reference_logprobs(tiny_model_path):
+    """reference_logprobs(ids, start): transformers' logprob of each of ids[start:] under the
+    tiny model, given the tokens before it."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+
+    def logprobs(ids: list[int], start: int) -> list[float]:
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0].log_softmax(-1)
+        return [logits[i - 1, ids[i]].item() for i in range(start, len(ids))]
+
+    return logprobs

@@ -1,0 +1,51 @@
+"""What the interpreter needs from a model: generate text, score continuations, and the
+chat template's markers. `LocalBackend` runs an in-process Engine; remote backends (a braid
+server, an OpenAI-compatible API) implement the same three members."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
+from interpreter.chat_template import ChatTemplate
+from interpreter.local_backend import LocalBackend
+from runtime.engine import Engine
+from runtime.outputs import GenerateOutput
+from runtime.sampling_params import SamplingParams
+
+
+class Backend(Protocol):
+    @property
+    def chat_template(self) -> ChatTemplate: ...
+
+    async def generate(
+        self, prompt: str, params: SamplingParams, on_text: Callable[[str], None]
+    ) -> GenerateOutput:
+        """Generate a continuation of `prompt`, handing each new piece of text to `on_text`
+        as it arrives. Raises RuntimeError when the request fails."""
+
+    async def score(self, prefix: str, continuations: list[str]) -> list[list[float]]:
+        """For each continuation, the logprobs of its tokens after `prefix`, all counted from
+        the first token position where any of them departs from the prefix's tokens."""
+
+
+_default: Backend | None = None
+_default_lock = threading.Lock()
+
+
+def set_default_backend(backend) -> None:
+    """Use this backend (or an Engine, wrapped in a LocalBackend) for programs run without
+    one."""
+    global _default
+    with _default_lock:
+        _default = LocalBackend(backend) if isinstance(backend, Engine) else backend
+
+
+def default_backend() -> Backend:
+    """The default backend; a LocalBackend on the default model is made on first use."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = LocalBackend(Engine())
+        return _default

@@ -1,0 +1,341 @@
+"""StreamExecutor: runs one program state's operations in order.
+
+The program's thread only appends operations (`submit` returns at once), so a program keeps
+going while its gens run, and independent states (forks, a batch of programs) have their
+requests in the engine at the same time. The operations run as a task on the interpreter's
+event loop; reading a variable waits for the operation that sets it. After an operation
+fails, the rest are dropped and every read raises the failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from functools import singledispatchmethod
+from typing import Any
+
+from interpreter.backend import Backend
+from interpreter.choices import METHODS, needs_unconditional
+from interpreter.event_loop import interpreter_loop
+from interpreter.ir import Gen, Role, RoleBegin, RoleEnd, Select
+
+
+class ProgramError(RuntimeError):
+    """An operation of the program failed; `__cause__` holds why."""
+
+
+@dataclass
+class _ForkPoint:
+    """Hands the parent's state, as it is when reached, to the children of a fork."""
+
+    children: list[Future]
+
+
+@dataclass
+class _Inherit:
+    parent: Future
+
+
+@dataclass
+class _Snapshot:
+    text: str
+    messages: list[dict[str, str]]
+    open_role: str | None
+    opening: str
+    variables: dict[str, Any]
+    metas: dict[str, dict]
+
+
+class StreamExecutor:
+    def __init__(
+        self, backend: Backend, sampling: dict[str, Any], parent: Future | None = None
+    ) -> None:
+        self.backend = backend
+        self.sampling = sampling  # the program's SamplingParams defaults for every gen
+        self.children: list[StreamExecutor] = []
+        self._loop = interpreter_loop()
+        self._cond = threading.Condition()
+        self._ops: deque = deque()
+        self._draining = False
+        self._closed = False  # the program function returned: nothing more will come
+        self._watchers: list[Callable[[], None]] = []  # asyncio readers' wake-ups
+        self.done: Future[None] = Future()  # set when closed and every operation ran
+        # The state; written on the loop thread under _cond.
+        self.text = ""
+        self.messages: list[dict[str, str]] = []
+        self.open_role: str | None = None
+        self.opening = ""  # the chat-template text that opened the current message
+        self.variables: dict[str, Any] = {}
+        self.metas: dict[str, dict] = {}
+        self.error: BaseException | None = None
+        self.chunks: list[tuple[str | None, str]] = []  # (variable or None, text) as appended
+        if parent is not None:
+            self.submit(_Inherit(parent))
+
+    # ---- the program's thread ---------------------------------------------------------
+
+    def submit(self, op: object) -> bool:
+        """Queue an operation; False if it was dropped because the state has failed."""
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("this program has finished; its state takes no more text")
+            if self.error is not None:
+                return False
+            self._ops.append(op)
+            if self._draining:
+                return True
+            self._draining = True
+        asyncio.run_coroutine_threadsafe(self._drain(), self._loop)
+        return True
+
+    def fork(self, n: int) -> list[StreamExecutor]:
+        parents = [Future() for _ in range(n)]
+        children = [StreamExecutor(self.backend, self.sampling, parent=f) for f in parents]
+        self.children += children
+        if not self.submit(_ForkPoint(parents)):
+            for f in parents:
+                f.set_exception(ProgramError("the parent state failed before the fork"))
+        return children
+
+    def close(self) -> None:
+        """The program function has returned (or raised): no more operations."""
+        with self._cond:
+            self._closed = True
+            self._settle()
+        for child in self.children:
+            child.close()
+
+    def fail(self, error: BaseException) -> None:
+        with self._cond:
+            if self.error is None:
+                self.error = error
+            self._drop_pending()
+            self._settle()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Until this state and every fork under it have run all their operations."""
+        for f in self.all_done():
+            f.result(timeout)
+
+    def all_done(self) -> list[Future]:
+        return [self.done] + [f for c in self.children for f in c.all_done()]
+
+    def get(self, name: str) -> Any:
+        with self._cond:
+            self._cond.wait_for(
+                lambda: name in self.variables or self.error is not None or self._idle()
+            )
+            if name in self.variables:
+                return self.variables[name]
+            if self.error is not None:
+                raise ProgramError(f"cannot read {name!r}: the program failed") from self.error
+            raise KeyError(f"no variable {name!r}: no gen or select so named has run")
+
+    def get_meta(self, name: str) -> dict:
+        self.get(name)
+        return self.metas[name]
+
+    def sync(self) -> None:
+        """Until every operation submitted so far has run, or the state has failed."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.error is not None or self._idle())
+
+    def iter_text(self, name: str | None) -> Iterator[str]:
+        """Text as it is appended (only variable `name`'s, if given), until it is complete."""
+        seen = 0
+        while True:
+            with self._cond:
+                while seen == len(self.chunks) and not self._complete(name):
+                    self._cond.wait()
+                new, seen = self.chunks[seen:], len(self.chunks)
+                complete = self._complete(name)
+            yield from (text for var, text in new if name is None or var == name)
+            if complete and not new:
+                break
+        if self.error is not None and name not in self.variables:
+            raise ProgramError("the program failed") from self.error
+
+    async def aiter_text(self, name: str | None) -> AsyncIterator[str]:
+        """`iter_text` for asyncio callers: waits without blocking their event loop."""
+        loop = asyncio.get_running_loop()
+        changed = asyncio.Event()
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(changed.set)
+
+        with self._cond:
+            self._watchers.append(wake)
+        try:
+            seen = 0
+            while True:
+                changed.clear()
+                with self._cond:
+                    new, seen = self.chunks[seen:], len(self.chunks)
+                    complete = self._complete(name)
+                for var, text in new:
+                    if name is None or var == name:
+                        yield text
+                if complete and not new:
+                    break
+                if not complete:
+                    await changed.wait()
+        finally:
+            with self._cond:
+                self._watchers.remove(wake)
+        if self.error is not None and name not in self.variables:
+            raise ProgramError("the program failed") from self.error
+
+    # ---- bookkeeping (callers hold _cond) ---------------------------------------------
+
+    def _idle(self) -> bool:
+        return not self._ops and not self._draining
+
+    def _complete(self, name: str | None) -> bool:
+        if self.error is not None or (name is not None and name in self.variables):
+            return True
+        return self._closed and self._idle()
+
+    def _settle(self) -> None:
+        """Wake readers, and mark the state done once it is closed and idle."""
+        self._cond.notify_all()
+        for wake in self._watchers:
+            wake()
+        if (self._closed or self.error is not None) and self._idle() and not self.done.done():
+            self.done.set_result(None)
+
+    def _drop_pending(self) -> None:
+        for op in self._ops:
+            if isinstance(op, _ForkPoint):
+                for f in op.children:
+                    f.set_exception(ProgramError("the parent state failed before the fork"))
+        self._ops.clear()
+
+    # ---- the interpreter loop ---------------------------------------------------------
+
+    async def _drain(self) -> None:
+        while True:
+            with self._cond:
+                if not self._ops or self.error is not None:
+                    self._draining = False
+                    self._settle()
+                    return
+                op = self._ops.popleft()
+            try:
+                await self._run(op)
+            except BaseException as e:  # the state fails; the loop and other states go on
+                self.fail(e)
+
+    def _append(self, text: str, var: str | None = None) -> None:
+        with self._cond:
+            self.text += text
+            if self.open_role is not None:
+                self.messages[-1]["content"] += text
+            self.chunks.append((var, text))
+            self._settle()
+
+    def _set(self, name: str | None, value: Any, meta: dict) -> None:
+        if name is None:
+            return
+        with self._cond:
+            self.variables[name] = value
+            self.metas[name] = meta
+            self._settle()
+
+    @singledispatchmethod
+    async def _run(self, op: object) -> None:
+        raise TypeError(f"cannot append {type(op).__name__} to a program state")
+
+    @_run.register
+    async def _(self, op: str) -> None:
+        self._append(op)
+
+    @_run.register
+    async def _(self, op: RoleBegin) -> None:
+        if self.open_role is not None:
+            raise ValueError(f"a {op.role} message cannot start inside a {self.open_role} one")
+        template = self.backend.chat_template
+        opening = template.begin(op.role, first=not self.messages)
+        self._append(opening)
+        with self._cond:
+            self.messages.append({"role": op.role, "content": ""})
+            self.open_role, self.opening = op.role, template.begin(op.role, first=False)
+
+    @_run.register
+    async def _(self, op: RoleEnd) -> None:
+        if self.open_role != op.role:
+            raise ValueError(f"no {op.role} message is open to end (open: {self.open_role})")
+        with self._cond:
+            self.open_role = None
+        self._append(self.backend.chat_template.end(op.role))
+
+    @_run.register
+    async def _(self, op: Role) -> None:
+        for part in (RoleBegin(op.role), *op.parts, RoleEnd(op.role)):
+            await self._run(part)
+
+    @_run.register
+    async def _(self, op: Gen) -> None:
+        params = op.params(self.sampling)
+        prompt = self.text
+        out = await self.backend.generate(prompt, params, lambda t: self._append(t, op.name))
+        value = out.text
+        if op.decode is not None:
+            try:
+                value = op.decode(out.text)
+            except Exception as e:
+                raise ValueError(
+                    f"gen({op.name!r}): cannot decode {out.text!r} "
+                    f"(finish reason {out.finish_reason}): {e}"
+                ) from None
+        self._set(
+            op.name, value, {"text": out.text, "finish_reason": out.finish_reason, **out.meta}
+        )
+
+    @_run.register
+    async def _(self, op: Select) -> None:
+        choices = list(op.choices)
+        logprobs = await self.backend.score(self.text, choices)
+        unconditional = None
+        if needs_unconditional(op.method):
+            # The choice's prior: its logprobs after only the current message's opening.
+            context = self.opening if self.open_role is not None else ""
+            unconditional = await self.backend.score(context, choices)
+        scores = METHODS[op.method](logprobs, unconditional)
+        best = max(range(len(choices)), key=lambda i: (scores[i], -i))
+        self._append(choices[best], op.name)
+        meta = {"choices": choices, "scores": scores, "logprobs": logprobs}
+        if unconditional is not None:
+            meta["unconditional_logprobs"] = unconditional
+        self._set(op.name, choices[best], meta)
+
+    @_run.register
+    async def _(self, op: _ForkPoint) -> None:
+        with self._cond:
+            snapshot = _Snapshot(
+                self.text,
+                copy.deepcopy(self.messages),
+                self.open_role,
+                self.opening,
+                dict(self.variables),
+                dict(self.metas),
+            )
+        for f in op.children:
+            f.set_result(snapshot)
+
+    @_run.register
+    async def _(self, op: _Inherit) -> None:
+        s: _Snapshot = await asyncio.wrap_future(op.parent)
+        with self._cond:
+            self.text, self.messages, self.open_role, self.opening = (
+                s.text,
+                copy.deepcopy(s.messages),
+                s.open_role,
+                s.opening,
+            )
+            self.variables.update(s.variables)
+            self.metas.update(s.metas)

@@ -1,0 +1,155 @@
+"""@program: a Python function that writes to a ProgramState, run on a backend."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import Any
+
+from tqdm import tqdm
+
+from interpreter.backend import Backend, default_backend
+from interpreter.executor import StreamExecutor
+from lang.api import check_sampling
+from lang.state import ProgramState
+
+# Program bodies of `arun` calls run here: a body blocks its thread while it reads a
+# variable, and the event loop that awaits it must not be that thread.
+_ARUN_THREADS = ThreadPoolExecutor(max_workers=256, thread_name_prefix="braid-program")
+
+
+def program(fn: Callable[..., Any]) -> Program:
+    """Make `fn(s, ...)` a program: `fn.run(...)`, `fn.run_batch(...)`, `await fn.arun(...)`."""
+    return Program(fn)
+
+
+class Program:
+    def __init__(self, fn: Callable[..., Any], bound: dict[str, Any] | None = None) -> None:
+        self.fn = fn
+        self.bound = bound or {}
+        self.name = getattr(fn, "__name__", "program")
+        self.signature = inspect.signature(fn)
+        if not self.signature.parameters:
+            raise TypeError(f"@program {self.name}: its first parameter must be the state")
+        functools.update_wrapper(self, fn)
+
+    def bind(self, **kwargs: Any) -> Program:
+        """The same program with some arguments fixed."""
+        self._check_args((), {**self.bound, **kwargs}, partial=True)
+        return Program(self.fn, {**self.bound, **kwargs})
+
+    def __call__(self, s: ProgramState, *args: Any, **kwargs: Any) -> Any:
+        """Inside another program, `inner(s, ...)` appends this program to that state."""
+        if not isinstance(s, ProgramState):
+            raise TypeError(
+                f"{self.name}() needs a program state first: use {self.name}.run(...) to run "
+                f"it, or {self.name}(s, ...) inside another program"
+            )
+        return self.fn(s, *args, **{**self.bound, **kwargs})
+
+    def run(
+        self,
+        *args: Any,
+        stream: bool = False,
+        backend: Backend | None = None,
+        sampling: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> ProgramState:
+        """Run the program and return its finished state; raises what the program raised.
+
+        `sampling`: SamplingParams fields every gen of the program starts from. With
+        `stream=True` it returns at once: iterate `state.text_iter()` for the text.
+        """
+        state = self._new_state(backend, sampling)
+        if stream:
+            threading.Thread(
+                target=self._execute, args=(state, args, kwargs), name="braid-program", daemon=True
+            ).start()
+            return state
+        self._execute(state, args, kwargs)
+        state._executor.wait()
+        if state.error is not None:
+            raise state.error
+        return state
+
+    def run_batch(
+        self,
+        batch: list[dict[str, Any]],
+        *,
+        concurrency: int = 32,
+        progress: bool = False,
+        backend: Backend | None = None,
+        sampling: dict[str, Any] | None = None,
+    ) -> list[ProgramState]:
+        """Run the program once per kwargs dict, up to `concurrency` at a time, so their
+        requests reach the engine together (a shared few-shot prefix is computed once).
+        A program that fails does not stop the others: its state's `error` says why."""
+        if concurrency < 1:
+            raise ValueError("run_batch: concurrency must be >= 1")
+        backend = backend or default_backend()
+
+        def run_one(kwargs: dict[str, Any]) -> ProgramState:
+            state = self._new_state(backend, sampling)
+            self._execute(state, (), kwargs)
+            state._executor.wait()
+            return state
+
+        states: list[ProgramState | None] = [None] * len(batch)
+        with (
+            ThreadPoolExecutor(min(concurrency, max(len(batch), 1))) as pool,
+            tqdm(total=len(batch), disable=not progress, desc=self.name) as bar,
+        ):
+            futures = {pool.submit(run_one, kwargs): i for i, kwargs in enumerate(batch)}
+            for f in as_completed(futures):
+                states[futures[f]] = f.result()
+                bar.update(1)
+        return states
+
+    async def arun(
+        self,
+        *args: Any,
+        backend: Backend | None = None,
+        sampling: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> ProgramState:
+        """`run` for asyncio: awaits the program without blocking the event loop."""
+        state = self._new_state(backend, sampling)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(_ARUN_THREADS, self._execute, state, args, kwargs)
+        await asyncio.gather(*(asyncio.wrap_future(f) for f in state._executor.all_done()))
+        if state.error is not None:
+            raise state.error
+        return state
+
+    def _new_state(self, backend: Backend | None, sampling: dict[str, Any] | None) -> ProgramState:
+        sampling = dict(sampling or {})
+        check_sampling(sampling, f"{self.name}.run(sampling=...)")
+        return ProgramState(StreamExecutor(backend or default_backend(), sampling))
+
+    def _execute(self, state: ProgramState, args: tuple, kwargs: dict[str, Any]) -> None:
+        """Call the function on the state (it returns once it has appended everything),
+        recording what it raises on the state."""
+        try:
+            kwargs = {**self.bound, **kwargs}
+            self._check_args(args, kwargs)
+            self.fn(state, *args, **kwargs)
+        except BaseException as e:
+            state._executor.fail(e)
+        finally:
+            state._executor.close()
+
+    def _check_args(self, args: tuple, kwargs: dict[str, Any], partial: bool = False) -> None:
+        params = self.signature.parameters
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        unknown = [k for k in kwargs if k not in params and not takes_any]
+        if unknown:  # named before any missing argument: it is usually a typo of one
+            raise TypeError(f"{self.name}(): got an unexpected keyword argument {unknown[0]!r}")
+        bind = self.signature.bind_partial if partial else self.signature.bind
+        try:
+            bind(None, *args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{self.name}(): {e}") from None
