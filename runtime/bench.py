@@ -7,6 +7,7 @@ import json
 import multiprocessing
 import platform
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -14,7 +15,10 @@ import torch
 DECODE_PROMPT = "The history of the Roman Empire begins"
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
+def add_parser(
+    commands: argparse._SubParsersAction,
+    extra_workloads: Sequence[Callable[[argparse._SubParsersAction], None]] = (),
+) -> None:
     bench = commands.add_parser("bench", help="run a benchmark workload")
     workloads = bench.add_subparsers(dest="workload", required=True, metavar="WORKLOAD")
     decode = workloads.add_parser(
@@ -66,6 +70,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     from runtime import bench_grammar
 
     bench_grammar.add_parser(workloads)
+    for add in extra_workloads:
+        add(workloads)
 
 
 def machine() -> str:

@@ -7,11 +7,17 @@ import asyncio
 import logging
 import sys
 import time
+from collections.abc import Callable, Sequence
 
 from runtime import bench
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(
+    argv: list[str] | None = None,
+    extra_workloads: Sequence[Callable[[argparse._SubParsersAction], None]] = (),
+) -> int:
+    """`extra_workloads` register more `braid bench` workloads (the layers above the runtime
+    add theirs this way)."""
     parser = argparse.ArgumentParser(prog="braid", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -30,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
     gen.add_argument("--stats", action="store_true", help="print load time and tokens/s")
     gen.set_defaults(run=_generate)
-    bench.add_parser(commands)
+    bench.add_parser(commands, extra_workloads)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
