@@ -3,16 +3,24 @@ and for grammar tests its tokenizer, vocabulary and helpers that feed text throu
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
 
-import pytest
 import torch
-import transformers
 
-import grammars
-from grammars.matcher import allowed_token_ids
+# Without a GPU the Triton kernel tests run in triton's interpreter. triton reads the flag when
+# its language module is defined, and transformers imports triton (through torch._dynamo), so
+# it is set here, before anything below can import it.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import transformers  # noqa: E402
+
+import grammars  # noqa: E402
+from grammars.matcher import allowed_token_ids  # noqa: E402
 
 TINY = dict(
     hidden_size=64,
