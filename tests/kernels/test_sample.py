@@ -41,6 +41,23 @@ def test_same_tokens_and_logprobs_as_the_twin(device):
         torch.testing.assert_close(lp.cpu(), ref_lp, atol=1e-5, rtol=1e-5)
 
 
+def test_rows_longer_than_a_block_match_the_twin(device):
+    # 5000 tokens are three of the kernel's blocks: maxima, ties and race winners are carried
+    # from block to block.
+    g = torch.Generator().manual_seed(12)
+    logits = torch.randn(12, 5000, generator=g) * 2
+    logits[0, [100, 4500]] = 50.0  # a greedy tie across blocks: the lower index wins
+    logits[6, [4500, 2100]] = 50.0
+    allowed = torch.rand(12, 5000, generator=g) < 0.5
+    allowed[[0, 0, 6, 6], [100, 4500, 4500, 2100]] = True
+    p = mixed_params(12, seed0=5)
+    ids, lp = sample(logits.to(device), pack(allowed).to(device), **on(device, p))
+    ref_ids, ref_lp = reference.sample(logits, pack(allowed), **p)
+    assert ids[0] == 100 and ids[6] == 2100
+    assert torch.equal(ids.cpu(), ref_ids)
+    torch.testing.assert_close(lp.cpu(), ref_lp, atol=1e-5, rtol=1e-5)
+
+
 def test_never_samples_a_masked_token(device):
     g = torch.Generator().manual_seed(2)
     logits = torch.randn(256, 96, generator=g) * 3
