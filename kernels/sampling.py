@@ -249,5 +249,6 @@ def sample(
         HAS_MASK=has_mask,
         ROWS=rows,
         BLOCK_V=block_v,
+        num_warps=8,  # a tile is up to 4096 elements and the pass keeps several of them live
     )
     return ids, lps
