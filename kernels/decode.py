@@ -141,6 +141,8 @@ def decode_attention(
     K/V already stored. Returns [B, H, D] in q's dtype. `num_splits` chunks per sequence
     (default: from the mean context length) only change the speed.
     """
+    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("attention kernels need unit stride along head_dim")
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group = num_heads // num_kv_heads

@@ -138,6 +138,8 @@ def extend_attention(
     ancestor-or-self matrix; set the diagonal). A decode row's block is [[1]].
     `max_new` (max n_b) saves a device read when the caller knows it. Returns [T, H, D].
     """
+    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("attention kernels need unit stride along head_dim")
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group = num_heads // num_kv_heads

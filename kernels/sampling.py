@@ -44,9 +44,12 @@ def _fmix32(h):
 
 
 @triton.jit
-def _logprobs(logits_ptr, mask_ptr, rows, row_ok, cols, stride, mask_words, V, t, lse, HAS_MASK):
+def _logprobs(
+    logits_ptr, mask_ptr, rows, row_ok, cols, stride, mask_words, V, t, lse, HAS_MASK: tl.constexpr
+):
     """Masked logits / t - lse for a [ROWS, BLOCK_V] tile; -inf where masked or past V."""
     ok = row_ok[:, None] & (cols[None, :] < V)
+    rows = rows.to(tl.int64)  # B * V can pass 2**31
     x = tl.load(logits_ptr + rows[:, None] * stride + cols[None, :], mask=ok, other=0.0)
     x = x.to(tl.float32)
     if HAS_MASK:

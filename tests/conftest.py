@@ -50,6 +50,13 @@ def assert_no_kv_leak(engine) -> None:
     assert s["kv_slots_free"] + s["kv_slots_cached"] == s["kv_slots_total"], s
 
 
+@pytest.fixture
+def device() -> str:
+    """Where the kernel tests run the Triton kernels: CUDA when there is a GPU, else triton's
+    interpreter on the CPU."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 # name -> (config class, extra config fields)
 TINY_VARIANTS = {
     "llama": (transformers.LlamaConfig, dict(tie_word_embeddings=True)),
