@@ -159,3 +159,87 @@ def _sample_rows(
     sampled = race.argmax(dim=-1)
     chosen = kept.gather(1, sampled.unsqueeze(1)).squeeze(1)
     return sampled, chosen - kept.logsumexp(dim=-1)
+
+
+def store_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+) -> None:
+    """Write the new tokens' k, v [T, Hkv, D] into slots [T] of the pool [S, Hkv, D]."""
+    k_cache.index_copy_(0, slots, k.to(k_cache.dtype))
+    v_cache.index_copy_(0, slots, v.to(v_cache.dtype))
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float):
+    """softmax(q k^T * scale) v in fp32 over visible keys: q [n, H, D], k/v [L, Hkv, D],
+    visible bool [n, L]; each KV head serves H / Hkv consecutive query heads."""
+    group = q.shape[1] // k.shape[1]
+    k = k.float().repeat_interleave(group, dim=1).transpose(0, 1)  # (H, L, D)
+    v = v.float().repeat_interleave(group, dim=1).transpose(0, 1)
+    scores = torch.matmul(q.float().transpose(0, 1), k.transpose(1, 2)) * scale  # (H, n, L)
+    probs = scores.masked_fill(~visible, _NEG_INF).softmax(-1)
+    return torch.matmul(probs, v).transpose(0, 1).to(q.dtype)  # (n, H, D)
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    scale: float,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Attention of one query token per sequence over its slots in the KV pool.
+
+    q: [B, H, D]; k_cache, v_cache: [S, Hkv, D]; sequence b's context lives in slots
+    kv_indices[kv_indptr[b]:kv_indptr[b + 1]]. Returns [B, H, D]. `num_splits` is the kernel's
+    speed knob; the result does not depend on it.
+    """
+    out = torch.empty_like(q)
+    bounds = kv_indptr.tolist()
+    for b in range(q.shape[0]):
+        slots = kv_indices[bounds[b] : bounds[b + 1]]
+        visible = torch.ones(1, slots.numel(), dtype=torch.bool, device=q.device)
+        out[b] = _attend(q[b : b + 1], k_cache[slots], v_cache[slots], visible, scale)[0]
+    return out
+
+
+def extend_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    scale: float,
+    mask: torch.Tensor | None = None,
+    max_new: int | None = None,
+) -> torch.Tensor:
+    """Attention of the new tokens of B sequences over their cached prefix and each other.
+
+    q: [T, H, D], sequence b's n_b new tokens in rows qo_indptr[b]:qo_indptr[b + 1]; its
+    context (prefix, then the new tokens, already stored) in slots
+    kv_indices[kv_indptr[b]:kv_indptr[b + 1]]. The prefix is always visible; among the new
+    tokens i sees j when j <= i, or, given mask (bool/uint8 [sum(n_b * n_b)], sequence b's
+    row-major n_b x n_b block after those of the sequences before it), when mask[i, j] is set.
+    `max_new` is the kernel's hint; unused here. Returns [T, H, D].
+    """
+    out = torch.empty_like(q)
+    q_bounds, kv_bounds = qo_indptr.tolist(), kv_indptr.tolist()
+    mask_start = 0
+    for b in range(len(q_bounds) - 1):
+        q0, q1 = q_bounds[b], q_bounds[b + 1]
+        n = q1 - q0
+        slots = kv_indices[kv_bounds[b] : kv_bounds[b + 1]]
+        prefix = slots.numel() - n
+        visible = torch.ones(n, slots.numel(), dtype=torch.bool, device=q.device).tril(prefix)
+        if mask is not None:
+            block = mask[mask_start : mask_start + n * n].view(n, n).bool()
+            visible[:, prefix:] = block
+            mask_start += n * n
+        out[q0:q1] = _attend(q[q0:q1], k_cache[slots], v_cache[slots], visible, scale)
+    return out

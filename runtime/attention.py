@@ -1,13 +1,10 @@
-"""Attention over the paged KV pool, written with torch ops (the CPU path).
-
-The Triton kernels (`kernels.decode_attention`, `kernels.extend_attention`) take the same
-ForwardBatch layout on CUDA.
-"""
+"""Attention over the paged KV pool: the Triton kernels on CUDA, torch ops on the CPU."""
 
 from __future__ import annotations
 
 import torch
 
+import kernels
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_cache import KVPool
 
@@ -29,6 +26,8 @@ def paged_attention(
 
     q: [T, H, D]; k, v: [T, Hkv, D]. Returns [T, H * D].
     """
+    if q.is_cuda:
+        return _kernel_attention(q, k, v, kv, layer, batch, scale)
     k_cache, v_cache = kv.k[layer], kv.v[layer]
     k_cache.index_copy_(0, batch.out_slots, k)
     v_cache.index_copy_(0, batch.out_slots, v)
@@ -51,6 +50,36 @@ def paged_attention(
             )
         q_start += n
         kv_start += total
+    return out.flatten(1)
+
+
+def _kernel_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv: KVPool,
+    layer: int,
+    batch: ForwardBatch,
+    scale: float,
+) -> torch.Tensor:
+    """paged_attention with the Triton kernels: split-K decode when every sequence has one new
+    token, else one extend launch for the whole (possibly hybrid) batch."""
+    k_cache, v_cache = kv.k[layer], kv.v[layer]
+    kernels.store_kv(k, v, k_cache, v_cache, batch.out_slots)
+    qo_indptr, kv_indptr = batch.indptr
+    if batch.decode_rows.numel() == len(batch.extend_lens):
+        out = kernels.decode_attention(q, k_cache, v_cache, kv_indptr, batch.kv_indices, scale)
+    else:
+        out = kernels.extend_attention(
+            q,
+            k_cache,
+            v_cache,
+            qo_indptr,
+            kv_indptr,
+            batch.kv_indices,
+            scale,
+            max_new=max(batch.extend_lens),
+        )
     return out.flatten(1)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -32,6 +33,15 @@ class ForwardBatch:
     # Leading slots every decode sequence shares (a common few-shot or system prompt): their
     # K/V are read once for all rows instead of once per row.
     decode_shared_len: int
+
+    @cached_property
+    def indptr(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(qo_indptr, kv_indptr), int32 [B + 1] on the batch's device: sequence b's new tokens
+        are rows qo_indptr[b]:qo_indptr[b + 1] and its slots kv_indices[kv_indptr[b]:...], the
+        layout of the Triton kernels. Built once per batch, on first use."""
+        lens = torch.tensor([self.extend_lens, self.seq_lens], dtype=torch.int32)
+        indptr = torch.nn.functional.pad(lens.cumsum(1, dtype=torch.int32), (1, 0))
+        return tuple(indptr.to(self.input_ids.device).unbind(0))
 
     @classmethod
     def build(

@@ -2,7 +2,8 @@
 
 Penalties and min_tokens are applied to the logits here (they need each request's token
 history); constrained rows get their grammar's bitmask; masking, temperature,
-top-k/top-p/min-p and the draw happen in the kernel.
+top-k/top-p/min-p and the draw happen in `kernels.sample` (one fused Triton kernel) on CUDA
+and in its PyTorch twin on the CPU.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+import kernels
 from grammars.matcher import allocate_bitmask
 from kernels.reference import apply_bitmask
 from kernels.reference import sample as reference_sample
@@ -54,6 +56,13 @@ def sample(logits: torch.Tensor, reqs: list[Request], grammar_vocab_size: int) -
             if r.matcher is not None:
                 r.matcher.fill_bitmask(bitmask[row])
         bitmask = bitmask.to(device)
+    if logits.is_cuda:  # the fused kernel; it returns -1 for a row that allows no token
+        ids = kernels.sample(logits, bitmask, temperature, top_k, top_p, min_p, seeds)[0].tolist()
+        if -1 in ids:
+            raise ValueError(
+                f"sample: row {ids.index(-1)} allows no token (bitmask, or -inf logits)"
+            )
+        return ids
     if not bool(temperature.any()):
         # All greedy: the argmax is all the kernel would compute that we use (logprobs are
         # the runner's job), and skipping its logsumexp saves two [B, V] temporaries.

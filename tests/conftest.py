@@ -3,16 +3,24 @@ and for grammar tests its tokenizer, vocabulary and helpers that feed text throu
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
 
-import pytest
 import torch
-import transformers
 
-import grammars
-from grammars.matcher import allowed_token_ids
+# Without a GPU the Triton kernel tests run in triton's interpreter. triton reads the flag when
+# its language module is defined, and transformers imports triton (through torch._dynamo), so
+# it is set here, before anything below can import it.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import transformers  # noqa: E402
+
+import grammars  # noqa: E402
+from grammars.matcher import allowed_token_ids  # noqa: E402
 
 TINY = dict(
     hidden_size=64,
@@ -40,6 +48,13 @@ def assert_no_kv_leak(engine) -> None:
     """Every KV slot is free or owned by the radix cache."""
     s = engine.stats()
     assert s["kv_slots_free"] + s["kv_slots_cached"] == s["kv_slots_total"], s
+
+
+@pytest.fixture
+def device() -> str:
+    """Where the kernel tests run the Triton kernels: CUDA when there is a GPU, else triton's
+    interpreter on the CPU."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 # name -> (config class, extra config fields)

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 
 def braid(*args: str) -> subprocess.CompletedProcess:
@@ -69,3 +70,10 @@ def test_errors_are_one_line(tiny_model_path, args, message):
     out = braid("generate", "Hi", *args)
     assert out.returncode == 2
     assert message in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the message shown where there is no GPU")
+def test_bench_kernels_without_a_gpu_says_so():
+    out = braid("bench", "kernels")
+    assert out.returncode == 1
+    assert "needs a CUDA GPU" in out.stderr and "Traceback" not in out.stderr
