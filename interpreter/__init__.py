@@ -2,9 +2,9 @@
 gens into engine requests and selects into request trees."""
 
 from interpreter.backend import Backend, default_backend, set_default_backend
-from interpreter.chat_template import ChatTemplate
 from interpreter.executor import ProgramError, StreamExecutor
 from interpreter.local_backend import LocalBackend
+from runtime.chat_template import ChatTemplate
 
 __all__ = [
     "Backend",
