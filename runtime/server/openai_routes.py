@@ -44,7 +44,7 @@ async def completions(request: Request) -> Response:
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": svc.model_name}
     prefix = [svc.engine.tokenizer.decode(ids) if req.echo else "" for ids in prompt_ids]
 
-    def logprobs(i: int, ids: list[int], meta: dict, offset: int, echo: bool) -> dict | None:
+    def logprobs(i: int, ids: list[int], meta: dict, echo: bool) -> dict | None:
         if req.logprobs is None:
             return None
         tokens, lps, tops = [], [], []
@@ -56,10 +56,7 @@ async def completions(request: Request) -> Response:
         lps += meta.get("logprobs", [])
         tops += [_top_by_text(svc, top) for top in meta.get("top_logprobs", [])]
         texts = svc.token_texts(tokens)
-        offsets = []
-        for t in texts:
-            offsets.append(offset)
-            offset += len(t)
+        offsets = [sum(len(t) for t in texts[:k]) for k in range(len(texts))]
         return {
             "tokens": texts,
             "token_logprobs": lps,
@@ -68,17 +65,18 @@ async def completions(request: Request) -> Response:
         }
 
     if req.stream:
-        state = [{"started": False, "offset": 0} for _ in jobs]
+        out_ids: list[list[int]] = [[] for _ in jobs]
+        started = [False] * len(jobs)
 
         def render(i: int, chunk: StreamChunk) -> Iterable[dict]:
-            s, p = state[i], i // params.n
-            text, echo = chunk.text, req.echo and not s["started"]
-            if echo:
-                text = prefix[p] + text
-            s["started"] = True
-            meta = chunk.meta or {}
-            lp = logprobs(i, chunk.token_ids, meta, s["offset"], echo)
-            s["offset"] += len(text)
+            text = chunk.text
+            if req.echo and not started[i]:
+                text = prefix[i // params.n] + text
+            started[i] = True
+            out_ids[i] += chunk.token_ids
+            lp = None
+            if chunk.finish_reason is not None:  # the engine reports logprobs at the end
+                lp = logprobs(i, out_ids[i], chunk.meta or {}, req.echo)
             choice = {
                 "index": i,
                 "text": text,
@@ -94,7 +92,7 @@ async def completions(request: Request) -> Response:
         {
             "index": i,
             "text": prefix[i // params.n] + out.text,
-            "logprobs": logprobs(i, out.token_ids, out.meta, 0, req.echo),
+            "logprobs": logprobs(i, out.token_ids, out.meta, req.echo),
             "finish_reason": out.finish_reason,
         }
         for i, out in enumerate(outs)
@@ -137,7 +135,7 @@ async def chat_completions(request: Request) -> Response:
             svc.token_texts(ids),
             meta.get("logprobs", []),
             meta.get("top_logprobs", []),
-            strict=False,
+            strict=True,
         ):
             alternatives = [
                 {"token": t, "logprob": v, "bytes": list(t.encode())}
@@ -148,18 +146,21 @@ async def chat_completions(request: Request) -> Response:
         return {"content": content}
 
     if req.stream:
-        started = [False] * len(jobs)
+        out_ids: list[list[int]] = [[] for _ in jobs]
 
         def render(i: int, chunk: StreamChunk) -> Iterable[dict]:
-            delta = {} if started[i] else {"role": "assistant", "content": ""}
-            started[i] = True
-            if chunk.text:
-                delta["content"] = chunk.text
+            delta = {"content": chunk.text}
+            if not out_ids[i]:
+                delta["role"] = "assistant"
+            out_ids[i] += chunk.token_ids
+            lp = None
+            if chunk.finish_reason is not None:  # the engine reports logprobs at the end
+                lp = logprobs(out_ids[i], chunk.meta or {})
             if chunk.text or chunk.finish_reason is not None:
                 choice = {
                     "index": i,
                     "delta": delta,
-                    "logprobs": logprobs(chunk.token_ids, chunk.meta or {}),
+                    "logprobs": lp,
                     "finish_reason": chunk.finish_reason,
                 }
                 yield {**head, "object": "chat.completion.chunk", "choices": [choice]}

@@ -126,7 +126,7 @@ class Service:
 
     def token_texts(self, ids: list[int]) -> list[str]:
         """Each token's own text, for logprob listings."""
-        return self.engine.tokenizer.batch_decode([[t] for t in ids])
+        return self.engine.tokenizer.batch_decode([[t] for t in ids]) if ids else []
 
 
 def samples(params: SamplingParams) -> list[SamplingParams]:
