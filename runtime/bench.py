@@ -70,6 +70,9 @@ def add_parser(
     from runtime import bench_grammar
 
     bench_grammar.add_parser(workloads)
+    from runtime import bench_serve
+
+    bench_serve.add_parser(workloads)
     for add in extra_workloads:
         add(workloads)
 
