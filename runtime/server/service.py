@@ -47,9 +47,11 @@ class Service:
             self.chat_template = None
 
     @contextmanager
-    def admit(self, num_sequences: int):
-        """Hold room for a request's sequences while it runs; refuse when the queue is full."""
-        self.check_room(num_sequences)
+    def admit(self, num_sequences: int, checked: bool = False):
+        """Hold room for a request's sequences while it runs; refuse when the queue is full
+        (unless the caller `checked` already, before its response started)."""
+        if not checked:
+            self.check_room(num_sequences)
         self.num_active += num_sequences
         try:
             yield
