@@ -35,7 +35,11 @@ def add_parser(workloads: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model")
     p.add_argument("--dtype", default="auto")
-    p.add_argument("--max-kv-tokens", type=int, default=32768)
+    p.add_argument(
+        "--max-kv-tokens",
+        type=int,
+        help="KV pool size (default: 32768; 4096 for --soak, so its warm-up fills the pool)",
+    )
     p.add_argument("--concurrency", default="1,8,32", help="comma-separated levels")
     p.add_argument("--requests", type=int, default=2, help="requests per client per level")
     p.add_argument("--tokens", type=int, default=64, help="output tokens per request")
@@ -69,7 +73,8 @@ class _Server:
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.command = [sys.executable, "-m", "runtime.cli", "serve", "--port", str(self.port)]
-        self.command += ["--dtype", args.dtype, "--max-kv-tokens", str(args.max_kv_tokens)]
+        kv = args.max_kv_tokens or (4096 if args.soak else 32768)
+        self.command += ["--dtype", args.dtype, "--max-kv-tokens", str(kv)]
         if args.model:
             self.command += ["--model", args.model]
 
@@ -213,10 +218,14 @@ async def _soak(server: _Server, args: argparse.Namespace) -> dict:
 
             await asyncio.gather(*(worker() for _ in range(args.soak_concurrency)))
 
-        # The same traffic for a while first: the KV pool's pages and the allocator's arenas
-        # grow to what this load needs, and the idle memory after it is the baseline.
-        await traffic(min(30.0, args.soak / 5), {})
-        await _wait_idle(http)
+        # The same traffic first, until the prefix cache has filled the KV pool (evictions
+        # begin) or for half the soak: the pool's pages are first touched then, so idle
+        # memory after it is the baseline that must hold.
+        warm_deadline = time.monotonic() + args.soak / 2
+        while time.monotonic() < warm_deadline:
+            await traffic(5.0, {})
+            if (await _wait_idle(http))["evicted_tokens"] > 0:
+                break
         await http.post("/flush_cache")
         baseline_rss = server.rss_mb()
         await traffic(args.soak, counts)
