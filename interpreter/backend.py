@@ -8,8 +8,8 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from interpreter.chat_template import ChatTemplate
 from interpreter.local_backend import LocalBackend
+from runtime.chat_template import ChatTemplate
 from runtime.engine import Engine
 from runtime.outputs import GenerateOutput
 from runtime.sampling_params import SamplingParams

@@ -12,8 +12,6 @@ from typing import Any
 
 from runtime.sampling_params import SamplingParams
 
-ROLES = ("system", "user", "assistant")
-
 
 class _NotText:
     """Mixin for operations: refuse to be turned into or joined with text."""

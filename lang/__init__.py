@@ -3,6 +3,8 @@
 from interpreter.backend import Backend, set_default_backend
 from interpreter.executor import ProgramError
 from interpreter.local_backend import LocalBackend
+from interpreter.openai_backend import OpenAIBackend
+from interpreter.remote_backend import RemoteBackend
 from lang.api import assistant, gen, select, system, user
 from lang.program import Program, program
 from lang.state import ForkList, ProgramState
@@ -11,9 +13,11 @@ __all__ = [
     "Backend",
     "ForkList",
     "LocalBackend",
+    "OpenAIBackend",
     "Program",
     "ProgramError",
     "ProgramState",
+    "RemoteBackend",
     "assistant",
     "gen",
     "program",

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from runtime import bench
+from runtime.server import serve
 
 
 def main(
@@ -36,6 +37,7 @@ def main(
     gen.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
     gen.add_argument("--stats", action="store_true", help="print load time and tokens/s")
     gen.set_defaults(run=_generate)
+    serve.add_parser(commands)
     bench.add_parser(commands, extra_workloads)
 
     args = parser.parse_args(argv)

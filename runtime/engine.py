@@ -31,6 +31,7 @@ from runtime.request import Request
 from runtime.request_tree import TreeNode
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Batch, Scheduler
+from runtime.scoring import score_tree
 from runtime.stats import EngineStats
 from runtime.stop import StopStringMatcher
 from runtime.tokenizer import eos_token_ids, load_tokenizer
@@ -155,6 +156,13 @@ class Engine:
             self._submit_n(ids, params, [c.add], priority, g)
         await asyncio.gather(*done)
         return [c.result() for c in collectors]
+
+    async def ascore(self, prefix: str, continuations: list[str]) -> list[list[float]]:
+        """For each continuation, the logprobs of its tokens after `prefix`, all counted from
+        the first token position where any of them departs from the prefix's tokens (one
+        request tree; see runtime.scoring)."""
+        tree = score_tree(self.tokenizer, self.eos_token_ids, prefix, continuations)
+        return [out.meta["prompt_logprobs"] for out in await self.agenerate_tree(tree)]
 
     def _tree_leaves(self, root: TreeNode) -> list[tuple[list[int], SamplingParams]]:
         leaves = [(self._join_segments(segs), params) for segs, params in root.leaves()]

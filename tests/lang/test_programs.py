@@ -1,5 +1,6 @@
 """Programs end to end on the tiny model, checked against the engine run directly,
-transformers' logprobs and the tokenizer's chat template; engine counters prove sharing."""
+transformers' logprobs and the tokenizer's chat template; engine counters prove sharing.
+Each runs on a LocalBackend and on a RemoteBackend (a braid server on loopback)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import jsonschema
 import msgspec
 import pytest
 from conftest import assert_no_kv_leak, wait_idle
+from serving import LiveServer
 
-from interpreter import LocalBackend
+from interpreter import LocalBackend, RemoteBackend
 from lang import assistant, gen, program, select, system, user
 from runtime import Engine, SamplingParams
 
@@ -28,9 +30,16 @@ def engine(tiny_model_path):
     engine.shutdown()
 
 
-@pytest.fixture(scope="module")
-def backend(engine):
-    return LocalBackend(engine)
+@pytest.fixture(scope="module", params=["local", "remote"])
+def backend(request, engine):
+    """Every program runs in-process and through a braid server on the same engine (so the
+    engine's counters see both), with the same results."""
+    if request.param == "local":
+        yield LocalBackend(engine)
+        return
+    server = LiveServer(engine)
+    yield RemoteBackend(server.url)
+    server.stop()
 
 
 def test_gen_continues_the_text_like_the_engine(engine, backend):

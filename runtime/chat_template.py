@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from interpreter.ir import ROLES
+# The roles a program can write messages in.
+ROLES = ("system", "user", "assistant")
 
 _MARK = "\x00braid-marker-{}\x00"
 # Conversations a message of each role can follow in any template we know of.

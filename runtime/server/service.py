@@ -1,0 +1,196 @@
+"""What every generating route shares: admission under a queue limit, validation before the
+response starts, engine streams timed for the metrics, and cancelling work whose client left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import contextmanager
+from typing import TypeVar
+
+import msgspec
+from starlette.requests import Request
+
+from runtime.chat_template import ChatTemplate
+from runtime.engine import Engine
+from runtime.model_loader import resolve_model_dir
+from runtime.outputs import GenerateOutput, StreamChunk
+from runtime.sampling_params import SamplingParams
+from runtime.server.metrics import Metrics
+from runtime.server.wire import BadRequest
+
+T = TypeVar("T")
+
+
+class Overloaded(Exception):
+    """The server holds as many requests as it may queue: a 503."""
+
+
+class ClientGone(Exception):
+    """The client disconnected; its requests were aborted."""
+
+
+class Service:
+    def __init__(self, engine: Engine, model_name: str, max_queued_requests: int) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        # Sequences (n counts each sample) the server holds, running or waiting in the engine.
+        self.capacity = engine.config.max_running_requests + max_queued_requests
+        self.num_active = 0  # touched only on the event loop thread
+        self.metrics = Metrics(engine)
+        self.model_path = str(resolve_model_dir(engine.config.model))
+        try:
+            self.chat_template: ChatTemplate | None = ChatTemplate.from_tokenizer(engine.tokenizer)
+        except ValueError:  # the tokenizer has none
+            self.chat_template = None
+
+    @contextmanager
+    def admit(self, num_sequences: int, checked: bool = False):
+        """Hold room for a request's sequences while it runs; refuse when the queue is full
+        (unless the caller `checked` already, before its response started)."""
+        if not checked:
+            self.check_room(num_sequences)
+        self.num_active += num_sequences
+        try:
+            yield
+        finally:
+            self.num_active -= num_sequences
+
+    def check_room(self, num_sequences: int) -> None:
+        if self.num_active + num_sequences > self.capacity:
+            raise Overloaded(
+                f"the server is at its queue limit ({self.capacity} sequences); retry later"
+            )
+
+    async def prepare(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
+        """The prompt's token ids, after checking everything that would fail the request
+        (prompt too long, a bad constraint) so the client gets a 400, not a broken stream."""
+        ids = self.encode(prompt)
+        await self.check_constraint(params)
+        return ids
+
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        try:
+            return self.engine.encode(prompt)
+        except ValueError as e:
+            raise BadRequest(str(e)) from None
+
+    async def check_constraint(self, params: SamplingParams) -> None:
+        """Compile the constraint now (the engine then finds it in the compile cache)."""
+        try:
+            constraint = params.constraint
+            if constraint is not None:
+                await asyncio.wrap_future(self.engine.grammars.compile(constraint))
+        except ValueError as e:
+            raise BadRequest(str(e)) from None
+
+    async def stream(self, ids: list[int], params: SamplingParams) -> AsyncIterator[StreamChunk]:
+        """engine.stream for one sample per call (n is split into seeded samples by
+        `samples`), timed into the latency histograms; leaving early aborts it, and an
+        engine failure raises RuntimeError."""
+        start = time.monotonic()
+        first, num_tokens = None, 0
+        async for chunk in self.engine.stream(ids, params):
+            if chunk.token_ids and first is None:
+                first = time.monotonic()
+                self.metrics.ttft.observe(first - start)
+            num_tokens += len(chunk.token_ids)
+            if chunk.finish_reason is not None and chunk.finish_reason != "abort":
+                end = time.monotonic()
+                self.metrics.e2e.observe(end - start)
+                if first is not None and num_tokens > 1:
+                    self.metrics.tpot.observe((end - first) / (num_tokens - 1))
+            if chunk.error:
+                raise RuntimeError(chunk.error)
+            yield chunk
+
+    async def collect(self, ids: list[int], params: SamplingParams) -> GenerateOutput:
+        """One sample's whole output."""
+        text, token_ids = [], []
+        async for chunk in self.stream(ids, params):
+            text.append(chunk.text)
+            token_ids += chunk.token_ids
+        return GenerateOutput("".join(text), token_ids, chunk.finish_reason, chunk.meta or {})
+
+    async def collect_all(
+        self, jobs: list[tuple[list[int], SamplingParams]]
+    ) -> list[GenerateOutput]:
+        """Every job's output, the jobs admitted together; one failing cancels the rest."""
+        with self.admit(len(jobs)):
+            try:
+                async with asyncio.TaskGroup() as group:
+                    tasks = [group.create_task(self.collect(ids, p)) for ids, p in jobs]
+            except ExceptionGroup as eg:
+                raise eg.exceptions[0] from None
+        return [t.result() for t in tasks]
+
+    def token_texts(self, ids: list[int]) -> list[str]:
+        """Each token's own text, for logprob listings."""
+        return self.engine.tokenizer.batch_decode([[t] for t in ids]) if ids else []
+
+
+def samples(params: SamplingParams) -> list[SamplingParams]:
+    """n > 1 as n requests of one sample each, seeded as the engine seeds its n samples (the
+    shared prompt is computed once through the prefix cache)."""
+    if params.n == 1:
+        return [params]
+    base = params.seed
+    return [
+        msgspec.structs.replace(params, n=1, seed=None if base is None else base + i)
+        for i in range(params.n)
+    ]
+
+
+async def merged(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+    """(index, item) from several async iterators as items arrive. Leaving early, or an
+    error in one, cancels them all (which aborts their engine requests)."""
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(i: int, stream: AsyncIterator[T]) -> None:
+        try:
+            async for item in stream:
+                queue.put_nowait((i, item))
+            queue.put_nowait((i, done))
+        except Exception as e:  # handed to the consumer
+            queue.put_nowait((i, e))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it (and so aborting its engine requests) if the client
+    disconnects first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        raise ClientGone()
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,50 @@
+"""Server-sent events: the streaming half of both APIs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import msgspec
+from starlette.responses import StreamingResponse
+
+from runtime.outputs import StreamChunk
+from runtime.sampling_params import SamplingParams
+from runtime.server.service import Service, merged
+
+DONE = b"data: [DONE]\n\n"
+
+
+def event(obj: object) -> bytes:
+    return b"data: " + msgspec.json.encode(obj) + b"\n\n"
+
+
+def event_stream(
+    svc: Service,
+    jobs: list[tuple[list[int], SamplingParams]],
+    render: Callable[[int, StreamChunk], Iterable[object]],
+    last: Callable[[list[dict]], object] | None = None,
+) -> StreamingResponse:
+    """Stream the jobs' chunks, each rendered into events by `render(job index, chunk)`;
+    `last(final metas)` makes a closing event. Admission is checked now and held while the
+    stream runs; a client that disconnects cancels it, which aborts the engine requests.
+    Once the response has started an error can only be reported in the stream."""
+    svc.check_room(len(jobs))
+
+    async def body():
+        with svc.admit(len(jobs), checked=True):  # the headers are out: no 503 now
+            metas: list[dict] = [{} for _ in jobs]
+            try:
+                streams = [svc.stream(ids, p) for ids, p in jobs]
+                async for i, chunk in merged(streams):
+                    if chunk.meta is not None:
+                        metas[i] = chunk.meta
+                    for obj in render(i, chunk):
+                        yield event(obj)
+                if last is not None:
+                    yield event(last(metas))
+            except Exception as e:
+                yield event({"error": {"message": str(e), "type": "server_error", "code": 500}})
+            yield DONE
+
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(body(), media_type="text/event-stream", headers=headers)

@@ -1,0 +1,220 @@
+"""Wire types of the HTTP APIs and the one place their sampling fields become SamplingParams.
+
+Fields that mean the same on the wire as in SamplingParams (max_tokens, temperature, stop,
+seed, regex, ...) are not listed here: `split_sampling` takes them out of the request body
+by SamplingParams' own field names and msgspec converts them into it, so the defaults and
+the validation are SamplingParams'. Each API's Struct lists only what is its own, and
+forbids unknown fields, so a misspelt parameter is a 400 rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from runtime.sampling_params import SamplingParams
+
+
+class BadRequest(ValueError):
+    """The request is malformed or asks for something impossible: a 400 with this message."""
+
+
+# How many logprobs a request reports is each API's own field, not a sampling field.
+_REPORTING = {"logprobs", "top_logprobs", "prompt_logprobs_from"}
+SAMPLING_FIELDS = frozenset(f.name for f in msgspec.structs.fields(SamplingParams)) - _REPORTING
+
+
+def decode_object(body: bytes) -> dict[str, Any]:
+    """The request body as a JSON object."""
+    try:
+        obj = msgspec.json.decode(body)
+    except msgspec.DecodeError as e:
+        raise BadRequest(f"the request body is not valid JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return obj
+
+
+def split_sampling(obj: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the fields named as in SamplingParams, the rest). A null sampling field counts as
+    absent, as OpenAI clients send it."""
+    sampling = {k: v for k, v in obj.items() if k in SAMPLING_FIELDS and v is not None}
+    rest = {k: v for k, v in obj.items() if k not in SAMPLING_FIELDS}
+    return sampling, rest
+
+
+def convert(obj: Any, kind: type) -> Any:
+    """msgspec.convert, with its message (which names the field) as a BadRequest."""
+    try:
+        return msgspec.convert(obj, kind)
+    except (msgspec.ValidationError, ValueError) as e:
+        raise BadRequest(str(e)) from None
+
+
+def sampling_params(fields: dict[str, Any]) -> SamplingParams:
+    return convert(fields, SamplingParams)
+
+
+# ---- OpenAI ---------------------------------------------------------------------------------
+
+
+class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
+    include_usage: bool = False
+
+
+class JsonSchemaFormat(msgspec.Struct, forbid_unknown_fields=True, rename={"schema_": "schema"}):
+    name: str = "response"
+    schema_: dict[str, Any] | None = None
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(msgspec.Struct, forbid_unknown_fields=True):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def as_sampling(self) -> dict[str, Any]:
+        """The constraint it asks for, as SamplingParams fields."""
+        if self.type == "json_object":
+            return {"json_schema": {"type": "object"}}
+        if self.type == "json_schema":
+            if self.json_schema is None or self.json_schema.schema_ is None:
+                raise BadRequest("response_format json_schema needs json_schema.schema")
+            return {"json_schema": self.json_schema.schema_}
+        return {}
+
+
+class _OpenAIRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    model: str | None = None  # one model is served; any name is accepted
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+
+class CompletionRequest(_OpenAIRequest):
+    prompt: str | list[Any]  # text, token ids, or a list of either
+    echo: bool = False  # prepend the prompt (and, with logprobs, its tokens' logprobs)
+    logprobs: int | None = None  # report this many top logprobs per token (0: just its own)
+
+
+class ContentPart(msgspec.Struct, forbid_unknown_fields=True):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(msgspec.Struct, forbid_unknown_fields=True):
+    role: Literal["system", "user", "assistant", "developer"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+    def as_dict(self) -> dict[str, str]:
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content)
+        role = "system" if self.role == "developer" else self.role
+        return {"role": role, "content": content or ""}
+
+
+class ChatCompletionRequest(_OpenAIRequest):
+    messages: list[ChatMessage]
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    max_completion_tokens: int | None = None  # the newer name of max_tokens
+    response_format: ResponseFormat | None = None
+
+
+def openai_request(
+    obj: dict[str, Any], kind: type[_OpenAIRequest], context_length: int
+) -> tuple[Any, SamplingParams]:
+    """Decode an OpenAI request body into its Struct and its SamplingParams."""
+    fields, rest = split_sampling(obj)
+    req = convert(rest, kind)
+    if isinstance(req, ChatCompletionRequest):
+        if not req.messages:
+            raise BadRequest("messages must not be empty")
+        if req.max_completion_tokens is not None:
+            fields["max_tokens"] = req.max_completion_tokens
+        if req.response_format is not None:
+            fields.update(req.response_format.as_sampling())
+        fields["logprobs"] = req.logprobs
+        fields["top_logprobs"] = req.top_logprobs or 0
+    elif req.logprobs is not None:
+        if req.logprobs < 0:
+            raise BadRequest("logprobs must be >= 0")
+        fields["logprobs"], fields["top_logprobs"] = True, req.logprobs
+        if req.echo:
+            fields["prompt_logprobs_from"] = 1
+    # OpenAI's max_tokens defaults to the rest of the context (the engine caps it there).
+    fields.setdefault("max_tokens", context_length)
+    return req, sampling_params(fields)
+
+
+# ---- SGLang's native /generate ------------------------------------------------------------
+
+# SGLang's names for our fields, and its switches we accept only at the value we implement.
+_SGLANG_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "ebnf": "grammar"}
+_SGLANG_FIXED = {"skip_special_tokens": True, "spaces_between_special_tokens": True}
+
+
+class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    text: str | list[str] | None = None
+    input_ids: list[Any] | None = None  # token ids, or a list of them
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None  # one, or one per item
+    return_logprob: bool = False
+    logprob_start_len: int = -1  # -1: the prompt's last token only
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+    rid: str | list[str] | None = None
+
+    def prompts(self) -> tuple[list[str | list[int]], bool]:
+        """(the prompts, whether the request was a batch)."""
+        if (self.text is None) == (self.input_ids is None):
+            raise BadRequest("give exactly one of text and input_ids")
+        if self.text is not None:
+            return ([self.text], False) if isinstance(self.text, str) else (self.text, True)
+        ids = self.input_ids
+        if ids and all(isinstance(x, list) for x in ids):
+            return ids, True
+        return [ids], False
+
+    def params(self, i: int, num_prompt_tokens: int) -> SamplingParams:
+        """The SamplingParams of batch item i, whose prompt has this many tokens."""
+        raw = self.sampling_params
+        if isinstance(raw, list):
+            if i >= len(raw):
+                raise BadRequest("give one sampling_params per prompt, or a single one")
+            raw = raw[i]
+        fields = dict(raw or {})
+        for key, value in _SGLANG_FIXED.items():
+            if fields.pop(key, value) != value:
+                raise BadRequest(f"sampling_params.{key} must be {value} on braid")
+        for theirs, ours in _SGLANG_NAMES.items():
+            if theirs in fields:
+                if ours in fields:
+                    raise BadRequest(f"give one of sampling_params.{theirs} and .{ours}")
+                fields[ours] = fields.pop(theirs)
+        fields = {k: v for k, v in fields.items() if v is not None}
+        if self.return_logprob:
+            fields["logprobs"] = True
+            fields["top_logprobs"] = self.top_logprobs_num
+            start = self.prompt_logprobs_start(num_prompt_tokens)
+            if start < num_prompt_tokens:  # the first token has no logprob: start at 1
+                fields["prompt_logprobs_from"] = max(1, start)
+        return sampling_params(fields)
+
+    def prompt_logprobs_start(self, num_prompt_tokens: int) -> int:
+        """The first prompt position whose logprob is reported."""
+        if self.logprob_start_len == -1:
+            return max(0, num_prompt_tokens - 1)
+        if self.logprob_start_len < 0:
+            raise BadRequest("logprob_start_len must be >= 0, or -1")
+        return self.logprob_start_len
+
+
+class ScoreRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """braid's own: what `select` asks a remote engine (see runtime.scoring)."""
+
+    prefix: str
+    continuations: list[str]

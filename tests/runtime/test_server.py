@@ -1,0 +1,383 @@
+"""The HTTP server on loopback: the official openai client against the OpenAI routes, raw
+HTTP against the SGLang-compatible ones, checked against the engine run directly."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from conftest import assert_no_kv_leak, wait_idle
+from serving import LiveServer
+
+from runtime import Engine, SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_path):
+    engine = Engine(model=str(tiny_model_path), device="cpu", dtype="float32", max_kv_tokens=4096)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(engine):
+    server = LiveServer(engine)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+# ---- OpenAI routes, through the openai client ------------------------------------------------
+
+
+def test_models(client):
+    [model] = client.models.list().data
+    assert model.id == "tiny"
+
+
+def test_completion_is_the_engines_greedy_text(engine, client):
+    out = client.completions.create(model="tiny", prompt="Once upon", max_tokens=12, temperature=0)
+    direct = engine.generate("Once upon", GREEDY)
+    assert out.choices[0].text == direct.text
+    assert out.choices[0].finish_reason == direct.finish_reason
+    assert out.usage.prompt_tokens == len(engine.encode("Once upon"))
+    assert out.usage.completion_tokens == len(direct.token_ids)
+    # The same prompt again: its tokens come from the prefix cache.
+    again = client.completions.create(model="tiny", prompt="Once upon", max_tokens=2)
+    assert again.usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_chat_sync_and_streaming_agree_with_the_engine(engine, client):
+    messages = [{"role": "user", "content": "Tell me a story."}]
+    out = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=12, temperature=0, stop=["zzz"]
+    )
+    prompt = engine.tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    direct = engine.generate(prompt, SamplingParams(temperature=0, max_tokens=12, stop=["zzz"]))
+    assert out.choices[0].message.content == direct.text
+    assert out.choices[0].message.role == "assistant"
+
+    stream = client.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    pieces = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+    assert len(pieces) > 1 and "".join(pieces) == direct.text
+    assert chunks[-1].usage.completion_tokens == len(direct.token_ids)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == direct.finish_reason
+
+
+def test_completion_streaming(engine, client):
+    stream = client.completions.create(
+        model="tiny", prompt="Once upon", max_tokens=12, temperature=0, stream=True
+    )
+    assert "".join(c.choices[0].text for c in stream) == engine.generate("Once upon", GREEDY).text
+
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "age": {"type": "integer", "minimum": 0, "maximum": 99},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+def test_response_format_json_schema_and_json_object(client):
+    out = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "A person, as JSON."}],
+        max_tokens=60,
+        seed=3,
+        response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}},
+    )
+    jsonschema.validate(json.loads(out.choices[0].message.content), PERSON)
+    out = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Any JSON object."}],
+        max_tokens=200,
+        temperature=0,
+        response_format={"type": "json_object"},
+    )
+    if out.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(out.choices[0].message.content), dict)
+
+
+def test_extra_constraints_n_seed_and_logprobs(client):
+    out = client.completions.create(
+        model="tiny",
+        prompt="Code:",
+        max_tokens=10,
+        n=3,
+        seed=7,
+        extra_body={"regex": r"[A-Z]{3}-[0-9]{2}"},
+    )
+    assert len(out.choices) == 3
+    assert all(re.fullmatch(r"[A-Z]{3}-[0-9]{2}", c.text) for c in out.choices)
+    again = client.completions.create(
+        model="tiny",
+        prompt="Code:",
+        max_tokens=10,
+        n=3,
+        seed=7,
+        extra_body={"regex": r"[A-Z]{3}-[0-9]{2}"},
+    )
+    assert [c.text for c in again.choices] == [c.text for c in out.choices]
+    out = client.completions.create(
+        model="tiny", prompt="Pick:", max_tokens=5, extra_body={"choices": ["red", "green"]}
+    )
+    assert out.choices[0].text in ("red", "green")
+
+    out = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_completion_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+    )
+    content = out.choices[0].logprobs.content
+    assert len(content) == out.usage.completion_tokens == 4
+    for entry in content:
+        assert len(entry.top_logprobs) == 3
+        # Greedy: the sampled token is the most likely one.
+        assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob)
+
+
+def test_echo_prompt_logprobs_match_transformers(engine, client, reference_logprobs):
+    prompt = "The quick brown fox"
+    out = client.completions.create(
+        model="tiny", prompt=prompt, max_tokens=0, echo=True, logprobs=0
+    )
+    listing = out.choices[0].logprobs
+    ids = engine.encode(prompt)
+    assert out.choices[0].text == prompt
+    assert listing.token_logprobs[0] is None
+    assert listing.token_logprobs[1:] == pytest.approx(reference_logprobs(ids, 1), abs=1e-4)
+    assert "".join(listing.tokens) == prompt
+    assert listing.text_offset[-1] == len(prompt) - len(listing.tokens[-1])
+
+
+# ---- native routes, raw HTTP -----------------------------------------------------------------
+
+
+def test_generate_single_batch_ids_and_logprobs(engine, server, reference_logprobs):
+    url = server.url + "/generate"
+    body = {"text": "Once upon", "sampling_params": {"max_new_tokens": 12, "temperature": 0}}
+    out = httpx.post(url, json=body).json()
+    direct = engine.generate("Once upon", GREEDY)
+    assert out["text"] == direct.text and out["output_ids"] == direct.token_ids
+    assert out["meta_info"]["finish_reason"]["type"] == direct.finish_reason
+    assert out["meta_info"]["prompt_tokens"] == len(engine.encode("Once upon"))
+
+    batch = httpx.post(url, json={**body, "text": ["Once upon", "Hello"]}).json()
+    assert [o["text"] for o in batch] == [direct.text, engine.generate("Hello", GREEDY).text]
+    by_ids = httpx.post(
+        url,
+        json={"input_ids": engine.encode("Once upon"), "sampling_params": body["sampling_params"]},
+    ).json()
+    assert by_ids["text"] == direct.text
+    both = {"input_ids": [1, 2], **body}
+    assert httpx.post(url, json=both).status_code == 400  # text or input_ids, not both
+
+    ids = engine.encode("The quick brown fox jumps")
+    out = httpx.post(
+        url,
+        json={
+            "input_ids": ids,
+            "sampling_params": {"max_new_tokens": 2, "temperature": 0},
+            "return_logprob": True,
+            "logprob_start_len": 2,
+            "top_logprobs_num": 2,
+            "return_text_in_logprobs": True,
+        },
+    ).json()
+    info = out["meta_info"]
+    prompt_lps = [lp for lp, _, _ in info["input_token_logprobs"]]
+    assert prompt_lps == pytest.approx(reference_logprobs(ids, 2), abs=1e-4)
+    assert [t for _, t, _ in info["input_token_logprobs"]] == ids[2:]
+    assert [t for _, t, _ in info["output_token_logprobs"]] == out["output_ids"]
+    assert all(len(top) == 2 for top in info["output_top_logprobs"])
+
+
+def test_generate_streams_the_text_so_far(engine, server):
+    body = {
+        "text": "Once upon",
+        "sampling_params": {"max_new_tokens": 12, "temperature": 0},
+        "stream": True,
+    }
+    events = []
+    with httpx.stream("POST", server.url + "/generate", json=body) as r:
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                events.append(line[5:].strip())
+    assert events[-1] == "[DONE]"
+    texts = [json.loads(e)["text"] for e in events[:-1]]
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:], strict=False))
+    assert texts[-1] == engine.generate("Once upon", GREEDY).text
+    assert json.loads(events[-2])["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_generate_with_a_regex(server):
+    body = {
+        "text": "Code:",
+        "sampling_params": {"max_new_tokens": 10, "regex": r"[a-z]{2}[0-9]", "temperature": 0},
+    }
+    out = httpx.post(server.url + "/generate", json=body).json()
+    assert re.fullmatch(r"[a-z]{2}[0-9]", out["text"])
+
+
+def test_info_health_flush_and_metrics(engine, server):
+    info = httpx.get(server.url + "/get_model_info").json()
+    assert info["is_generation"] and info["chat_template"]["closing"]["user"]
+    assert httpx.get(server.url + "/server_info").json()["max_kv_tokens"] == 4096
+    assert httpx.get(server.url + "/health").status_code == 200
+    assert httpx.get(server.url + "/health_generate").status_code == 200
+    assert httpx.post(server.url + "/flush_cache").status_code == 200
+    wait_idle(engine)
+    assert engine.stats()["kv_slots_cached"] == 0
+    text = httpx.get(server.url + "/metrics").text
+    for name in (
+        "braid_num_requests_running",
+        "braid_num_requests_waiting",
+        "braid_kv_usage_ratio",
+        "braid_prefix_cache_hit_ratio",
+        "braid_decode_tokens_total",
+        "braid_time_to_first_token_seconds_bucket",
+        "braid_time_per_output_token_seconds_count",
+    ):
+        assert name in text
+
+
+BAD_REQUESTS = [
+    (b"{not json", "not valid JSON"),
+    (b"[1, 2]", "JSON object"),
+    (b'{"max_tokens": 3}', "missing required field `prompt`"),
+    (b'{"prompt": 3}', "at `$.prompt`"),
+    (b'{"prompt": "a", "max_tokens": "many"}', "at `$.max_tokens`"),
+    (b'{"prompt": "a", "max_tokens": -1}', "max_tokens must be >= 0"),
+    (b'{"prompt": "a", "temperature": -1}', "temperature"),
+    (b'{"prompt": "a", "regex": "(unclosed"}', "regex"),
+    (b'{"prompt": "a", "json_schema": {"type": "nonsense"}}', "nonsense"),
+    (b'{"prompt": "a", "best_of": 2}', "unknown field `best_of`"),
+    (json.dumps({"prompt": "a " * 600}).encode(), "context"),
+]
+
+
+@pytest.mark.parametrize("body,message", BAD_REQUESTS)
+def test_bad_requests_get_400_with_a_message(server, body, message):
+    r = httpx.post(server.url + "/v1/completions", content=body)
+    assert r.status_code == 400, r.text
+    assert message in r.json()["error"]["message"]
+
+
+def test_bad_requests_on_the_native_and_chat_routes(server, client):
+    bad = [
+        {"text": "a", "sampling_params": {"max_new_tokens": -1}},
+        {"text": "a", "sampling_params": {"nonsense": 1}},
+        {"text": "a", "sampling_params": {"json_schema": "{not json"}},
+        {"sampling_params": {}},
+    ]
+    for body in bad:
+        assert httpx.post(server.url + "/generate", json=body).status_code == 400, body
+    with pytest.raises(openai.BadRequestError, match="regex"):
+        client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "x"}],
+            stream=True,
+            extra_body={"regex": "(("},
+        )
+
+
+def test_api_key(engine):
+    server = LiveServer(engine, api_key="sekret")
+    try:
+        assert httpx.get(server.url + "/v1/models").status_code == 401
+        assert httpx.get(server.url + "/health").status_code == 200
+        good = openai.OpenAI(base_url=server.url + "/v1", api_key="sekret", max_retries=0)
+        assert good.models.list().data[0].id == "tiny"
+        bad = openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            bad.models.list()
+    finally:
+        server.stop()
+
+
+def test_a_client_that_leaves_aborts_its_request(engine, server):
+    """Non-streaming: the server notices the closed connection while the engine works."""
+    before = engine.stats()["requests_aborted"]
+    body = {"prompt": "Once upon", "max_tokens": 400, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", json=body, timeout=httpx.Timeout(0.5))
+    wait_idle(engine)
+    assert engine.stats()["requests_aborted"] == before + 1
+    assert_no_kv_leak(engine)
+
+
+def test_queue_limit_answers_503(tiny_model_path):
+    engine = Engine(
+        model=str(tiny_model_path),
+        device="cpu",
+        dtype="float32",
+        max_kv_tokens=2048,
+        max_running_requests=2,
+    )
+    run = engine.runner.run
+
+    def slow_run(batch):  # so the held requests are still running when the third comes
+        time.sleep(0.02)
+        return run(batch)
+
+    engine.runner.run = slow_run
+    server = LiveServer(engine, max_queued_requests=0)  # room for 2 sequences
+    try:
+        body = {"prompt": "Once upon", "max_tokens": 400, "ignore_eos": True, "stream": True}
+        opened = [threading.Event() for _ in range(2)]
+        stop = threading.Event()
+
+        def hold(i: int) -> None:
+            with httpx.stream("POST", server.url + "/v1/completions", json=body) as r:
+                for _ in r.iter_lines():
+                    opened[i].set()
+                    if stop.is_set():
+                        return
+
+        threads = [threading.Thread(target=hold, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        assert all(e.wait(60) for e in opened)
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
+        assert r.status_code == 503 and "queue limit" in r.json()["error"]["message"]
+        r = httpx.post(server.url + "/generate", json={"text": "x", "sampling_params": {"n": 3}})
+        assert r.status_code == 503
+        stop.set()
+        for t in threads:
+            t.join(60)
+        wait_idle(engine)
+        assert_no_kv_leak(engine)
+        ok = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
+        assert ok.status_code == 200
+    finally:
+        server.stop()
+        engine.shutdown()
