@@ -102,6 +102,8 @@ class Speculator:
         matchers = [DraftMatcher(r, self.forced) for r in reqs]
         if self.draft is not None:
             trees = self.draft.propose(reqs, lengths, matchers)
+            for m in matchers:
+                m.reset()
         else:
             trees = [
                 self._ngram(r, k, m) if k else None
