@@ -63,9 +63,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     chat.add_argument("--json", type=Path, default=Path("bench-results/chat.json"))
     chat.set_defaults(run=bench_chat)
 
-    from runtime import bench_grammar
+    from runtime import bench_grammar, bench_spec
 
     bench_grammar.add_parser(workloads)
+    bench_spec.add_parser(workloads)
 
 
 def machine() -> str:

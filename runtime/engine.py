@@ -230,6 +230,11 @@ class Engine:
             running_requests=len(self.scheduler.running),
             waiting_requests=len(self.scheduler.waiting),
         )
+        draft = self.speculator.draft if self.speculator is not None else None
+        if draft is not None:  # the draft model's own pool: empty again once all are done
+            out.update(
+                draft_kv_slots_total=draft.kv.num_slots, draft_kv_slots_free=draft.kv.num_free_slots
+            )
         return out
 
     def shutdown(self) -> None:
@@ -345,7 +350,7 @@ class Engine:
                     continue
                 started = time.perf_counter()
                 results = self.runner.run(batch)
-                if self.speculator is not None:
+                if self.speculator is not None and all(r.is_decoding for r in batch.requests):
                     self.speculator.observe_step(sum(batch.num_new), time.perf_counter() - started)
                 self._process(batch, results)
                 worked = True

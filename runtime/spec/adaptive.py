@@ -45,8 +45,8 @@ class Acceptance:
         Zero turns speculation off for `backoff` steps, after which it is tried afresh."""
         if self.off_steps > 0:
             self.off_steps -= 1
-            if self.off_steps == 0:
-                self.accepted, self.trials = PRIOR_ACCEPTED, PRIOR_TRIALS
+            if self.off_steps == 0:  # try afresh, but with half the prior's weight
+                self.accepted, self.trials = PRIOR_ACCEPTED / 2, PRIOR_TRIALS / 2
             return 0
         a = min(self.rate, 0.999)
         best_k, best, expected = 0, 1.0, 1.0
@@ -63,49 +63,48 @@ class Acceptance:
 
 
 class StepCost:
-    """Forward time modelled as a + b * tokens, fitted online by exponentially weighted least
-    squares over the engine's steps (the machine's speed drifts, so old steps fade)."""
+    """Decode-step time modelled as a + b * tokens, fitted online by exponentially weighted
+    least squares over the engine's decode and verification steps (prefill chunks run at
+    another marginal cost, and the machine's speed drifts, so old steps fade). The slope is
+    pulled towards a prior (ridge), which is all it has while every step is the same size."""
 
-    # Weight of the prior (b = PRIOR_SLOPE * a, about what the CPU path measures) and of old
-    # observations per new one.
-    PRIOR_WEIGHT, PRIOR_SLOPE, DECAY = 4.0, 0.04, 0.98
+    # Prior slope as a share of a one-token step: about what the CPU path measures at
+    # batch 1 (default model: a verification token costs 5-10% of a decode step). Its
+    # weight equals PRIOR_WEIGHT steps spread +-8 tokens around the mean.
+    PRIOR_SLOPE, PRIOR_WEIGHT, DECAY = 0.06, 4.0, 0.98
 
     def __init__(self) -> None:
-        self._sums: list[float] | None = None  # weight, x, y, xx, xy
+        self._sums = [0.0] * 5  # weight, x, y, xx, xy
 
     def observe(self, tokens: int, seconds: float) -> None:
-        if self._sums is None:
-            # Prior points through this first step: (tokens, s) and (tokens + 8, s(1 + 8b/a)).
-            self._sums = [0.0] * 5
-            a = seconds / (1 + self.PRIOR_SLOPE * tokens)
-            for x in (tokens, tokens + 8):
-                self._add(x, a * (1 + self.PRIOR_SLOPE * x), self.PRIOR_WEIGHT / 2)
-        self._sums = [s * self.DECAY for s in self._sums]
-        self._add(tokens, seconds, 1.0)
-
-    def _add(self, x: float, y: float, w: float) -> None:
-        s = self._sums
-        s[0] += w
-        s[1] += w * x
-        s[2] += w * y
-        s[3] += w * x * x
-        s[4] += w * x * y
+        s = self._sums = [v * self.DECAY for v in self._sums]
+        s[0] += 1
+        s[1] += tokens
+        s[2] += seconds
+        s[3] += tokens * tokens
+        s[4] += tokens * seconds
 
     def fit(self) -> tuple[float, float] | None:
         """(a, b) in seconds, or None before the first step."""
-        if self._sums is None:
-            return None
         w, x, y, xx, xy = self._sums
-        var = xx * w - x * x
-        b = max((xy * w - x * y) / var, 0.0) if var > 1e-9 else 0.0
-        return (y - b * x) / w, b
+        if w == 0:
+            return None
+        mean_x, mean_y = x / w, y / w
+        prior_b = self.PRIOR_SLOPE * mean_y / (1 + self.PRIOR_SLOPE * mean_x)
+        ridge = self.PRIOR_WEIGHT * 8**2
+        sxx, sxy = xx - w * mean_x**2, xy - w * mean_x * mean_y
+        b = max((sxy + ridge * prior_b) / (sxx + ridge), 0.0)
+        return mean_y - b * mean_x, b
 
-    def token_cost(self, base_tokens: int, extra_seconds: float = 0.0) -> float:
-        """One more token's time (plus `extra_seconds` per token, a draft model's step)
-        relative to a step of `base_tokens` tokens."""
+    def token_cost(self, num_requests: int, extra_seconds: float = 0.0) -> float:
+        """What one more draft token of one request costs, relative to that request's share
+        of a decode step of `num_requests` requests: the token lengthens the step for all
+        of them, so at batch B it weighs B * b / step (plus `extra_seconds`, a draft model's
+        step, which the batch shares)."""
         fit = self.fit()
         if fit is None:
             return self.PRIOR_SLOPE
         a, b = fit
-        step = a + b * base_tokens
-        return min(max((b + extra_seconds) / step, 0.005), 2.0) if step > 0 else self.PRIOR_SLOPE
+        step = a + b * num_requests
+        cost = (num_requests * b + extra_seconds) / step if step > 0 else self.PRIOR_SLOPE
+        return min(max(cost, 0.005), 4.0)

@@ -3,9 +3,10 @@ prompt and output (extraction, quoting and code edits copy long runs of their in
 
 from __future__ import annotations
 
-# Match lengths tried, longest first: a longer match predicts its continuation better, and a
-# single token still finds the runs a copy resumes after one changed token.
-MAX_NGRAM, MIN_NGRAM = 4, 1
+# Match lengths tried, longest first: a longer match predicts its continuation better. One
+# token is too weak a match: in free text it proposes mostly wrong continuations (after
+# " the", say), and a copy resumes one token later with a two-token match anyway.
+MAX_NGRAM, MIN_NGRAM = 4, 2
 # Occurrences of one n-gram looked at, most recent first (a frequent token recurs hundreds of
 # times in a long prompt, mostly with continuations already collected).
 MAX_OCCURRENCES = 32

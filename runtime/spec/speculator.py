@@ -128,10 +128,10 @@ class Speculator:
                 paths.append(kept)
         if not paths:
             return None
+        # Alternatives to the first candidate may add half as many nodes again: the chosen
+        # length prices the step's tokens, and alternatives are less likely to be right.
         tree = DraftTree.from_paths(paths)
-        # Alternatives beyond the first candidate share the step with it: at most as many
-        # nodes again as the first path holds.
-        while len(tree) > 2 * len(paths[0]) and len(paths) > 1:
+        while len(tree) > len(paths[0]) + len(paths[0]) // 2 and len(paths) > 1:
             paths.pop()
             tree = DraftTree.from_paths(paths)
         return tree

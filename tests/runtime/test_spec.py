@@ -80,8 +80,11 @@ def _spec_counts(engine) -> tuple[int, int]:
 
 
 def _check_settled(engine) -> None:
+    """No KV slot leaked, the draft model's included."""
     wait_idle(engine)
     assert_no_kv_leak(engine)
+    s = engine.stats()
+    assert s.get("draft_kv_slots_free") == s.get("draft_kv_slots_total"), s
 
 
 # ---- pieces ---------------------------------------------------------------------------------
