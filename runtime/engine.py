@@ -417,8 +417,7 @@ class Engine:
 
         logits: [1 + len(tree), V], the root's row first, then node i's at row i + 1.
         """
-        draft_slots = r.slots[r.num_computed :]  # one per tree node
-        r.slots = r.slots[: r.num_computed]
+        base, draft_slots = r.slots[: r.num_computed], r.slots[r.num_computed :]
         kept: list[int] = []
         node = -1
         while True:
@@ -428,21 +427,24 @@ class Engine:
                 None,
             )
             before = len(r.output_ids)
+            # A request finishing here frees its slots past num_computed: the unused nodes'.
             self._add_sampled(r, self.runner.sample_node(logits[node + 1], r, drafted), now)
             if r.finish_reason is not None:
                 break
             appended = r.output_ids[before:]
             path = tree.follow(node, appended)
             # The followed nodes' KV is that of the tokens just appended, at their positions.
-            r.slots = torch.cat([r.slots, draft_slots[path]])
-            r.num_computed += len(path)
             kept += path
+            unused = torch.ones(len(tree), dtype=torch.bool)
+            unused[kept] = False
+            r.slots = torch.cat([base, draft_slots[kept], draft_slots[unused]])
+            r.num_computed += len(path)
             if len(path) < len(appended):
                 break
             node = path[-1]
-        unused = torch.ones(len(tree), dtype=torch.bool)
-        unused[kept] = False
-        self.kv.free(draft_slots[unused])
+        if r.finish_reason is None:
+            self.kv.free(r.slots[r.num_computed :])
+            r.slots = r.slots[: r.num_computed]
         self.speculator.record(r, tree, len(kept))
 
     def _add_sampled(self, r: Request, res: StepResult, now: float) -> None:

@@ -86,18 +86,19 @@ class Scheduler:
                 self._add_prefills(batch, budget)
                 if batch.requests:
                     self._last_step_prefilled = True
+                    self._attach_drafts(batch, budget - sum(batch.num_new))
                     return batch
             self._last_step_prefilled = False
             decodes = self._reserve_decode_slots(decodes)
             batch = Batch(decodes, [1] * len(decodes))
             self._attach_drafts(batch, budget - len(decodes))
             return batch if decodes else None
-        # Hybrid: every running decode gets its token (and its draft), prefill chunks fill the
-        # rest.
+        # Hybrid: every running decode gets its token, prefill chunks fill the rest, draft
+        # tokens what is left (speculative work after the work that is sure to be needed).
         decodes = self._reserve_decode_slots(decodes)
         batch = Batch(decodes, [1] * len(decodes))
-        budget -= len(decodes) + self._attach_drafts(batch, budget - len(decodes))
-        self._add_prefills(batch, budget)
+        self._add_prefills(batch, budget - len(decodes))
+        self._attach_drafts(batch, budget - sum(batch.num_new))
         return batch if batch.requests else None
 
     def finish(self, req: Request) -> None:
@@ -138,23 +139,24 @@ class Scheduler:
             r.slots = torch.cat([r.slots, self.kv.allocate(1)])
         return decodes
 
-    def _attach_drafts(self, batch: Batch, budget: int) -> int:
-        """Draft trees for the batch's decoding requests (all of it, before any prefill
-        joins), with KV slots for their tokens; a draft whose slots cannot be had without
-        preempting is dropped. Returns the number of draft tokens."""
+    def _attach_drafts(self, batch: Batch, budget: int) -> None:
+        """Draft trees, within `budget` tokens, for the batch's requests that sample after
+        output tokens (decodes, and requests feeding text a grammar forced: that text is
+        verified with the draft for free), with KV slots for their nodes; a draft whose slots
+        cannot be had without preempting is dropped."""
         batch.drafts = [None] * len(batch.requests)
-        if self.speculator is None or not batch.requests or budget <= 0:
-            return 0
-        total = 0
-        trees = self.speculator.propose(batch.requests, budget)
-        for i, (r, tree) in enumerate(zip(batch.requests, trees, strict=True)):
-            if tree is None or total + len(tree) > budget or not self._make_room(len(tree)):
+        eligible = [i for i, r in enumerate(batch.requests) if r.output_ids and batch.samples(i)]
+        if self.speculator is None or not eligible or budget <= 0:
+            return
+        trees = self.speculator.propose([batch.requests[i] for i in eligible], budget)
+        for i, tree in zip(eligible, trees, strict=True):
+            if tree is None or len(tree) > budget or not self._make_room(len(tree)):
                 continue
+            r = batch.requests[i]
             r.slots = torch.cat([r.slots, self.kv.allocate(len(tree))])
             batch.drafts[i] = tree
             batch.num_new[i] += len(tree)
-            total += len(tree)
-        return total
+            budget -= len(tree)
 
     def _add_prefills(self, batch: Batch, budget: int) -> None:
         # Requests already part-way through their prefill continue first.
@@ -169,7 +171,6 @@ class Scheduler:
             r.slots = torch.cat([r.slots, self.kv.allocate(n)])
             batch.requests.append(r)
             batch.num_new.append(n)
-            batch.drafts.append(None)
             budget -= n
         for r in self._admission_order():
             if budget <= 0 or len(self.running) >= self.config.max_running_requests:
@@ -223,7 +224,6 @@ class Scheduler:
         self.running.append(r)
         batch.requests.append(r)
         batch.num_new.append(n)
-        batch.drafts.append(None)
         return True
 
     def _waits_for_shared_prefix(self, r: Request, cached: int) -> bool:

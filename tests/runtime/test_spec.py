@@ -36,6 +36,20 @@ PERSON = {
     },
     "required": ["name", "age", "tags"],
 }
+# Every item after the first starts with forced text ({"id":), which drafts carry for free.
+ROWS = {
+    "type": "array",
+    "minItems": 5,
+    "maxItems": 5,
+    "items": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer", "minimum": 0, "maximum": 9},
+            "ok": {"type": "boolean"},
+        },
+        "required": ["id", "ok"],
+    },
+}
 # method -> engine fields (the draft model is the tiny model itself: same tokenizer). A fixed
 # draft length: the adaptive one depends on measured step times (a draft model as large as
 # the target rightly switches itself off), which would make what a test exercises vary.
@@ -188,8 +202,8 @@ def test_greedy_identical_under_preemption(tiny_model_path, plain, method):
 
 @pytest.mark.parametrize(
     "constraint",
-    [dict(regex=r"(ab|cd|[0-9]{2}-)+"), dict(json_schema=PERSON)],
-    ids=["regex", "json"],
+    [dict(regex=r"(ab|cd|[0-9]{2}-)+"), dict(json_schema=PERSON), dict(json_schema=ROWS)],
+    ids=["regex", "json", "json-rows"],
 )
 def test_greedy_constrained_identical(plain, spec, constraint):
     params = SamplingParams(temperature=0, max_tokens=60, frequency_penalty=0.3, **constraint)
