@@ -10,6 +10,7 @@ machine's speed drifts by tens of percent over minutes.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -159,12 +160,17 @@ def bench_spec(args: argparse.Namespace) -> int:
                 # not always land on the same side.
                 order = methods if round_ % 2 == 0 else methods[::-1]
                 for method in order:
+                    load = os.getloadavg()[0]  # other work on this machine, for the record
                     out = isolated(
                         _run, args.model, args.dtype, method, workload, concurrency, args.tokens
                     )
+                    out["load_before"] = round(load, 2)
                     runs.setdefault((workload, mode, method), []).append(out)
                     rate = out["output_tokens"] / out["seconds"]
-                    print(f"round {round_ + 1}: {workload}, {mode}, {method}: {rate:.1f} tok/s")
+                    print(
+                        f"round {round_ + 1}: {workload}, {mode}, {method}: {rate:.1f} tok/s "
+                        f"(load average before: {load:.2f})"
+                    )
     base = methods[0]
     dtype = runs[(next(iter(WORKLOADS)), next(iter(MODES)), base)][0]["dtype"]
     print(
@@ -203,6 +209,9 @@ def bench_spec(args: argparse.Namespace) -> int:
                     "spec_proposed_tokens": proposed,
                     "spec_accepted_tokens": accepted,
                     "same_output_as_baseline": best["outputs"] == reference["outputs"],
+                    "load_average_before_each_round": [
+                        o["load_before"] for o in runs[(workload, mode, method)]
+                    ],
                     "sample": best["sample"],
                 }
                 rows.append(row)
