@@ -132,6 +132,24 @@ def _sample_rows(
     other rows in the batch took the sorting path. Renormalisation happens once, for the
     returned logprob.
     """
+    kept = filtered_logprobs(logits, temperature, top_k, top_p, min_p)
+    race = kept - torch.log(-torch.log(uniform_noise(seeds, kept.shape[1])))  # log(p / E)
+    sampled = race.argmax(dim=-1)
+    chosen = kept.gather(1, sampled.unsqueeze(1)).squeeze(1)
+    return sampled, chosen - kept.logsumexp(dim=-1)
+
+
+def filtered_logprobs(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+) -> torch.Tensor:
+    """log-softmax(logits / temperature) [B, V] with the tokens top-k, top-p and min-p drop at
+    -inf, NOT renormalised (see `_sample_rows`): the distribution `sample` draws from, up to
+    a constant per row. Rows must have temperature != 0.
+    """
     vocab = logits.shape[1]
     logprobs = torch.log_softmax(logits / temperature.unsqueeze(1), dim=-1)
     kept = logprobs
@@ -154,11 +172,7 @@ def _sample_rows(
         # p < min_p * p_max in log space; min_p = 0 gives a -inf bound that drops nothing.
         bound = kept.max(dim=-1, keepdim=True).values + torch.log(min_p).unsqueeze(1)
         kept = kept.masked_fill(kept < bound, _NEG_INF)
-
-    race = kept - torch.log(-torch.log(uniform_noise(seeds, vocab)))  # log(p / E)
-    sampled = race.argmax(dim=-1)
-    chosen = kept.gather(1, sampled.unsqueeze(1)).squeeze(1)
-    return sampled, chosen - kept.logsumexp(dim=-1)
+    return kept
 
 
 def store_kv(

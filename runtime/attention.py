@@ -36,9 +36,13 @@ def paged_attention(
         out[batch.decode_rows] = _decode_attention(
             q[batch.decode_rows], k_cache, v_cache, batch, scale
         )
+    if batch.tree_rows.numel():
+        out[batch.tree_rows[batch.tree_row_valid]] = _tree_attention(
+            q, k_cache, v_cache, batch, scale
+        )
     q_start = kv_start = 0
-    for n, total in zip(batch.extend_lens, batch.seq_lens, strict=True):
-        if n > 1:
+    for n, total, tree in zip(batch.extend_lens, batch.seq_lens, batch.tree_masks, strict=True):
+        if n > 1 and tree is None:
             slots = batch.kv_indices[kv_start : kv_start + total]
             k_b = k_cache.index_select(0, slots).transpose(0, 1)  # (Hkv, total, D)
             v_b = v_cache.index_select(0, slots).transpose(0, 1)
@@ -63,7 +67,8 @@ def _kernel_attention(
     scale: float,
 ) -> torch.Tensor:
     """paged_attention with the Triton kernels: split-K decode when every sequence has one new
-    token, else one extend launch for the whole (possibly hybrid) batch."""
+    token, else one extend launch for the whole (possibly hybrid) batch; draft trees go
+    through the extend kernel's mask."""
     k_cache, v_cache = kv.k[layer], kv.v[layer]
     kernels.store_kv(k, v, k_cache, v_cache, batch.out_slots)
     qo_indptr, kv_indptr = batch.indptr
@@ -78,6 +83,7 @@ def _kernel_attention(
             kv_indptr,
             batch.kv_indices,
             scale,
+            mask=batch.kernel_tree_mask,
             max_new=max(batch.extend_lens),
         )
     return out.flatten(1)
@@ -129,6 +135,22 @@ def _decode_attention(
     v = _gather_rows(v_cache, batch.decode_kv_index)
     valid = batch.decode_kv_valid[:, :, None]  # (Bd, 1, 1, 1, L)
     return _grouped_attention(q.unsqueeze(2), k, v, valid, scale).squeeze(2)
+
+
+def _tree_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: ForwardBatch,
+    scale: float,
+) -> torch.Tensor:
+    """All tree extends at once, padded like decode rows: each new token sees its sequence's
+    prefix and its own ancestors. q: (T, H, D); returns the real rows, (sum n, H, D)."""
+    k = _gather_rows(k_cache, batch.tree_kv_index)  # (Bt, Hkv, L, D)
+    v = _gather_rows(v_cache, batch.tree_kv_index)
+    q_t = q[batch.tree_rows].transpose(1, 2)  # (Bt, Nmax, H, D) -> (Bt, H, Nmax, D)
+    out = _grouped_attention(q_t, k, v, batch.tree_kv_mask, scale)  # (Bt, H, Nmax, D)
+    return out.transpose(1, 2)[batch.tree_row_valid]
 
 
 def _decode_attention_shared_prefix(

@@ -67,11 +67,12 @@ def add_parser(
     chat.add_argument("--json", type=Path, default=Path("bench-results/chat.json"))
     chat.set_defaults(run=bench_chat)
 
-    from runtime import bench_grammar, bench_kernels, bench_serve
+    from runtime import bench_grammar, bench_kernels, bench_serve, bench_spec
 
     bench_grammar.add_parser(workloads)
     bench_kernels.add_parser(workloads)
     bench_serve.add_parser(workloads)
+    bench_spec.add_parser(workloads)
     for add in extra_workloads:
         add(workloads)
 

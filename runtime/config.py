@@ -36,6 +36,18 @@ class EngineConfig:
     grammar_compile_memory_mb: int = 2048
     # Append the text a grammar forces (e.g. a JSON key) without a forward per token.
     jump_forward: bool = True
+    # Speculative decoding (runtime/spec): "none"; "ngram" drafts continuations found in the
+    # request's own prompt and output; "draft" runs `draft_model`, a smaller model sharing
+    # the tokenizer (an HF directory), or "self" / "self:K" for the target's first K layers
+    # and its head (K defaults to a quarter of the layers).
+    spec_method: str = "none"
+    draft_model: str | None = None
+    # Draft tokens per step (the longest path of the tree); 0: adaptive per request from its
+    # running acceptance rate and the measured cost of a verification token.
+    spec_draft_length: int = 0
+    # Most candidate continuations (leaves of the draft tree) the n-gram proposer verifies in
+    # one step; the draft model proposes one chain.
+    spec_tree_width: int = 4
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -65,6 +77,23 @@ class EngineConfig:
             raise ValueError(
                 "EngineConfig: grammar_compile_timeout_s must be > 0 and "
                 "grammar_compile_memory_mb >= 64"
+            )
+        if self.spec_method not in ("none", "ngram", "draft"):
+            raise ValueError(
+                f"EngineConfig.spec_method: expected none, ngram or draft, got {self.spec_method!r}"
+            )
+        if (self.spec_method == "draft") != (self.draft_model is not None):
+            raise ValueError(
+                "EngineConfig.draft_model: give one exactly when spec_method is 'draft' "
+                f"(spec_method={self.spec_method!r}, draft_model={self.draft_model!r})"
+            )
+        if not 0 <= self.spec_draft_length <= 64:
+            raise ValueError(
+                f"EngineConfig.spec_draft_length must be in [0, 64], got {self.spec_draft_length}"
+            )
+        if not 1 <= self.spec_tree_width <= 16:
+            raise ValueError(
+                f"EngineConfig.spec_tree_width must be in [1, 16], got {self.spec_tree_width}"
             )
         if not 0 < self.kv_memory_fraction < 1:
             raise ValueError(

@@ -32,6 +32,7 @@ from runtime.request_tree import TreeNode
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Batch, Scheduler
 from runtime.scoring import score_tree
+from runtime.spec import DraftTree, Speculator, load_draft_proposer
 from runtime.stats import EngineStats
 from runtime.stop import StopStringMatcher
 from runtime.tokenizer import eos_token_ids, load_tokenizer
@@ -83,8 +84,18 @@ class Engine:
             self.device,
         )
         self.cache = RadixCache(self.kv, enabled=self.config.prefix_cache)
-        self.scheduler = Scheduler(self.config, self.kv, self.cache, self._stats)
         self.runner = ModelRunner(model_, self.kv, self.device, len(self.tokenizer))
+        self.speculator = None
+        if self.config.spec_method != "none":
+            draft = None
+            if self.config.spec_method == "draft":
+                draft = load_draft_proposer(
+                    self.config, model_, self.tokenizer, self.runner.vocab_size, num_slots
+                )
+            self.speculator = Speculator(
+                self.config, self._stats, self.grammars.forced_tokens, draft
+            )
+        self.scheduler = Scheduler(self.config, self.kv, self.cache, self._stats, self.speculator)
 
     @torch.no_grad()
     def _run(self, path, ready: threading.Event, failure: list[BaseException]) -> None:
@@ -247,6 +258,11 @@ class Engine:
             running_requests=len(self.scheduler.running),
             waiting_requests=len(self.scheduler.waiting),
         )
+        draft = self.speculator.draft if self.speculator is not None else None
+        if draft is not None:  # the draft model's own pool: empty again once all are done
+            out.update(
+                draft_kv_slots_total=draft.kv.num_slots, draft_kv_slots_free=draft.kv.num_free_slots
+            )
         return out
 
     def shutdown(self) -> None:
@@ -360,7 +376,10 @@ class Engine:
                 if batch is None:
                     self._fail_unschedulable()
                     continue
+                started = time.perf_counter()
                 results = self.runner.run(batch)
+                if self.speculator is not None and all(r.is_decoding for r in batch.requests):
+                    self.speculator.observe_step(sum(batch.num_new), time.perf_counter() - started)
                 self._process(batch, results)
                 worked = True
             except Exception as e:  # a bug or a device error: fail this batch, keep serving
@@ -397,22 +416,64 @@ class Engine:
     def _process(self, batch: Batch, results: list[StepResult]) -> None:
         now = time.monotonic()
         num_decodes = sum(1 for r in batch.requests if r.is_decoding)
+        num_known = [batch.num_known(i) for i in range(len(batch.requests))]
         self._stats.add(
             forward_steps=1,
-            prefill_tokens_computed=sum(batch.num_new) - num_decodes,
+            prefill_tokens_computed=sum(num_known) - num_decodes,
             decode_tokens=num_decodes,
         )
-        for r, n, res in zip(batch.requests, batch.num_new, results, strict=True):
+        for i, (r, n, res) in enumerate(zip(batch.requests, num_known, results, strict=True)):
             prefilled = not r.is_decoding
             r.num_computed += n
             r.prompt_logprobs.extend(res.prompt_logprobs)
-            if res.token is not None:
+            if res.draft_logits is not None:
+                self._verify(r, batch.drafts[i], res.draft_logits, now)
+            elif res.token is not None:
                 self._add_sampled(r, res, now)
             elif r.num_uncomputed == 0:  # prompt logprobs only (max_tokens=0)
                 self._finish(r, "length")
             if prefilled and r.finish_reason is None:
                 # Others may be waiting for this prefix: cache it now, not at the finish.
                 self.scheduler.cache_prefill_progress(r)
+
+    def _verify(self, r: Request, tree: DraftTree, logits: torch.Tensor, now: float) -> None:
+        """Decode along the draft tree: at each node draw the target's token as decoding would
+        (see runtime/spec/verify.py), append it (and any forced text) exactly as a decode step
+        does, then continue from the child holding those tokens, if the tree has one. The
+        nodes walked through keep their KV; the other nodes' slots go back to the pool, so
+        rejected tokens never reach the radix cache.
+
+        logits: [1 + len(tree), V], the root's row first, then node i's at row i + 1.
+        """
+        base, draft_slots = r.slots[: r.num_computed], r.slots[r.num_computed :]
+        kept: list[int] = []
+        node = -1
+        while True:
+            children = tree.children(node)
+            drafted = next(
+                ((t, tree.probs[c]) for t, c in children.items() if tree.probs[c] is not None),
+                None,
+            )
+            before = len(r.output_ids)
+            # A request finishing here frees its slots past num_computed: the unused nodes'.
+            self._add_sampled(r, self.runner.sample_node(logits[node + 1], r, drafted), now)
+            if r.finish_reason is not None:
+                break
+            appended = r.output_ids[before:]
+            path = tree.follow(node, appended)
+            # The followed nodes' KV is that of the tokens just appended, at their positions.
+            kept += path
+            unused = torch.ones(len(tree), dtype=torch.bool)
+            unused[kept] = False
+            r.slots = torch.cat([base, draft_slots[kept], draft_slots[unused]])
+            r.num_computed += len(path)
+            if len(path) < len(appended):
+                break
+            node = path[-1]
+        if r.finish_reason is None:
+            self.kv.free(r.slots[r.num_computed :])
+            r.slots = r.slots[: r.num_computed]
+        self.speculator.record(r, tree, len(kept))
 
     def _add_sampled(self, r: Request, res: StepResult, now: float) -> None:
         tokens, logprobs = [res.token], [(res.logprob, res.top_logprobs)]
@@ -474,6 +535,8 @@ class Engine:
         """Release the request's KV, then send its last chunk (so a caller woken by it
         sees the pool already settled)."""
         self.scheduler.finish(r)
+        if self.speculator is not None:
+            self.speculator.release(r)
         self._live.pop(r.rid, None)
         r.finish_reason = reason
         now = time.monotonic()

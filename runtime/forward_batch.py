@@ -33,6 +33,14 @@ class ForwardBatch:
     # Leading slots every decode sequence shares (a common few-shot or system prompt): their
     # K/V are read once for all rows instead of once per row.
     decode_shared_len: int
+    tree_masks: list[torch.Tensor | None]  # [B]: bool [n, n] for tree extends, else None
+    # Tree extends are attended together on the CPU path (they are short): their rows of T
+    # padded to the largest tree, which padded rows are real, their slot tables padded to the
+    # longest, and each row's visibility over its padded slot table (prefix and ancestors).
+    tree_rows: torch.Tensor  # [Bt, Nmax]
+    tree_row_valid: torch.Tensor  # [Bt, Nmax] bool
+    tree_kv_index: torch.Tensor  # [Bt, Lmax]
+    tree_kv_mask: torch.Tensor  # [Bt, 1, 1, Nmax, Lmax] bool
 
     @cached_property
     def indptr(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,6 +51,19 @@ class ForwardBatch:
         indptr = torch.nn.functional.pad(lens.cumsum(1, dtype=torch.int32), (1, 0))
         return tuple(indptr.to(self.input_ids.device).unbind(0))
 
+    @cached_property
+    def kernel_tree_mask(self) -> torch.Tensor | None:
+        """The tree masks in the extend kernel's layout: sequence b's [n_b, n_b] block
+        (ancestors, or causal for a plain extend) flattened after those before it; None
+        when the batch holds no tree. Built once per batch, on first use."""
+        if all(m is None for m in self.tree_masks):
+            return None
+        blocks = [
+            torch.ones(n, n, dtype=torch.bool).tril() if m is None else m
+            for n, m in zip(self.extend_lens, self.tree_masks, strict=True)
+        ]
+        return torch.cat([b.flatten() for b in blocks]).to(self.input_ids.device)
+
     @classmethod
     def build(
         cls,
@@ -50,20 +71,37 @@ class ForwardBatch:
         slot_tables: list[torch.Tensor],
         logits_rows: list[list[int]] | None = None,
         device: torch.device | str = "cpu",
+        parents: list[list[int] | None] | None = None,
     ) -> ForwardBatch:
         """Batch sequence b's `new_tokens[b]` over its full `slot_tables[b]`.
 
         The new tokens are the last len(new_tokens[b]) entries of the slot table. By default
         logits are computed for each sequence's last new token; `logits_rows[b]` picks other
         rows (offsets within that sequence's new tokens), e.g. all of them for prompt logprobs.
+        `parents[b]`, when given, makes sequence b a tree extend: new token i's parent is new
+        token parents[b][i] (an earlier one), or -1 for the last token of the cached prefix.
         """
         extend_lens = [len(t) for t in new_tokens]
         seq_lens = [t.numel() for t in slot_tables]
         for b, (n, total) in enumerate(zip(extend_lens, seq_lens, strict=True)):
             if n < 1 or n > total:
                 raise ValueError(f"sequence {b}: {n} new tokens over a context of {total}")
+        parents = parents or [None] * len(new_tokens)
+        if any(p is not None for p in parents):
+            # One-token sequences join the tree extends as one-node trees: one padded
+            # attention call per layer instead of two (a batch of 8 where one request verifies
+            # a draft ran ~10% slower with both paths; all 8 on the tree path cost no more
+            # than the decode path, default model on the CPU).
+            parents = [
+                [-1] if p is None and n == 1 else p
+                for p, n in zip(parents, extend_lens, strict=True)
+            ]
+        tree_masks = [None if p is None else ancestor_mask(p) for p in parents]
         positions = torch.cat(
-            [torch.arange(total - n, total) for n, total in zip(extend_lens, seq_lens, strict=True)]
+            [
+                torch.arange(total - n, total) if m is None else total - n + m.sum(1) - 1
+                for n, total, m in zip(extend_lens, seq_lens, tree_masks, strict=True)
+            ]
         )
         out_slots = torch.cat([t[-n:] for t, n in zip(slot_tables, extend_lens, strict=True)])
         rows, start = [], 0
@@ -72,7 +110,7 @@ class ForwardBatch:
             rows.extend(start + r for r in wanted)
             start += n
         flat_ids = [tok for seq in new_tokens for tok in seq]
-        decodes = [b for b, n in enumerate(extend_lens) if n == 1]
+        decodes = [b for b, n in enumerate(extend_lens) if n == 1 and tree_masks[b] is None]
         longest = max((seq_lens[b] for b in decodes), default=0)
         kv_index = torch.zeros(len(decodes), longest, dtype=torch.int64)
         for i, b in enumerate(decodes):
@@ -82,6 +120,20 @@ class ForwardBatch:
         same = (kv_index == kv_index[:1]) & kv_valid[:, 0, 0]  # (Bd, Lmax)
         shared_len = int(same.all(0).int().cumprod(0).sum()) if len(decodes) > 1 else 0
         row_starts = torch.tensor([0, *extend_lens]).cumsum(0)
+        trees = [b for b, m in enumerate(tree_masks) if m is not None]
+        most = max((extend_lens[b] for b in trees), default=0)
+        longest = max((seq_lens[b] for b in trees), default=0)
+        tree_rows = torch.zeros(len(trees), most, dtype=torch.int64)
+        tree_row_valid = torch.zeros(len(trees), most, dtype=torch.bool)
+        tree_kv_index = torch.zeros(len(trees), longest, dtype=torch.int64)
+        tree_kv_mask = torch.zeros(len(trees), most, longest, dtype=torch.bool)
+        for i, b in enumerate(trees):
+            n, total = extend_lens[b], seq_lens[b]
+            tree_rows[i, :n] = torch.arange(row_starts[b], row_starts[b] + n)
+            tree_row_valid[i, :n] = True
+            tree_kv_index[i, :total] = slot_tables[b]
+            tree_kv_mask[i, :n, : total - n] = True
+            tree_kv_mask[i, :n, total - n : total] = tree_masks[b]
         return cls(
             input_ids=torch.tensor(flat_ids, dtype=torch.int64, device=device),
             positions=positions.to(device),
@@ -94,4 +146,21 @@ class ForwardBatch:
             decode_kv_index=kv_index.to(device),
             decode_kv_valid=kv_valid.to(device),
             decode_shared_len=shared_len,
+            tree_masks=tree_masks,
+            tree_rows=tree_rows.to(device),
+            tree_row_valid=tree_row_valid.to(device),
+            tree_kv_index=tree_kv_index.to(device),
+            tree_kv_mask=tree_kv_mask[:, None, None].to(device),
         )
+
+
+def ancestor_mask(parents: list[int]) -> torch.Tensor:
+    """bool [n, n]: row i marks token i and its ancestors (parents[i] < i, or -1 for none)."""
+    n = len(parents)
+    mask = torch.eye(n, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if not -1 <= p < i:
+            raise ValueError(f"tree token {i}: parent {p} must be -1 or an earlier token")
+        if p >= 0:
+            mask[i] |= mask[p]
+    return mask

@@ -9,8 +9,12 @@ import torch
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_cache import KVPool
 from runtime.models import LlamaForCausalLM
-from runtime.sampler import sample
+from runtime.sampler import sample, sampling_probs, step_seed
 from runtime.scheduler import Batch
+from runtime.spec.verify import rejection_sample
+
+# The acceptance test's uniform comes from its own stream of the request's seed.
+ACCEPT_SALT = 0x2545F4914F6CDD1D
 
 
 @dataclass
@@ -19,6 +23,9 @@ class StepResult:
     logprob: float = 0.0  # its logprob under the model's distribution (temperature 1)
     top_logprobs: dict[int, float] = field(default_factory=dict)
     prompt_logprobs: list[float] = field(default_factory=list)  # for the fed prompt tokens
+    # With a draft tree: logits [1 + len(tree), V] of the request's last token (the root) and
+    # of each tree node, for the engine to verify the tree with (nothing is sampled here).
+    draft_logits: torch.Tensor | None = None
 
 
 class ModelRunner:
@@ -33,11 +40,21 @@ class ModelRunner:
         self.tokenizer_size = tokenizer_size
 
     def run(self, batch: Batch) -> list[StepResult]:
-        new_tokens, slot_tables, rows, prompt_spans = [], [], [], []
+        new_tokens, slot_tables, rows, prompt_spans, parents = [], [], [], [], []
         for i, (r, n) in enumerate(zip(batch.requests, batch.num_new, strict=True)):
-            start = r.num_computed
-            new_tokens.append(r.token_ids[start : start + n])
+            start, known, draft = r.num_computed, batch.num_known(i), batch.draft(i)
+            new_tokens.append(r.token_ids[start : start + known])
             slot_tables.append(r.slots[: start + n])
+            parents.append(None)
+            if draft is not None:
+                # The known tokens form a chain; tree nodes hang below its last token.
+                new_tokens[-1] = new_tokens[-1] + draft.tokens
+                parents[-1] = list(range(-1, known - 1)) + [
+                    known - 1 if p < 0 else known + p for p in draft.parents
+                ]
+                rows.append(list(range(known - 1, n)))
+                prompt_spans.append((start, start))
+                continue
             # Position p's logits predict token p + 1: prompt logprobs from `first` on need
             # the logits of positions first - 1 .. len(prompt) - 2; this step fed lo .. hi - 1.
             lo = hi = start
@@ -47,7 +64,7 @@ class ModelRunner:
                 hi = max(hi, lo)
             prompt_spans.append((lo, hi))
             rows.append([p - start for p in range(lo, hi)] + ([n - 1] if batch.samples(i) else []))
-        fb = ForwardBatch.build(new_tokens, slot_tables, rows, device=self.device)
+        fb = ForwardBatch.build(new_tokens, slot_tables, rows, device=self.device, parents=parents)
         logits = self.model(fb, self.kv)[:, : self.vocab_size]
 
         results = [StepResult() for _ in batch.requests]
@@ -59,7 +76,9 @@ class ModelRunner:
                 targets = torch.tensor(r.prompt_ids[lo + 1 : hi + 1], device=logits.device)
                 logp = torch.log_softmax(logits[offset : offset + num_lp], dim=-1)
                 results[i].prompt_logprobs = logp.gather(1, targets[:, None])[:, 0].tolist()
-            if batch.samples(i):
+            if batch.draft(i) is not None:
+                results[i].draft_logits = logits[offset : offset + len(rows[i])]
+            elif batch.samples(i):
                 sample_rows.append(offset + num_lp)
                 sampled.append(i)
             offset += len(rows[i])
@@ -73,8 +92,29 @@ class ModelRunner:
             )
         return results
 
+    def sample_node(
+        self, logits: torch.Tensor, r, drafted: tuple[int, torch.Tensor] | None = None
+    ) -> StepResult:
+        """r's next token from one draft tree node's logits [V], drawn as decoding draws it
+        (the same seed for the same step). `drafted` = (token, q) when a child of the node was
+        sampled from a draft model's distribution q: then the rejection rule decides."""
+        result = StepResult()
+        if drafted is None or r.params.temperature == 0:
+            tokens = sample(logits[None], [r], self.tokenizer_size)
+        else:
+            step = len(r.output_ids)
+            p = sampling_probs(logits, r, self.tokenizer_size)
+            accept_seed = step_seed(r.seed ^ ACCEPT_SALT, step)
+            tokens = [rejection_sample(p, *drafted, accept_seed, step_seed(r.seed, step))]
+        self._add_logprobs(logits[None], [r], [result], tokens)
+        return result
+
     def _sample(self, logits: torch.Tensor, reqs: list, results: list[StepResult]) -> None:
-        tokens = sample(logits, reqs, self.tokenizer_size)
+        self._add_logprobs(logits, reqs, results, sample(logits, reqs, self.tokenizer_size))
+
+    def _add_logprobs(
+        self, logits: torch.Tensor, reqs: list, results: list[StepResult], tokens: list[int]
+    ) -> None:
         want_logprobs = [i for i, r in enumerate(reqs) if r.params.wants_logprobs]
         if want_logprobs:
             logp = torch.log_softmax(logits[want_logprobs], dim=-1)

@@ -6,6 +6,7 @@ import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -14,6 +15,9 @@ from runtime.detokenizer import IncrementalDetokenizer
 from runtime.outputs import StreamChunk
 from runtime.radix_cache import Node
 from runtime.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from runtime.spec.speculator import SpecState
 from runtime.stop import StopStringMatcher
 
 
@@ -59,6 +63,7 @@ class Request:
     num_preemptions: int = 0
     first_token_time: float | None = None
     finish_reason: str | None = None
+    spec: SpecState | None = None  # speculative decoding's memory of this request
 
     @property
     def token_ids(self) -> list[int]:

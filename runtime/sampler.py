@@ -14,7 +14,7 @@ import torch
 
 import kernels
 from grammars.matcher import allocate_bitmask
-from kernels.reference import apply_bitmask
+from kernels.reference import apply_bitmask, filtered_logprobs
 from kernels.reference import sample as reference_sample
 
 if TYPE_CHECKING:
@@ -36,11 +36,8 @@ def sample(logits: torch.Tensor, reqs: list[Request], grammar_vocab_size: int) -
 
     `grammar_vocab_size` is the tokenizer's size, which sets the width of the grammars'
     bitmask rows (it may differ from V, the model's vocabulary, either way)."""
+    logits, bitmask = _penalised_and_masks(logits, reqs, grammar_vocab_size)
     device = logits.device
-    if any(r.params.has_penalties or len(r.output_ids) < r.params.min_tokens for r in reqs):
-        logits = logits.clone()
-        for row, r in enumerate(reqs):
-            _apply_penalties(logits[row], r)
     params = [r.params for r in reqs]
     temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
     top_k = torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device)
@@ -49,13 +46,6 @@ def sample(logits: torch.Tensor, reqs: list[Request], grammar_vocab_size: int) -
     seeds = torch.tensor(
         [step_seed(r.seed, len(r.output_ids)) for r in reqs], dtype=torch.int64, device=device
     )
-    bitmask = None
-    if any(r.matcher is not None for r in reqs):
-        bitmask = allocate_bitmask(len(reqs), grammar_vocab_size)
-        for row, r in enumerate(reqs):
-            if r.matcher is not None:
-                r.matcher.fill_bitmask(bitmask[row])
-        bitmask = bitmask.to(device)
     if logits.is_cuda:  # the fused kernel; it returns -1 for a row that allows no token
         ids = kernels.sample(logits, bitmask, temperature, top_k, top_p, min_p, seeds)[0].tolist()
         if -1 in ids:
@@ -71,6 +61,46 @@ def sample(logits: torch.Tensor, reqs: list[Request], grammar_vocab_size: int) -
         return logits.argmax(dim=-1).tolist()
     ids, _ = reference_sample(logits, bitmask, temperature, top_k, top_p, min_p, seeds)
     return ids.tolist()
+
+
+def sampling_probs(logits: torch.Tensor, r: Request, grammar_vocab_size: int) -> torch.Tensor:
+    """The distribution [V] `sample` draws r's next token from, given logits [V] (r must
+    sample, temperature > 0): penalties, grammar mask, temperature and filters applied."""
+    logits, bitmask = _penalised_and_masks(logits[None], [r], grammar_vocab_size)
+    if bitmask is not None:
+        logits = apply_bitmask(logits, bitmask)
+    p = r.params
+
+    def one(value, dtype) -> torch.Tensor:
+        return torch.tensor([value], dtype=dtype, device=logits.device)
+
+    kept = filtered_logprobs(
+        logits.float(),
+        one(p.temperature, torch.float32),
+        one(p.top_k, torch.int64),
+        one(p.top_p, torch.float32),
+        one(p.min_p, torch.float32),
+    )
+    return torch.softmax(kept[0], dim=-1)
+
+
+def _penalised_and_masks(
+    logits: torch.Tensor, reqs: list[Request], grammar_vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """logits with penalties and min_tokens applied (a copy when any applies), and the
+    grammars' bitmask rows (None when no request is constrained)."""
+    if any(r.params.has_penalties or len(r.output_ids) < r.params.min_tokens for r in reqs):
+        logits = logits.clone()
+        for row, r in enumerate(reqs):
+            _apply_penalties(logits[row], r)
+    bitmask = None
+    if any(r.matcher is not None for r in reqs):
+        bitmask = allocate_bitmask(len(reqs), grammar_vocab_size)
+        for row, r in enumerate(reqs):
+            if r.matcher is not None:
+                r.matcher.fill_bitmask(bitmask[row])
+        bitmask = bitmask.to(logits.device)
+    return logits, bitmask
 
 
 def _apply_penalties(logits: torch.Tensor, r: Request) -> None:

@@ -6,7 +6,7 @@ sure their KV slots exist (evicting cached prefixes, then preempting) before the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -14,6 +14,8 @@ from runtime.config import EngineConfig
 from runtime.kv_cache import KVPool
 from runtime.radix_cache import Node, RadixCache, common_prefix_length
 from runtime.request import Request, Status
+from runtime.spec.speculator import Speculator
+from runtime.spec.tree import DraftTree
 from runtime.stats import EngineStats
 
 # A waiting request whose prompt shares at least this many not-yet-cached tokens with a
@@ -26,19 +28,35 @@ MIN_SHARED_TOKENS = 8
 @dataclass
 class Batch:
     requests: list[Request]
-    num_new: list[int]  # tokens each request feeds in this step
+    num_new: list[int]  # tokens each request feeds in this step, draft tokens included
+    # A draft tree to verify after request i's last token (speculative decoding), or None.
+    drafts: list[DraftTree | None] = field(default_factory=list)
+
+    def draft(self, i: int) -> DraftTree | None:
+        return self.drafts[i] if i < len(self.drafts) else None
+
+    def num_known(self, i: int) -> int:
+        """Tokens of request i's own sequence fed this step (the rest are draft tokens)."""
+        draft = self.draft(i)
+        return self.num_new[i] - (len(draft) if draft is not None else 0)
 
     def samples(self, i: int) -> bool:
         """Does request i get a new token from this step (its feed completes)?"""
         r = self.requests[i]
-        return r.num_computed + self.num_new[i] == r.num_tokens and r.max_new_tokens > 0
+        return r.num_computed + self.num_known(i) == r.num_tokens and r.max_new_tokens > 0
 
 
 class Scheduler:
     def __init__(
-        self, config: EngineConfig, kv: KVPool, cache: RadixCache, stats: EngineStats
+        self,
+        config: EngineConfig,
+        kv: KVPool,
+        cache: RadixCache,
+        stats: EngineStats,
+        speculator: Speculator | None = None,
     ) -> None:
         self.config = config
+        self.speculator = speculator
         self.kv = kv
         self.cache = cache
         self.stats = stats  # preemptions and evicted_tokens are counted here
@@ -68,14 +86,19 @@ class Scheduler:
                 self._add_prefills(batch, budget)
                 if batch.requests:
                     self._last_step_prefilled = True
+                    self._attach_drafts(batch, budget - sum(batch.num_new))
                     return batch
             self._last_step_prefilled = False
             decodes = self._reserve_decode_slots(decodes)
-            return Batch(decodes, [1] * len(decodes)) if decodes else None
-        # Hybrid: every running decode gets its token, prefill chunks fill the rest.
+            batch = Batch(decodes, [1] * len(decodes))
+            self._attach_drafts(batch, budget - len(decodes))
+            return batch if decodes else None
+        # Hybrid: every running decode gets its token, prefill chunks fill the rest, draft
+        # tokens what is left (speculative work after the work that is sure to be needed).
         decodes = self._reserve_decode_slots(decodes)
         batch = Batch(decodes, [1] * len(decodes))
         self._add_prefills(batch, budget - len(decodes))
+        self._attach_drafts(batch, budget - sum(batch.num_new))
         return batch if batch.requests else None
 
     def finish(self, req: Request) -> None:
@@ -115,6 +138,25 @@ class Scheduler:
         for r in decodes:
             r.slots = torch.cat([r.slots, self.kv.allocate(1)])
         return decodes
+
+    def _attach_drafts(self, batch: Batch, budget: int) -> None:
+        """Draft trees, within `budget` tokens, for the batch's requests that sample after
+        output tokens (decodes, and requests feeding text a grammar forced: that text is
+        verified with the draft for free), with KV slots for their nodes; a draft whose slots
+        cannot be had without preempting is dropped."""
+        batch.drafts = [None] * len(batch.requests)
+        eligible = [i for i, r in enumerate(batch.requests) if r.output_ids and batch.samples(i)]
+        if self.speculator is None or not eligible or budget <= 0:
+            return
+        trees = self.speculator.propose([batch.requests[i] for i in eligible], budget)
+        for i, tree in zip(eligible, trees, strict=True):
+            if tree is None or len(tree) > budget or not self._make_room(len(tree)):
+                continue
+            r = batch.requests[i]
+            r.slots = torch.cat([r.slots, self.kv.allocate(len(tree))])
+            batch.drafts[i] = tree
+            batch.num_new[i] += len(tree)
+            budget -= len(tree)
 
     def _add_prefills(self, batch: Batch, budget: int) -> None:
         # Requests already part-way through their prefill continue first.

@@ -7,6 +7,7 @@ from collections import deque
 
 # Latency samples kept per metric: enough for stable p99s, bounded so memory stays flat.
 _WINDOW = 10_000
+SPEC_METHODS = ("ngram", "draft")
 
 
 class EngineStats:
@@ -21,6 +22,17 @@ class EngineStats:
         "preemptions",
         "evicted_tokens",
         "forward_steps",
+        # Speculative decoding: verification steps, draft tokens proposed and accepted, in
+        # all and per method (n-gram and draft model; a grammar's forced text inside a draft
+        # counts as proposed).
+        "spec_steps",
+        "spec_proposed_tokens",
+        "spec_accepted_tokens",
+        *(
+            f"spec_{m}_{c}"
+            for m in SPEC_METHODS
+            for c in ("steps", "proposed_tokens", "accepted_tokens")
+        ),
     )
 
     def __init__(self) -> None:
@@ -44,6 +56,11 @@ class EngineStats:
     def snapshot(self) -> dict:
         with self._lock:
             out: dict = dict(self.counters)
+            # Mean draft tokens accepted per verification step (the step's own token aside).
+            for prefix in ("spec", *(f"spec_{m}" for m in SPEC_METHODS)):
+                steps = out[f"{prefix}_steps"]
+                accepted = out[f"{prefix}_accepted_tokens"]
+                out[f"{prefix}_mean_accepted_length"] = accepted / steps if steps else None
             for name, values in self.latencies.items():
                 ordered = sorted(values)
                 for q in (50, 90, 99):

@@ -142,11 +142,14 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
-        """Next-token logits [N, V] (fp32) for the rows in batch.logits_indices."""
+    def forward(
+        self, batch: ForwardBatch, kv: KVPool, num_layers: int | None = None
+    ) -> torch.Tensor:
+        """Next-token logits [N, V] (fp32) for the rows in batch.logits_indices. With
+        `num_layers`, only the first layers run before the head (a self-draft)."""
         x = self.embed_tokens(batch.input_ids)  # (T, hidden)
         rope = self.rotary(batch.positions, x.dtype)
-        for layer in self.layers:
+        for layer in self.layers[:num_layers]:
             x = layer(x, batch, kv, rope)
         x = self.norm(x[batch.logits_indices])
         return self.lm_head(x).float()

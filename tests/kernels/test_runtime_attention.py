@@ -18,15 +18,26 @@ def pool(device: str) -> KVPool:
     return kv
 
 
+# A speculative batch: a draft tree (root, two children of it, a grandchild of the second),
+# a one-token decode and a plain 5-token prefill chunk.
+_TREE_PARENTS = [[-1, 0, 0, 2], None, None]
+
+
 @pytest.mark.parametrize(
-    "shapes", [[(20, 1), (30, 7), (12, 1)], [(20, 1), (70, 1)]], ids=["hybrid", "decode"]
+    ("shapes", "parents"),
+    [
+        ([(20, 1), (30, 7), (12, 1)], None),
+        ([(20, 1), (70, 1)], None),
+        ([(24, 4), (17, 1), (30, 5)], _TREE_PARENTS),
+    ],
+    ids=["hybrid", "decode", "tree"],
 )
-def test_kernel_path_equals_torch_path(device, shapes):
-    """shapes: (context length, new tokens) per sequence."""
+def test_kernel_path_equals_torch_path(device, shapes, parents):
+    """shapes: (context length, new tokens) per sequence; parents: draft-tree parents."""
     perm = torch.randperm(128, generator=torch.Generator().manual_seed(1))
     bounds = torch.tensor([0] + [total for total, _ in shapes]).cumsum(0).tolist()
     tables = [perm[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
-    batch = ForwardBatch.build([[0] * n for _, n in shapes], tables, device=device)
+    batch = ForwardBatch.build([[0] * n for _, n in shapes], tables, device=device, parents=parents)
     qo_indptr, kv_indptr = batch.indptr
     assert qo_indptr.tolist() == [0, *torch.tensor([n for _, n in shapes]).cumsum(0).tolist()]
     assert kv_indptr.tolist() == bounds
@@ -37,7 +48,7 @@ def test_kernel_path_equals_torch_path(device, shapes):
     v = torch.randn(num_tokens, 2, 16, generator=g).to(device)
     torch_kv, kernel_kv = pool("cpu"), pool(device)
     expected = paged_attention(
-        q.cpu(), k.cpu(), v.cpu(), torch_kv, 0, batch_on_cpu(shapes, tables), 0.25
+        q.cpu(), k.cpu(), v.cpu(), torch_kv, 0, batch_on_cpu(shapes, tables, parents), 0.25
     )
     out = _kernel_attention(q, k, v, kernel_kv, 0, batch, 0.25)
     torch.testing.assert_close(out.cpu(), expected, atol=1e-3, rtol=1e-3)
@@ -45,5 +56,5 @@ def test_kernel_path_equals_torch_path(device, shapes):
     assert torch.equal(kernel_kv.v[0].cpu(), torch_kv.v[0])
 
 
-def batch_on_cpu(shapes, tables) -> ForwardBatch:
-    return ForwardBatch.build([[0] * n for _, n in shapes], tables)
+def batch_on_cpu(shapes, tables, parents) -> ForwardBatch:
+    return ForwardBatch.build([[0] * n for _, n in shapes], tables, parents=parents)

@@ -1,0 +1,166 @@
+"""Speculator: the engine's side of speculative decoding.
+
+Each step the scheduler asks it for draft trees for the decoding requests; the engine
+verifies them (see Engine._verify) and reports back what was accepted. Here live the
+per-request state, the choice of draft length, the grammar pruning of drafts, and the stats.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from runtime.config import EngineConfig
+from runtime.spec.adaptive import MAX_ADAPTIVE_LENGTH, Acceptance, StepCost
+from runtime.spec.draft_model import DraftModelProposer
+from runtime.spec.ngram import NgramIndex
+from runtime.spec.tree import DraftTree
+from runtime.stats import EngineStats
+
+if TYPE_CHECKING:
+    from runtime.request import Request
+
+# A forced-token callable: the tokens that replace a just-accepted token plus whatever text
+# the grammar forces after it (GrammarService.forced_tokens).
+Forced = Callable[["Request", int], list[int]]
+
+
+@dataclass(eq=False)
+class SpecState:
+    """What speculation remembers about one request."""
+
+    acceptance: Acceptance = field(default_factory=Acceptance)
+    ngram: NgramIndex = field(default_factory=NgramIndex)
+    draft_ids: list[int] = field(default_factory=list)  # tokens whose draft-model KV exists
+    draft_slots: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
+
+
+class DraftMatcher:
+    """A request's grammar matcher walked along one draft path, then put back (`reset`).
+
+    A draft token the grammar refuses ends the path; text the grammar forces after a token
+    joins the path as free draft tokens (verification follows them like any other)."""
+
+    def __init__(self, r: Request, forced: Forced) -> None:
+        self.r, self.forced, self.accepted = r, forced, 0
+
+    def push(self, token: int) -> list[int] | None:
+        """The tokens the path takes for draft `token`: [token] plus any forced ones; None
+        when the grammar refuses it."""
+        m = self.r.matcher
+        if m is None or token in self.r.stop_ids:
+            return [token]
+        if m.is_terminated() or not m.accept_token(token):
+            return None
+        tokens = self.forced(self.r, token)  # the matcher has accepted exactly these
+        if tokens[0] != token:  # token merged with forced text into other tokens: drop it
+            m.rollback(len(tokens))
+            return None
+        self.accepted += len(tokens)
+        return tokens
+
+    def reset(self) -> None:
+        if self.accepted:
+            self.r.matcher.rollback(self.accepted)
+            self.accepted = 0
+
+
+class Speculator:
+    def __init__(
+        self,
+        config: EngineConfig,
+        stats: EngineStats,
+        forced: Forced,
+        draft: DraftModelProposer | None = None,
+    ) -> None:
+        self.method = config.spec_method
+        self.fixed_length = config.spec_draft_length
+        self.width = config.spec_tree_width
+        self.stats = stats
+        self.forced = forced
+        self.draft = draft
+        self.cost = StepCost()
+
+    def propose(self, reqs: list[Request], budget: int) -> list[DraftTree | None]:
+        """A draft tree (or None) per decoding request, at most `budget` tokens in all."""
+        extra = self.draft.seconds_per_step if self.draft is not None else 0.0
+        token_cost = self.cost.token_cost(len(reqs), extra)
+        lengths = []
+        for r in reqs:
+            if r.spec is None:
+                r.spec = SpecState()
+            limit = min(r.max_new_tokens - len(r.output_ids) - 1, max(budget, 0))
+            if self.fixed_length:
+                k = min(self.fixed_length, limit)
+            else:
+                k = r.spec.acceptance.choose_length(token_cost, min(MAX_ADAPTIVE_LENGTH, limit))
+            lengths.append(max(k, 0))
+            budget -= k  # a tree may hold more nodes than its depth: trimmed below
+        matchers = [DraftMatcher(r, self.forced) for r in reqs]
+        if self.draft is not None:
+            trees = self.draft.propose(reqs, lengths, matchers)
+            for m in matchers:
+                m.reset()
+        else:
+            trees = [
+                self._ngram(r, k, m) if k else None
+                for r, k, m in zip(reqs, lengths, matchers, strict=True)
+            ]
+        return trees
+
+    def _ngram(self, r: Request, length: int, matcher: DraftMatcher) -> DraftTree | None:
+        paths = []
+        for path in r.spec.ngram.propose(r.token_ids, length, self.width):
+            kept: list[int] = []
+            while len(kept) < len(path):
+                got = matcher.push(path[len(kept)])
+                if got is None:
+                    break
+                agrees = path[len(kept) : len(kept) + len(got)] == got
+                kept += got
+                if not agrees or got[-1] in r.stop_ids:
+                    break
+            matcher.reset()
+            if kept:
+                paths.append(kept)
+        if not paths:
+            return None
+        # Alternatives to the first candidate may add half as many nodes again: the chosen
+        # length prices the step's tokens, and alternatives are less likely to be right.
+        tree = DraftTree.from_paths(paths)
+        while len(tree) > len(paths[0]) + len(paths[0]) // 2 and len(paths) > 1:
+            paths.pop()
+            tree = DraftTree.from_paths(paths)
+        return tree
+
+    def record(self, r: Request, tree: DraftTree, accepted: int) -> None:
+        """A verification step kept `accepted` of `tree`'s nodes."""
+        depth = max(_depths(tree), default=0)
+        r.spec.acceptance.record(accepted, depth)
+        m = self.method
+        self.stats.add(
+            spec_steps=1,
+            spec_proposed_tokens=len(tree),
+            spec_accepted_tokens=accepted,
+            **{f"spec_{m}_steps": 1, f"spec_{m}_proposed_tokens": len(tree)},
+            **{f"spec_{m}_accepted_tokens": accepted},
+        )
+
+    def observe_step(self, tokens: int, seconds: float) -> None:
+        """A forward of the target over `tokens` new tokens took `seconds`."""
+        self.cost.observe(tokens, seconds)
+
+    def release(self, r: Request) -> None:
+        """r has finished: free what speculation held for it."""
+        if r.spec is not None and self.draft is not None:
+            self.draft.release(r)
+
+
+def _depths(tree: DraftTree) -> list[int]:
+    depths: list[int] = []
+    for parent in tree.parents:
+        depths.append(1 if parent < 0 else depths[parent] + 1)
+    return depths
