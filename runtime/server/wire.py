@@ -190,6 +190,10 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         for key, value in _SGLANG_FIXED.items():
             if fields.pop(key, value) != value:
                 raise BadRequest(f"sampling_params.{key} must be {value} on braid")
+        if fields.get("top_k") == -1:  # SGLang's "off"
+            fields["top_k"] = 0
+        if fields.pop("stop_regex", None):  # SGLang's frontend always sends it, empty
+            raise BadRequest("sampling_params.stop_regex is not supported by braid")
         for theirs, ours in _SGLANG_NAMES.items():
             if theirs in fields:
                 if ours in fields:

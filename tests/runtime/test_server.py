@@ -292,6 +292,35 @@ def test_bad_requests_get_400_with_a_message(server, body, message):
     assert message in r.json()["error"]["message"]
 
 
+def test_generate_takes_sglang_frontend_sampling_params(engine, server):
+    """The sampling_params SGLang's RuntimeEndpoint sends for a greedy gen: every field of its
+    frontend, top_k=-1 for off and an empty stop_regex included."""
+    frontend = {
+        "max_new_tokens": 12,
+        "min_new_tokens": 0,
+        "n": 1,
+        "stop": [],
+        "stop_token_ids": [],
+        "stop_regex": [],
+        "temperature": 0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "min_p": 0.0,
+        "frequency_penalty": 0.0,
+        "presence_penalty": 0.0,
+        "ignore_eos": False,
+        "regex": None,
+        "json_schema": None,
+    }
+    url = server.url + "/generate"
+    out = httpx.post(url, json={"text": "Once upon", "sampling_params": frontend})
+    assert out.status_code == 200, out.text
+    assert out.json()["text"] == engine.generate("Once upon", GREEDY).text
+    refused = {"text": "a", "sampling_params": {**frontend, "stop_regex": ["x+"]}}
+    r = httpx.post(url, json=refused)
+    assert r.status_code == 400 and "stop_regex" in r.text
+
+
 def test_bad_requests_on_the_native_and_chat_routes(server, client):
     bad = [
         {"text": "a", "sampling_params": {"max_new_tokens": -1}},
