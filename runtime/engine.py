@@ -160,12 +160,18 @@ class Engine:
             *(asyncio.wrap_future(self._compile(params)) for _, params in leaves)
         )
         done = [loop.create_future() for _ in leaves]
-        collectors = [
-            _Collector(lambda f=f: loop.call_soon_threadsafe(f.set_result, None)) for f in done
+        collectors = [_Collector(lambda f=f: loop.call_soon_threadsafe(_settle, f)) for f in done]
+        rids = [
+            rid
+            for (ids, params), c, g in zip(leaves, collectors, grammars, strict=True)
+            for rid in self._submit_n(ids, params, [c.add], priority, g)
         ]
-        for (ids, params), c, g in zip(leaves, collectors, grammars, strict=True):
-            self._submit_n(ids, params, [c.add], priority, g)
-        await asyncio.gather(*done)
+        try:
+            await asyncio.gather(*done)
+        except asyncio.CancelledError:  # the caller left: its requests go too
+            for rid in rids:
+                self.abort(rid)
+            raise
         return [c.result() for c in collectors]
 
     async def ascore(self, prefix: str, continuations: list[str]) -> list[list[float]]:
@@ -587,6 +593,12 @@ def _load_libc():
 
 
 _LIBC = _load_libc()
+
+
+def _settle(done: asyncio.Future) -> None:
+    """Mark an asyncio caller's leaf done, unless the caller was cancelled meanwhile."""
+    if not done.done():
+        done.set_result(None)
 
 
 class _Collector:

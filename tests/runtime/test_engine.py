@@ -11,6 +11,7 @@ import transformers
 from conftest import assert_no_kv_leak, wait_idle
 
 from runtime import Engine, SamplingParams
+from runtime.request_tree import TreeNode
 
 PROMPT = "The quick brown fox"
 
@@ -146,6 +147,33 @@ def test_abandoned_stream_frees_kv(tiny_engine):
     wait_idle(tiny_engine)
     assert tiny_engine.stats()["requests_aborted"] == aborted + 1
     assert tiny_engine.stats()["requests_finished"] == finished
+    assert_no_kv_leak(tiny_engine)
+
+
+def test_cancelled_tree_caller_aborts_its_leaves(tiny_engine):
+    aborted = tiny_engine.stats()["requests_aborted"]
+    finished = tiny_engine.stats()["requests_finished"]
+    long = greedy(max_tokens=480, ignore_eos=True)
+    tree = TreeNode(PROMPT, [TreeNode(" once", params=long), TreeNode(" twice", params=long)])
+    loop_errors = []
+
+    async def cancel_midway():
+        asyncio.get_running_loop().set_exception_handler(lambda _, ctx: loop_errors.append(ctx))
+        task = asyncio.create_task(tiny_engine.agenerate_tree(tree))
+        while tiny_engine.stats()["running_requests"] < 2:
+            await asyncio.sleep(0.001)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # Keep the loop running while the engine finishes the leaves and reports back.
+        while tiny_engine.stats()["running_requests"] or tiny_engine.stats()["waiting_requests"]:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+
+    asyncio.run(cancel_midway())
+    assert tiny_engine.stats()["requests_aborted"] == aborted + 2
+    assert tiny_engine.stats()["requests_finished"] == finished
+    assert loop_errors == []
     assert_no_kv_leak(tiny_engine)
 
 
