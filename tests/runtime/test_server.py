@@ -125,7 +125,7 @@ def test_response_format_json_schema_and_json_object(client):
 
 
 def test_extra_constraints_n_seed_and_logprobs(client):
-    out = client.completions.create(
+    seeded = dict(
         model="tiny",
         prompt="Code:",
         max_tokens=10,
@@ -133,16 +133,10 @@ def test_extra_constraints_n_seed_and_logprobs(client):
         seed=7,
         extra_body={"regex": r"[A-Z]{3}-[0-9]{2}"},
     )
+    out = client.completions.create(**seeded)
     assert len(out.choices) == 3
     assert all(re.fullmatch(r"[A-Z]{3}-[0-9]{2}", c.text) for c in out.choices)
-    again = client.completions.create(
-        model="tiny",
-        prompt="Code:",
-        max_tokens=10,
-        n=3,
-        seed=7,
-        extra_body={"regex": r"[A-Z]{3}-[0-9]{2}"},
-    )
+    again = client.completions.create(**seeded)
     assert [c.text for c in again.choices] == [c.text for c in out.choices]
     out = client.completions.create(
         model="tiny", prompt="Pick:", max_tokens=5, extra_body={"choices": ["red", "green"]}
