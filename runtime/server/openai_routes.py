@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -44,11 +45,11 @@ async def completions(request: Request) -> Response:
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": svc.model_name}
     prefix = [svc.engine.tokenizer.decode(ids) if req.echo else "" for ids in prompt_ids]
 
-    def logprobs(i: int, ids: list[int], meta: dict, echo: bool) -> dict | None:
+    def logprobs(i: int, ids: list[int], meta: dict) -> dict | None:
         if req.logprobs is None:
             return None
         tokens, lps, tops = [], [], []
-        if echo:
+        if req.echo:
             tokens += jobs[i][0]
             lps += [None, *meta.get("prompt_logprobs", [])]
             tops += [None] * len(jobs[i][0])
@@ -56,7 +57,7 @@ async def completions(request: Request) -> Response:
         lps += meta.get("logprobs", [])
         tops += [_top_by_text(svc, top) for top in meta.get("top_logprobs", [])]
         texts = svc.token_texts(tokens)
-        offsets = [sum(len(t) for t in texts[:k]) for k in range(len(texts))]
+        offsets = [0, *itertools.accumulate(len(t) for t in texts)][:-1]
         return {
             "tokens": texts,
             "token_logprobs": lps,
@@ -66,17 +67,15 @@ async def completions(request: Request) -> Response:
 
     if req.stream:
         out_ids: list[list[int]] = [[] for _ in jobs]
-        started = [False] * len(jobs)
 
         def render(i: int, chunk: StreamChunk) -> Iterable[dict]:
             text = chunk.text
-            if req.echo and not started[i]:
+            if req.echo and not out_ids[i]:  # the first chunk (every chunk is sent)
                 text = prefix[i // params.n] + text
-            started[i] = True
             out_ids[i] += chunk.token_ids
             lp = None
             if chunk.finish_reason is not None:  # the engine reports logprobs at the end
-                lp = logprobs(i, out_ids[i], chunk.meta or {}, req.echo)
+                lp = logprobs(i, out_ids[i], chunk.meta or {})
             choice = {
                 "index": i,
                 "text": text,
@@ -92,7 +91,7 @@ async def completions(request: Request) -> Response:
         {
             "index": i,
             "text": prefix[i // params.n] + out.text,
-            "logprobs": logprobs(i, out.token_ids, out.meta, req.echo),
+            "logprobs": logprobs(i, out.token_ids, out.meta),
             "finish_reason": out.finish_reason,
         }
         for i, out in enumerate(outs)
@@ -156,7 +155,9 @@ async def chat_completions(request: Request) -> Response:
             lp = None
             if chunk.finish_reason is not None:  # the engine reports logprobs at the end
                 lp = logprobs(out_ids[i], chunk.meta or {})
-            if chunk.text or chunk.finish_reason is not None:
+            # A chunk whose text is held back (a partial stop string, a split character)
+            # is still sent when it is the first: it carries the role.
+            if chunk.text or chunk.finish_reason is not None or "role" in delta:
                 choice = {
                     "index": i,
                     "delta": delta,

@@ -86,6 +86,21 @@ def test_chat_sync_and_streaming_agree_with_the_engine(engine, client):
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == direct.finish_reason
 
 
+def test_chat_stream_opens_with_the_role_when_the_first_text_is_held_back(engine, client):
+    messages = [{"role": "user", "content": "Tell me a story."}]
+    first = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=1, temperature=0
+    )
+    # A stop string the first token starts but the next one does not finish: the engine
+    # holds that token's text back, so its first chunk has no text.
+    held = first.choices[0].message.content + "\x01\x02"
+    stream = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=4, temperature=0, stop=[held], stream=True
+    )
+    chunks = [c for c in stream if c.choices]
+    assert chunks[0].choices[0].delta.role == "assistant"
+
+
 def test_completion_streaming(engine, client):
     stream = client.completions.create(
         model="tiny", prompt="Once upon", max_tokens=12, temperature=0, stream=True
