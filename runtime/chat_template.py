@@ -19,7 +19,7 @@ ROLES = ("system", "user", "assistant")
 _MARK = "\x00braid-marker-{}\x00"
 # Conversations a message of each role can follow in any template we know of.
 _BEFORE = {
-    "system": ([], [("user", "a"), ("assistant", "b")]),
+    "system": ([("user", "a"), ("assistant", "b")],),
     "user": ([("system", "a")], [("user", "a"), ("assistant", "b")]),
     "assistant": ([("system", "a"), ("user", "b")], [("user", "a")]),
 }

@@ -12,6 +12,12 @@ LLAMA3_LIKE = (
     "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>"
     "\n\n{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
 )
+# A first system message gets a preamble a later one does not (as Llama 3.1's date line).
+SYSTEM_PREAMBLE = (
+    "{% for m in messages %}{% if loop.first and m['role'] == 'system' %}"
+    "<|system|>Today: Monday.\n{{ m['content'] }}<|end|>"
+    "{% else %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endif %}{% endfor %}"
+)
 NO_SYSTEM = (
     "{% for m in messages %}{% if m['role'] == 'system' %}"
     "{{ raise_exception('system messages are not supported') }}{% endif %}"
@@ -65,6 +71,14 @@ def test_a_template_that_writes_bos_leaves_it_to_the_tokenizer(tokenizer, conver
     rendered = tok.apply_chat_template(messages, tokenize=False)
     assert rendered.startswith(tok.bos_token)
     assert _render(template, conversation) == rendered.removeprefix(tok.bos_token)
+
+
+def test_a_later_system_message_has_its_own_opening(tokenizer):
+    tok = _with_template(tokenizer, SYSTEM_PREAMBLE)
+    template = ChatTemplate.from_tokenizer(tok)
+    conversation = [("system", "Be brief."), ("user", "Hi"), ("system", "Now French.")]
+    messages = [{"role": r, "content": c} for r, c in conversation]
+    assert _render(template, conversation) == tok.apply_chat_template(messages, tokenize=False)
 
 
 def test_a_role_the_template_refuses_fails_when_used(tokenizer):
