@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from runtime.tokenizer import adds_bos
+
 # The roles a program can write messages in.
 ROLES = ("system", "user", "assistant")
 
@@ -51,8 +53,7 @@ class ChatTemplate:
             )
         # The engine encodes text with the tokenizer's special tokens (a BOS where it adds
         # one), so a BOS the template writes as text would appear twice.
-        bos = tokenizer.bos_token
-        adds_bos = bos is not None and tokenizer.encode("a")[:1] == [tokenizer.bos_token_id]
+        bos, strip_bos = tokenizer.bos_token, adds_bos(tokenizer)
 
         def render(messages: list[tuple[str, str]]) -> str | None:
             try:
@@ -61,7 +62,7 @@ class ChatTemplate:
                 )
             except Exception:  # a template may refuse an order of roles: try another
                 return None
-            return text.removeprefix(bos) if adds_bos else text
+            return text.removeprefix(bos) if strip_bos else text
 
         first_opening, opening, closing = {}, {}, {}
         for role in ROLES:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from runtime.radix_cache import common_prefix_length
 from runtime.request_tree import TreeNode
 from runtime.sampling_params import SamplingParams
+from runtime.tokenizer import adds_bos
 
 
 def score_tree(
@@ -36,7 +37,7 @@ def _document_start(tokenizer, eos_token_ids: set[int], prefix: str) -> list[int
     score) the document starts with BOS, or EOS where there is none."""
     if prefix:
         return []
-    if tokenizer.encode("a")[:1] == [tokenizer.bos_token_id]:
+    if adds_bos(tokenizer):
         return []  # encode adds it
     start = tokenizer.bos_token_id
     return [start if start is not None else min(eos_token_ids)]

@@ -16,6 +16,12 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
         raise ValueError(f"cannot load the tokenizer in {path}: {e}") from None
 
 
+def adds_bos(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether `tokenizer.encode` puts a BOS token before the text."""
+    bos = tokenizer.bos_token_id
+    return bos is not None and tokenizer.encode("a")[:1] == [bos]
+
+
 def eos_token_ids(path: Path, config: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> set[int]:
     """EOS ids from the model config, generation_config.json (Llama 3 lists several) and the
     tokenizer: any of them ends a request."""
