@@ -46,7 +46,6 @@ class _Snapshot:
     text: str
     messages: list[dict[str, str]]
     open_role: str | None
-    opening: str
     variables: dict[str, Any]
     metas: dict[str, dict]
 
@@ -69,7 +68,6 @@ class StreamExecutor:
         self.text = ""
         self.messages: list[dict[str, str]] = []
         self.open_role: str | None = None
-        self.opening = ""  # the chat-template text that opened the current message
         self.variables: dict[str, Any] = {}
         self.metas: dict[str, dict] = {}
         self.error: BaseException | None = None
@@ -258,12 +256,10 @@ class StreamExecutor:
     async def _(self, op: RoleBegin) -> None:
         if self.open_role is not None:
             raise ValueError(f"a {op.role} message cannot start inside a {self.open_role} one")
-        template = self.backend.chat_template
-        opening = template.begin(op.role, first=not self.messages)
-        self._append(opening)
+        self._append(self.backend.chat_template.begin(op.role, first=not self.messages))
         with self._cond:
             self.messages.append({"role": op.role, "content": ""})
-            self.open_role, self.opening = op.role, template.begin(op.role, first=False)
+            self.open_role = op.role
 
     @_run.register
     async def _(self, op: RoleEnd) -> None:
@@ -299,12 +295,14 @@ class StreamExecutor:
     @_run.register
     async def _(self, op: Select) -> None:
         choices = list(op.choices)
-        logprobs = await self.backend.score(self.text, choices)
-        unconditional = None
+        scoring = [self.backend.score(self.text, choices)]
         if needs_unconditional(op.method):
             # The choice's prior: its logprobs after only the current message's opening.
-            context = self.opening if self.open_role is not None else ""
-            unconditional = await self.backend.score(context, choices)
+            role = self.open_role
+            context = "" if role is None else self.backend.chat_template.begin(role, first=False)
+            scoring.append(self.backend.score(context, choices))
+        logprobs, *prior = await asyncio.gather(*scoring)  # one engine round trip
+        unconditional = prior[0] if prior else None
         scores = METHODS[op.method](logprobs, unconditional)
         best = max(range(len(choices)), key=lambda i: (scores[i], -i))
         self._append(choices[best], op.name)
@@ -320,7 +318,6 @@ class StreamExecutor:
                 self.text,
                 copy.deepcopy(self.messages),
                 self.open_role,
-                self.opening,
                 dict(self.variables),
                 dict(self.metas),
             )
@@ -331,11 +328,10 @@ class StreamExecutor:
     async def _(self, op: _Inherit) -> None:
         s: _Snapshot = await asyncio.wrap_future(op.parent)
         with self._cond:
-            self.text, self.messages, self.open_role, self.opening = (
+            self.text, self.messages, self.open_role = (
                 s.text,
                 copy.deepcopy(s.messages),
                 s.open_role,
-                s.opening,
             )
             self.variables.update(s.variables)
             self.metas.update(s.metas)

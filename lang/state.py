@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from interpreter.executor import StreamExecutor
-from interpreter.ir import Gen, Role, RoleBegin, RoleEnd, Select
+from interpreter.ir import Op, RoleBegin, RoleEnd
 
 
 class ProgramState:
@@ -22,7 +22,7 @@ class ProgramState:
         self._executor = executor
 
     def __iadd__(self, other: Any) -> ProgramState:
-        if not isinstance(other, str | Gen | Select | Role | RoleBegin | RoleEnd):
+        if not isinstance(other, Op):
             raise TypeError(
                 f"cannot append {type(other).__name__} to a program state; append text, "
                 "gen(...), select(...) or a role message"
