@@ -17,9 +17,7 @@ from interpreter.http import HttpClient
 from runtime.chat_template import ChatTemplate
 from runtime.outputs import GenerateOutput
 from runtime.sampling_params import SamplingParams
-
-# Reported through /generate's own fields (return_logprob, top_logprobs_num).
-_REPORTING = ("logprobs", "top_logprobs", "prompt_logprobs_from")
+from runtime.server.wire import SAMPLING_FIELDS
 
 
 class RemoteBackend:
@@ -40,9 +38,8 @@ class RemoteBackend:
     async def generate(
         self, prompt: str, params: SamplingParams, on_text: Callable[[str], None]
     ) -> GenerateOutput:
-        sampling = msgspec.to_builtins(params)
-        for name in _REPORTING:
-            del sampling[name]
+        # What is reported goes in /generate's own fields (return_logprob, top_logprobs_num).
+        sampling = {k: v for k, v in msgspec.to_builtins(params).items() if k in SAMPLING_FIELDS}
         body = {
             "text": prompt,
             "sampling_params": sampling,
