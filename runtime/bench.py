@@ -379,8 +379,9 @@ def bench_batch(args: argparse.Namespace) -> int:
     return 0
 
 
-def _rss_mb() -> float:
-    with open("/proc/self/status") as f:
+def _rss_mb(pid: int | str = "self") -> float:
+    """Resident memory of a process (this one by default), in MB."""
+    with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024

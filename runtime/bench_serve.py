@@ -97,11 +97,9 @@ class _Server:
         self.process.wait(60)
 
     def rss_mb(self) -> float:
-        with open(f"/proc/{self.process.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-        return float("nan")
+        from runtime.bench import _rss_mb
+
+        return _rss_mb(self.process.pid)
 
 
 def _prompt(rng: random.Random) -> str:
