@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 from runtime.engine import Engine
 from runtime.server import native_routes, openai_routes
 from runtime.server.service import ClientGone, Overloaded, Service
+from runtime.server.wire import error_body
 
 # Routes a load balancer or a scraper may call without the API key.
 _OPEN_PATHS = frozenset({"/health", "/metrics"})
@@ -49,11 +50,6 @@ def create_app(
     )
     app.state.service = Service(engine, model_name, max_queued_requests)
     return app
-
-
-def error_body(status: int, kind: str, message: str) -> dict:
-    """OpenAI's error shape, which its client turns into an exception with this message."""
-    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
 
 
 def _reply(status: int, kind: str):

@@ -10,6 +10,7 @@ from starlette.responses import StreamingResponse
 from runtime.outputs import StreamChunk
 from runtime.sampling_params import SamplingParams
 from runtime.server.service import Service, merged
+from runtime.server.wire import error_body
 
 DONE = b"data: [DONE]\n\n"
 
@@ -43,7 +44,7 @@ def event_stream(
                 if last is not None:
                     yield event(last(metas))
             except Exception as e:
-                yield event({"error": {"message": str(e), "type": "server_error", "code": 500}})
+                yield event(error_body(500, "server_error", str(e)))
             yield DONE
 
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

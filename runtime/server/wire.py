@@ -25,6 +25,11 @@ _REPORTING = {"logprobs", "top_logprobs", "prompt_logprobs_from"}
 SAMPLING_FIELDS = frozenset(f.name for f in msgspec.structs.fields(SamplingParams)) - _REPORTING
 
 
+def error_body(status: int, kind: str, message: str) -> dict:
+    """OpenAI's error shape, which its client turns into an exception with this message."""
+    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+
+
 def decode_object(body: bytes) -> dict[str, Any]:
     """The request body as a JSON object."""
     try:
