@@ -144,10 +144,12 @@ class Scheduler:
         output tokens (decodes, and requests feeding text a grammar forced: that text is
         verified with the draft for free), with KV slots for their nodes; a draft whose slots
         cannot be had without preempting is dropped."""
-        batch.drafts = [None] * len(batch.requests)
-        eligible = [i for i, r in enumerate(batch.requests) if r.output_ids and batch.samples(i)]
-        if self.speculator is None or not eligible or budget <= 0:
+        if self.speculator is None or budget <= 0:
             return
+        eligible = [i for i, r in enumerate(batch.requests) if r.output_ids and batch.samples(i)]
+        if not eligible:
+            return
+        batch.drafts = [None] * len(batch.requests)
         trees = self.speculator.propose([batch.requests[i] for i in eligible], budget)
         for i, tree in zip(eligible, trees, strict=True):
             if tree is None or len(tree) > budget or not self._make_room(len(tree)):
