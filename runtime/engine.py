@@ -385,6 +385,8 @@ class Engine:
                 started = time.perf_counter()
                 results = self.runner.run(batch)
                 if self.speculator is not None and all(r.is_decoding for r in batch.requests):
+                    if self.device.type == "cuda":  # a step that only verifies never waited
+                        torch.cuda.synchronize(self.device)
                     self.speculator.observe_step(sum(batch.num_new), time.perf_counter() - started)
                 self._process(batch, results)
                 worked = True

@@ -63,11 +63,12 @@ class DraftModelProposer:
             started = time.perf_counter()
             fb = ForwardBatch.build(feeds, tables, device=self.device)
             logits = self.forward(fb, self.kv)[:, : self.vocab_size]
+            depths = [len(trees[i]) for i in active]
+            tokens, probs = self._draw(logits, [reqs[i] for i in active], depths)
+            # Timed after the draw, which waits for the device (CUDA runs the forward async).
             if all(len(f) == 1 for f in feeds):  # catch-up feeds are not a draft step's cost
                 seconds = time.perf_counter() - started
                 self.seconds_per_step = 0.8 * self.seconds_per_step + 0.2 * seconds
-            depths = [len(trees[i]) for i in active]
-            tokens, probs = self._draw(logits, [reqs[i] for i in active], depths)
             feeds, still = [], []
             for row, i in enumerate(active):
                 r, x = reqs[i], tokens[row]
