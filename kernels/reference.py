@@ -133,10 +133,15 @@ def _sample_rows(
     returned logprob.
     """
     kept = filtered_logprobs(logits, temperature, top_k, top_p, min_p)
-    race = kept - torch.log(-torch.log(uniform_noise(seeds, kept.shape[1])))  # log(p / E)
-    sampled = race.argmax(dim=-1)
+    sampled = race(kept, seeds)
     chosen = kept.gather(1, sampled.unsqueeze(1)).squeeze(1)
     return sampled, chosen - kept.logsumexp(dim=-1)
+
+
+def race(logp: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    """The exponential race over unnormalised log-probabilities [B, V]: argmax log(p_i / E_i),
+    E_i = -log U_i with each row's noise from its seed. Returns the drawn ids [B]."""
+    return (logp - torch.log(-torch.log(uniform_noise(seeds, logp.shape[1])))).argmax(dim=-1)
 
 
 def filtered_logprobs(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels import reference
 from kernels.reference import uniform_noise
 
 
@@ -41,7 +42,5 @@ def rejection_sample(p: torch.Tensor, x: int, q: torch.Tensor, accept_seed: int,
 
 
 def race(probs: torch.Tensor, seed: int) -> int:
-    """A draw from unnormalised probs [V]: the exponential race argmax p_i / E_i (as the
-    sampling kernel draws, with its noise for `seed`)."""
-    noise = uniform_noise(torch.tensor([seed]), probs.numel())[0]
-    return int((probs.log() - torch.log(-torch.log(noise))).argmax())
+    """A draw from unnormalised probs [V], with the sampling kernel's race and noise."""
+    return int(reference.race(probs.log()[None], torch.tensor([seed]))[0])
