@@ -43,7 +43,7 @@ class NgramIndex:
                     continue  # the suffix itself
                 period = total - end
                 path = [tokens[end + i % period] for i in range(length)]
-                if not any(p[: len(path)] == path for p in paths):
+                if path not in paths:  # every path is `length` tokens long
                     paths.append(path)
                     if len(paths) == width:
                         return paths
