@@ -256,13 +256,16 @@ class Engine:
         done.wait()
 
     def stats(self) -> dict:
+        # The engine thread settles counters and KV before a request leaves the scheduler, so
+        # the request counts are read first: "nothing running" implies the rest is settled.
+        running, waiting = len(self.scheduler.running), len(self.scheduler.waiting)
         out = self._stats.snapshot()
         out.update(
             kv_slots_total=self.kv.num_slots,
             kv_slots_free=self.kv.num_free_slots,
             kv_slots_cached=self.cache.num_cached_tokens,
-            running_requests=len(self.scheduler.running),
-            waiting_requests=len(self.scheduler.waiting),
+            running_requests=running,
+            waiting_requests=waiting,
         )
         draft = self.speculator.draft if self.speculator is not None else None
         if draft is not None:  # the draft model's own pool: empty again once all are done
@@ -540,12 +543,9 @@ class Engine:
         tokens: list[int] | None = None,
         error: str | None = None,
     ) -> None:
-        """Release the request's KV, then send its last chunk (so a caller woken by it
-        sees the pool already settled)."""
-        self.scheduler.finish(r)
-        if self.speculator is not None:
-            self.speculator.release(r)
-        self._live.pop(r.rid, None)
+        """Count the request, release its KV, then send its last chunk: a caller woken by it,
+        or a `stats()` reader that sees it gone from the scheduler, sees the counters and the
+        pool already settled."""
         r.finish_reason = reason
         now = time.monotonic()
         if reason == "abort":
@@ -555,6 +555,10 @@ class Engine:
             self._stats.observe("e2e_s", now - r.arrival)
             if r.first_token_time is not None and len(r.output_ids) > 1:
                 self._stats.observe("tpot_s", (now - r.first_token_time) / (len(r.output_ids) - 1))
+        if self.speculator is not None:
+            self.speculator.release(r)
+        self.scheduler.finish(r)
+        self._live.pop(r.rid, None)
         meta = {
             "prompt_tokens": len(r.prompt_ids),
             "cached_tokens": r.num_cached_prompt_tokens,

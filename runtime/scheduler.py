@@ -104,8 +104,8 @@ class Scheduler:
     def finish(self, req: Request) -> None:
         """A finished or aborted request gives its KV to the cache and leaves."""
         if req in self.running:
+            self._release(req)  # before leaving `running`: see Engine.stats
             self.running.remove(req)
-            self._release(req)
         elif req in self.waiting:
             self.waiting.remove(req)
         req.status = Status.FINISHED
