@@ -371,15 +371,21 @@ def test_api_key(engine):
         server.stop()
 
 
-def test_a_client_that_leaves_aborts_its_request(engine, server, monkeypatch):
-    """Non-streaming: the server notices the closed connection while the engine works."""
+def slow_steps(engine, monkeypatch, seconds: float) -> None:
+    """Each engine step sleeps first, so long requests outlast a test's deadlines on any
+    machine."""
     run = engine.runner.run
 
-    def slow_run(batch):  # 400 steps then outlast the client's 0.5 s on any machine
-        time.sleep(0.01)
+    def slow_run(batch):
+        time.sleep(seconds)
         return run(batch)
 
     monkeypatch.setattr(engine.runner, "run", slow_run)
+
+
+def test_a_client_that_leaves_aborts_its_request(engine, server, monkeypatch):
+    """Non-streaming: the server notices the closed connection while the engine works."""
+    slow_steps(engine, monkeypatch, 0.01)  # 400 steps outlast the client's 0.5 s
     before = engine.stats()["requests_aborted"]
     body = {"prompt": "Once upon", "max_tokens": 400, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
@@ -389,7 +395,7 @@ def test_a_client_that_leaves_aborts_its_request(engine, server, monkeypatch):
     assert_no_kv_leak(engine)
 
 
-def test_queue_limit_answers_503(tiny_model_path):
+def test_queue_limit_answers_503(tiny_model_path, monkeypatch):
     engine = Engine(
         model=str(tiny_model_path),
         device="cpu",
@@ -397,13 +403,7 @@ def test_queue_limit_answers_503(tiny_model_path):
         max_kv_tokens=2048,
         max_running_requests=2,
     )
-    run = engine.runner.run
-
-    def slow_run(batch):  # so the held requests are still running when the third comes
-        time.sleep(0.02)
-        return run(batch)
-
-    engine.runner.run = slow_run
+    slow_steps(engine, monkeypatch, 0.02)  # the held requests still run when the third comes
     server = LiveServer(engine, max_queued_requests=0)  # room for 2 sequences
     try:
         body = {"prompt": "Once upon", "max_tokens": 400, "ignore_eos": True, "stream": True}
