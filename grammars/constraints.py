@@ -23,14 +23,20 @@ class JsonSchema:
     keys keep their order, since properties are generated in the schema's order; build it
     with `JsonSchema.of(dict_or_text)`. `whitespace` is the regex
     allowed between JSON tokens; the default allows none (compact output), which keeps
-    models from padding with endless newlines.
+    models from padding with endless newlines. `strict` (the default) writes an object's
+    unlisted properties only where the schema gives `additionalProperties` explicitly, as
+    XGrammar's strict mode does; `strict=False` follows the spec, where its absence allows
+    any (written after the listed ones).
     """
 
     schema: str
     whitespace: str | None = None
+    strict: bool = True
 
     @classmethod
-    def of(cls, schema: dict[str, Any] | str, whitespace: str | None = None) -> JsonSchema:
+    def of(
+        cls, schema: dict[str, Any] | str, whitespace: str | None = None, strict: bool = True
+    ) -> JsonSchema:
         if isinstance(schema, str):
             try:
                 schema = json.loads(schema)
@@ -38,7 +44,7 @@ class JsonSchema:
                 raise ValueError(f"json_schema is not valid JSON: {e}") from None
         if not isinstance(schema, (dict, bool)):
             raise ValueError(f"json_schema must be an object, got {type(schema).__name__}")
-        return cls(json.dumps(schema, separators=(",", ":")), whitespace)
+        return cls(json.dumps(schema, separators=(",", ":")), whitespace, strict)
 
 
 @dataclass(frozen=True)

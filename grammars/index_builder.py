@@ -32,7 +32,7 @@ def constraint_regex(constraint: Regex | JsonSchema | Choices) -> str:
         return "|".join(f"({escape(o)})" for o in constraint.options)
     from grammars.json_schema import schema_to_regex
 
-    return schema_to_regex(json.loads(constraint.schema), constraint.whitespace)
+    return schema_to_regex(json.loads(constraint.schema), constraint.whitespace, constraint.strict)
 
 
 @lru_cache(maxsize=4)

@@ -10,7 +10,7 @@ Keywords the spec does not define (`x-...`, `javaType`, typos) are annotations a
 as validators ignore them.
 
 Inside, a schema converts to a regex string, or to None when it admits no instance we can
-write (an unsatisfiable branch, or recursion past MAX_DEPTH): callers drop such options.
+write (an unsatisfiable branch, or $refs past the depth limit): callers drop such options.
 """
 
 from __future__ import annotations
@@ -18,16 +18,21 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
 from typing import Any
 
 from grammars.index_builder import escape
+from grammars.json_schema_oneof import exclusive_branches
 from grammars.json_schema_pattern import pattern_regex
 from grammars.json_schema_ranges import integer_regex, number_regex
 from grammars.json_schema_values import is_valid, json_equal
 from grammars.schema_errors import InvalidSchema, UnsupportedSchema
 
-MAX_DEPTH = 4  # recursive $refs unroll this deep; deeper instances cannot be generated
+# $refs are followed this deep (recursion unrolls); deeper instances cannot be generated.
+# A regex past REGEX_BUDGET characters is converted again one level shallower (down to
+# MIN_DEPTH): the index's build time and memory grow with its automaton.
+MAX_DEPTH = 4
+MIN_DEPTH = 2
+REGEX_BUDGET = 100_000
 MAX_REPEAT = 2048  # largest maxItems / maxProperties bound turned into a counted repetition
 MAX_REGEX_CHARS = 1_000_000  # a regex this long would not compile into a DFA in time
 
@@ -40,10 +45,16 @@ STRING = f'"{CHAR}*"'
 # Counted characters (minLength/maxLength) cost one automaton state per count, and the
 # index's build time grows with states times vocabulary: with escapes in the count, 16
 # characters take seconds. So counted characters are plain ones (no quote, backslash or
-# control character: stricter, hence safe), and a maxLength above MAX_STRING_CHARS
-# generates at most that many.
+# control character: stricter, hence safe), and a maxLength above the converter's cap
+# generates at most that many. Each counted character is one state that allows almost the
+# whole vocabulary, so the index grows by a vocabulary's worth of memory and time per state:
+# when a schema's counted characters pass COUNTED_BUDGET, the cap halves (down to
+# MIN_STRING_CHARS) until they fit, and the schema compiles with shorter long strings.
 PLAIN_CHAR = r'[^"\\\x00-\x1f]'
 MAX_STRING_CHARS = 256
+MIN_STRING_CHARS = 16
+COUNTED_BUDGET = 512
+_COUNTED = re.compile(re.escape(PLAIN_CHAR) + r"\{\d+,(\d+)\}")
 BOOLEAN = "(true|false)"
 NULL = "null"
 
@@ -95,7 +106,7 @@ TYPE_KEYWORDS = {
 GENERAL = {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "nullable", "not"}
 # Validation keywords a regex cannot enforce (or that we do not yet): refused by name.
 UNSUPPORTED = {
-    "dependencies", "dependentRequired", "dependentSchemas", "if",
+    "if",
     "uniqueItems", "contains", "minContains", "maxContains", "propertyNames", "$dynamicRef",
     "$recursiveRef",
 }  # fmt: skip
@@ -103,15 +114,49 @@ ALL_TYPES = tuple(TYPE_KEYWORDS)
 _TYPED = set().union(*TYPE_KEYWORDS.values())
 # Formats whose every string has a length in this range: length bounds around them hold.
 FORMAT_LENGTHS = {"date": (10, 10), "uuid": (36, 36), "ipv4": (7, 15)}
-_CONSTRAINING = GENERAL | _TYPED | UNSUPPORTED
+# Draft 4-7 `dependencies` (both forms) and their 2019-09 names: expanded into anyOf.
+DEPENDENCIES = ("dependencies", "dependentRequired", "dependentSchemas")
+MAX_DEPENDENCIES = 4  # each one doubles the alternatives
+_CONSTRAINING = GENERAL | _TYPED | UNSUPPORTED | set(DEPENDENCIES)
 _KEYED = ("properties", "patternProperties")  # name -> schema maps, merged by name
 
 
-def schema_to_regex(schema: dict[str, Any] | bool, whitespace: str | None = None) -> str:
-    regex = _Converter(schema, whitespace or "").convert(schema, "#", 0)  # bounds its size
-    if regex is None:
-        raise UnsupportedSchema("the schema admits no instance that can be generated")
-    return regex
+def schema_to_regex(
+    schema: dict[str, Any] | bool, whitespace: str | None = None, strict: bool = True
+) -> str:
+    depth, cap = MAX_DEPTH, MAX_STRING_CHARS
+    too_large = None
+    while True:
+        try:
+            converter = _Converter(schema, whitespace or "", cap, depth, strict)
+            regex = converter.convert(schema, "#", 0)
+        except _TooLarge as e:
+            if depth <= MIN_DEPTH:
+                raise
+            too_large, depth = too_large or e, depth - 1
+            continue
+        if regex is None:
+            raise too_large or UnsupportedSchema(
+                "the schema admits no instance that can be generated"
+            )
+        if len(regex) > REGEX_BUDGET and depth > MIN_DEPTH:
+            depth -= 1
+            continue
+        counted = sum(int(hi) for hi in _COUNTED.findall(regex))
+        if counted <= COUNTED_BUDGET or cap <= MIN_STRING_CHARS:
+            return regex
+        cap //= 2
+
+
+class _TooLarge(UnsupportedSchema):
+    pass
+
+
+# A pattern that is one character (class, escape or literal) repeated, anchored at both ends.
+_ONE_REPEATED = re.compile(
+    r"\^(\[(?:\\.|[^\]\\])+\]|\\[dwsDWS]|\.|[^\\^$.|?*+()\[\]{}])"
+    r"([+*]|\{\d+(?:,\d*)?\})\$"
+)
 
 
 def _alt(options: list[str | None]) -> str | None:
@@ -126,16 +171,26 @@ def _dump(value: Any) -> str:
 
 
 class _Converter:
-    def __init__(self, root: dict | bool, ws: str) -> None:
+    def __init__(
+        self,
+        root: dict | bool,
+        ws: str,
+        max_chars: int = MAX_STRING_CHARS,
+        depth: int = MAX_DEPTH,
+        strict: bool = True,
+    ) -> None:
         self.root = root
         self.ws = ws
+        self.strict = strict  # unlisted properties only where additionalProperties says so
+        self.max_chars = max_chars  # longest maxLength string written in full
+        self.max_depth = depth  # $refs followed
 
     # ---- dispatch --------------------------------------------------------------------
 
     def convert(self, schema: Any, path: str, depth: int) -> str | None:
         regex = self._convert(schema, path, depth)
         if regex is not None and len(regex) > MAX_REGEX_CHARS:
-            raise UnsupportedSchema(f"the schema's regex is too large at {path}")
+            raise _TooLarge(f"the schema's regex is too large at {path}")
         return regex
 
     def _convert(self, schema: Any, path: str, depth: int) -> str | None:
@@ -157,6 +212,8 @@ class _Converter:
             if rest:  # siblings of $ref apply too (2019-09; stricter than draft 7, so safe)
                 return self.allof({"allOf": [{"$ref": schema["$ref"]}, rest]}, path, depth)
             return self.ref(schema, path, depth)
+        if schema.keys() & set(DEPENDENCIES):
+            return self.dependent(schema, path, depth)
         for key in ("allOf", "anyOf", "oneOf"):
             if key in schema:
                 return getattr(self, key.lower())(schema, path, depth)
@@ -213,7 +270,7 @@ class _Converter:
         ref = schema["$ref"]
         if not isinstance(ref, str) or not ref.startswith("#"):
             raise UnsupportedSchema(f"only local '$ref's (#/...) are supported, got {ref!r}")
-        if depth >= MAX_DEPTH:
+        if depth >= self.max_depth:
             return None  # recursion this deep is not generated
         return self.convert(self.resolve(ref, path), ref, depth + 1)
 
@@ -221,20 +278,39 @@ class _Converter:
         return _alt(self.branches(schema, "anyOf", path, depth))
 
     def oneof(self, schema: dict, path: str, depth: int) -> str | None:
-        # Exactly-one is anyOf when no instance can match two branches. We prove that for
-        # each pair from cheap facts (types, discriminating constants, forbidden properties).
         subs = schema["oneOf"]
+        if not isinstance(subs, list) or not subs:
+            raise InvalidSchema(f"'oneOf' must be a non-empty list at {path}")
         rest = {k: v for k, v in schema.items() if k != "oneOf"}
-        facts = [self.branch_facts(sub, rest) for sub in (subs if isinstance(subs, list) else [])]
-        for j, b in enumerate(facts):
-            for i, a in enumerate(facts[:j]):
-                if not _disjoint(a, b):
-                    raise UnsupportedSchema(
-                        f"'oneOf' at {path}: branches {i} and {j} may both match one value "
-                        "(supported: branches of distinct types, or told apart by a required "
-                        "property's const/enum, or by a property one of them forbids)"
-                    )
-        return _alt(self.branches(schema, "oneOf", path, depth))
+        subs = exclusive_branches(subs, rest, self, path, depth)
+        return _alt(self.branches({**schema, "oneOf": subs}, "oneOf", path, depth))
+
+    def dependent(self, schema: dict, path: str, depth: int) -> str | None:
+        """Property dependencies as alternatives: for each one, either its property is
+        absent, or it is present with what it requires (more names, or a schema)."""
+        base = {k: v for k, v in schema.items() if k not in DEPENDENCIES}
+        rules: list[tuple[str, dict]] = []
+        for key in DEPENDENCIES:
+            table = schema.get(key, {})
+            if not isinstance(table, dict):
+                raise InvalidSchema(f"'{key}' must be an object at {path}")
+            for name, need in table.items():
+                if isinstance(need, list):
+                    if need:
+                        rules.append((name, {"required": [name, *need]}))
+                elif need is not True and need != {}:
+                    rules.append((name, {"allOf": [{"required": [name]}, need]}))
+        if len(rules) > MAX_DEPENDENCIES:
+            raise UnsupportedSchema(
+                f"{len(rules)} property dependencies at {path} (at most {MAX_DEPENDENCIES})"
+            )
+        if not rules:
+            return self.convert(base, path, depth)
+        variants = [base]
+        for name, present in rules:
+            absent = {"properties": {name: False}}
+            variants = [{"allOf": [v, extra]} for v in variants for extra in (absent, present)]
+        return self.convert({"anyOf": variants}, path, depth)
 
     def allof(self, schema: dict, path: str, depth: int) -> str | None:
         """All parts merged into one schema (exact for the keywords merged below)."""
@@ -288,7 +364,7 @@ class _Converter:
             raise InvalidSchema(f"'allOf' entries must be schemas at {path}")
         deepest = depth
         if "$ref" in schema:
-            if depth >= MAX_DEPTH:
+            if depth >= self.max_depth:
                 return None
             target = self.resolve(schema["$ref"], path)
             deepest = self.collect_parts(target, path, depth + 1, parts)
@@ -342,31 +418,12 @@ class _Converter:
             ]
         return [self.convert(sub, f"{path}/{key}/{i}", depth) for i, sub in enumerate(subs)]
 
-    def branch_facts(self, sub: Any, rest: dict) -> _Facts:
-        for _ in range(8):  # a chain of bare $refs
-            if isinstance(sub, dict) and set(sub) - ANNOTATIONS == {"$ref"}:
-                sub = self.resolve(sub["$ref"], "oneOf")
-        if not isinstance(sub, dict) or "$ref" in sub:
-            return _Facts(_as_numbers(ALL_TYPES), None, {}, set(), True)
-        values = None
-        if "const" in sub or "enum" in sub:
-            values = [sub["const"]] if "const" in sub else list(sub["enum"])
-        if values is not None:
-            types = {_json_type(v) for v in values}
-        elif any(k in sub for k in ("anyOf", "oneOf", "allOf", "not")) or (
-            "type" not in sub and "type" not in rest
-        ):
-            types = set(ALL_TYPES)
-        else:
-            types = set(self.declared_types({**rest, **sub}, "oneOf"))
-        props = {}
-        for name, prop in {**rest.get("properties", {}), **sub.get("properties", {})}.items():
-            if isinstance(prop, dict) and set(prop) - ANNOTATIONS == {"$ref"}:
-                prop = self.resolve(prop["$ref"], "oneOf")
-            props[name] = prop
-        required = set(rest.get("required", [])) | set(sub.get("required", []))
-        closed = sub.get("additionalProperties", rest.get("additionalProperties", True)) is False
-        return _Facts(_as_numbers(types), values, props, required, not closed)
+    def deref(self, schema: Any) -> Any:
+        """A chain of bare $refs followed to what it names."""
+        for _ in range(8):
+            if isinstance(schema, dict) and set(schema) - ANNOTATIONS == {"$ref"}:
+                schema = self.resolve(schema["$ref"], "#")
+        return schema
 
     def resolve(self, ref: str, path: str) -> Any:
         target = resolve_pointer(self.root, ref)
@@ -410,7 +467,7 @@ class _Converter:
             raise UnsupportedSchema(f"'format' together with 'pattern' at {path}")
         if pattern is not None:
             if (lo, hi) != (0, None):
-                raise UnsupportedSchema(f"length bounds with 'pattern' at {path}")
+                return self.counted_pattern(pattern, lo, hi, path)
             return f'"{pattern_regex(pattern, CHAR, path)}"'
         if fmt is not None:
             shortest, longest = FORMAT_LENGTHS.get(fmt, (1, None))
@@ -421,7 +478,31 @@ class _Converter:
             raise UnsupportedSchema(f"minLength {lo} at {path} exceeds {MAX_STRING_CHARS}")
         if hi is None:
             return f'"{PLAIN_CHAR}{{{lo}}}{CHAR}*"' if lo else STRING
-        return f'"{PLAIN_CHAR}{{{lo},{min(hi, MAX_STRING_CHARS)}}}"'
+        return f'"{PLAIN_CHAR}{{{lo},{min(hi, max(lo, self.max_chars))}}}"'
+
+    def counted_pattern(self, pattern: Any, lo: int, hi: int | None, path: str) -> str | None:
+        """Length bounds next to a pattern that is one repeated character (`^[a-z]+$`):
+        the two counts meet. Other patterns cannot be intersected with a length here."""
+        match = _ONE_REPEATED.fullmatch(pattern) if isinstance(pattern, str) else None
+        if match is None:
+            raise UnsupportedSchema(f"length bounds with 'pattern' at {path}")
+        atom, quantifier = match.groups()
+        if quantifier in ("+", "*"):
+            q_lo, q_hi = (1 if quantifier == "+" else 0), None
+        else:
+            low, comma, high = quantifier[1:-1].partition(",")
+            q_lo = int(low)
+            q_hi = int(high) if high else (None if comma else q_lo)
+        lo = max(lo, q_lo)
+        if q_hi is not None:
+            hi = q_hi if hi is None else min(hi, q_hi)
+        if lo > MAX_STRING_CHARS:
+            raise UnsupportedSchema(f"minLength {lo} at {path} exceeds {MAX_STRING_CHARS}")
+        if hi is not None and lo > hi:
+            return None
+        char = pattern_regex(f"^{atom}$", CHAR, path)  # one code point, encoded
+        top = "" if hi is None else min(hi, max(lo, self.max_chars))
+        return f'"{char}{{{lo},{top}}}"'
 
     def integer(self, schema: dict, path: str, depth: int) -> str | None:
         lo, hi = _integer_bounds(schema, path)
@@ -470,6 +551,10 @@ class _Converter:
                 continue
             members.append((f"{escape(_dump(name))}{w}:{w}{value}", name in required))
         lo, hi = schema.get("minProperties", 0), schema.get("maxProperties")
+        if not members and names:
+            # Every listed property is forbidden or cannot be written: only what is left is
+            # the empty object (a map here could write a forbidden name).
+            return rf"\{{{w}\}}" if lo == 0 else None
         if not members and patterns:
             # Keys written to match a pattern; a key may match several, so each value
             # obeys all of them (stricter when they do not overlap, hence safe).
@@ -492,7 +577,22 @@ class _Converter:
         num_required = sum(req for _, req in members)
         if lo > num_required or (hi is not None and hi < len(members)):
             raise UnsupportedSchema(f"'minProperties'/'maxProperties' at {path}")
+        extra = self.extras(schema) if not patterns and hi is None else None
+        if extra is not None:
+            # Unlisted properties after the listed ones, each under additionalProperties.
+            value = self.convert(extra, f"{path}/additionalProperties", depth)
+            if value is not None:
+                pair = f'"{_key_not_in(names)}"{w}:{w}{value}'
+                members.append((f"{pair}({w},{w}{pair})*", False))
         return rf"\{{{w}{_members(members, w)}{w}\}}"
+
+    def extras(self, schema: dict) -> Any:
+        """The schema of an object's unlisted properties where we write them, else None."""
+        for key in ("additionalProperties", "unevaluatedProperties"):
+            if key in schema:
+                extra = schema[key]
+                return None if extra in (False, None) or extra == {"not": {}} else extra
+        return None if self.strict else True
 
     def array(self, schema: dict, path: str, depth: int) -> str | None:
         w = self.ws
@@ -521,49 +621,6 @@ class _Converter:
         if any(p is None for p in parts):
             return None
         return rf"\[{w}" + f"{w},{w}".join(parts) + rf"{w}\]"
-
-
-@dataclass(frozen=True)
-class _Facts:
-    """What a oneOf branch says, enough to prove two branches never match one value."""
-
-    types: set[str]  # integer counted as number
-    values: list | None  # the branch is this enum/const
-    props: dict[str, Any]
-    required: set[str]
-    open: bool  # properties not in `props` allowed
-
-
-def _disjoint(a: _Facts, b: _Facts) -> bool:
-    if not a.types & b.types:
-        return True
-    if a.values is not None and b.values is not None:
-        return not any(json_equal(x, y) for x in a.values for y in b.values)
-    if a.types | b.types != {"object"}:
-        return False
-    for name in a.required & b.required:
-        x, y = _constants(a.props.get(name)), _constants(b.props.get(name))
-        if x is not None and y is not None and not any(json_equal(u, v) for u in x for v in y):
-            return True
-    for p, q in ((a, b), (b, a)):
-        for name in p.required:
-            if q.props.get(name) is False or (not q.open and name not in q.props):
-                return True
-    return False
-
-
-def _as_numbers(types) -> set[str]:
-    """Types with integer counted as number (an integer is a number)."""
-    return {"number" if t == "integer" else t for t in types}
-
-
-def _constants(schema: Any) -> list | None:
-    if isinstance(schema, dict):
-        if "const" in schema:
-            return [schema["const"]]
-        if isinstance(schema.get("enum"), list):
-            return schema["enum"]
-    return None
 
 
 def _intersect_types(a: Any, b: Any) -> list[str]:
@@ -603,23 +660,47 @@ def _search(pattern: str, name: str, path: str) -> bool:
 def _members(members: list[tuple[str, bool]], w: str) -> str:
     """Members in order, each optional one present or not, commas only between present ones.
 
-    first(i): what may follow when nothing was written yet; later(i): after something was.
-    later is linear; first branches on the first present member, and stops branching at the
-    first required one (it must be the first written or come after one).
+    Up to the first required member, `head` is "the members written so far, at least one":
+    head(k) = (head(k-1) (,m_k)? | m_k). Each member appears twice in it (bare when it is the
+    first written, with its comma when not), so the regex and its automaton grow linearly
+    with the members; branching on the first present member and repeating the rest after
+    each would copy every later member once per earlier one.
     """
     sep = f"{w},{w}"
-
-    def later(i: int) -> str:
-        return "".join(f"{sep}{m}" if req else f"({sep}{m})?" for m, req in members[i:])
-
-    options = []
+    head = None  # None: nothing written yet is possible
+    rest = len(members)
     for i, (m, req) in enumerate(members):
-        options.append(f"{m}{later(i + 1)}")
         if req:
+            head = m if head is None else f"({head}{sep}{m}|{m})"
+            rest = i + 1
             break
+        head = m if head is None else f"({head}({sep}{m})?|{m})"
     else:
-        options.append("")  # every member is optional: the empty object
-    return options[0] if len(options) == 1 else "(" + "|".join(f"({o})" for o in options) + ")"
+        return f"({head})?" if head is not None else ""  # every member optional: may be empty
+    later = "".join(f"{sep}{m}" if req else f"({sep}{m})?" for m, req in members[rest:])
+    return f"{head}{later}"
+
+
+def _key_not_in(names: list[str]) -> str:
+    """The content of a JSON key that is none of `names`, in plain characters: with no
+    escapes, no other spelling of a listed name can slip through."""
+    trie: dict = {}
+    for name in names:
+        if not any(c in '"\\' or ord(c) < 0x20 for c in name):
+            node = trie
+            for c in name:
+                node = node.setdefault(c, {})
+            node[None] = {}  # a name ends here
+
+    def below(node: dict) -> str:
+        chars = [c for c in node if c is not None]
+        options = [] if None in node else [""]
+        others = "".join(escape(c) for c in chars)
+        options.append(f'[^"\\\\\\x00-\\x1f{others}]{PLAIN_CHAR}*')
+        options += [f"{escape(c)}{below(node[c])}" for c in chars]
+        return "(" + "|".join(options) + ")"
+
+    return below(trie)
 
 
 def _sequence(
@@ -636,20 +717,6 @@ def _sequence(
     if lo == 0:
         body = f"({body})?"
     return f"{open_}{w}{body}{w}{close}"
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    return "array" if isinstance(value, list) else "object"
 
 
 def _check_bound(lo: Any, hi: Any, lo_name: str, hi_name: str, path: str) -> None:
