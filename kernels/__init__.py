@@ -1,4 +1,5 @@
-"""Triton kernels and their plain-PyTorch reference twins (`kernels.reference`).
+"""Triton kernels and their plain-PyTorch reference twins (`kernels.reference`); C++ kernels
+for the CPU path (`kernels.cpu`, built on first use with the system compiler).
 
 The Triton modules load on first use: `import kernels` stays cheap where there is no GPU, and
 TRITON_INTERPRET, which triton reads when a kernel is defined, can still be set before then.

@@ -180,6 +180,64 @@ def filtered_logprobs(
     return kept
 
 
+def add_rms_norm(
+    x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """residual += x (in place; skipped when x is None), then weight * rmsnorm(residual).
+
+    As transformers' LlamaRMSNorm: the variance in float32, the normalised value cast back to
+    the residual's dtype before the weight multiplies it. x, residual: [..., dim].
+    """
+    if x is not None:
+        residual.add_(x)
+    h = residual.float()
+    normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(residual.dtype)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for gate_up = [gate | up] along the last dimension."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
+def rope(
+    qkv: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> None:
+    """Rotate the q and k heads of qkv [T, (H + 2 Hkv) * D] in place, in the half-split layout:
+    (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) with cos/sin [P, D / 2] at each token's
+    position (in qkv's dtype, as transformers applies them)."""
+    head_dim = 2 * cos.shape[-1]
+    qk = qkv.view(qkv.shape[0], -1, head_dim)[:, : num_heads + num_kv_heads]  # (T, H+Hkv, D)
+    c = cos[positions].unsqueeze(1).to(qkv.dtype)  # (T, 1, D/2)
+    s = sin[positions].unsqueeze(1).to(qkv.dtype)
+    x1, x2 = qk.chunk(2, dim=-1)
+    qk.copy_(torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1))
+
+
+def rope_store_kv(
+    qkv: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+) -> None:
+    """`rope` on qkv, then its k and v heads written into `slots` of the pool [S, Hkv, D]."""
+    rope(qkv, num_heads, num_kv_heads, positions, cos, sin)
+    heads = qkv.view(qkv.shape[0], -1, k_cache.shape[-1])  # (T, H + 2 Hkv, D)
+    kv = heads[:, num_heads:]
+    store_kv(kv[:, :num_kv_heads], kv[:, num_kv_heads:], k_cache, v_cache, slots)
+
+
 def store_kv(
     k: torch.Tensor,
     v: torch.Tensor,

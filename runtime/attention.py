@@ -2,40 +2,52 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 import kernels
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_cache import KVPool
 
-# Below this many leading slots shared by all decode rows, gathering them per row costs less
-# than scoring them separately.
+if TYPE_CHECKING:
+    from runtime.models.ops import LayerOps
+
+# Below this many leading slots shared by all decode rows, reading them per row costs less
+# than scoring them once for all rows in one matmul.
 _MIN_SHARED_PREFIX = 16
 
 
 def paged_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    kv: KVPool,
-    layer: int,
-    batch: ForwardBatch,
-    scale: float,
+    q: torch.Tensor, kv: KVPool, layer: int, batch: ForwardBatch, scale: float, ops: LayerOps
 ) -> torch.Tensor:
-    """Store the new k/v in their slots, then attend each sequence to its whole context.
+    """Attend each new token to its sequence's context, whose K/V (the new tokens' included)
+    are already in the pool: the Triton kernels on CUDA, else the CPU kernels' decode for
+    one-token rows (when built) and torch ops for the rest.
 
-    q: [T, H, D]; k, v: [T, Hkv, D]. Returns [T, H * D].
+    q: [T, H, D] (tokens may be strided, heads packed). Returns [T, H * D].
     """
     if q.is_cuda:
-        return _kernel_attention(q, k, v, kv, layer, batch, scale)
+        return _kernel_attention(q, kv, layer, batch, scale)
     k_cache, v_cache = kv.k[layer], kv.v[layer]
-    k_cache.index_copy_(0, batch.out_slots, k)
-    v_cache.index_copy_(0, batch.out_slots, v)
-    out = torch.empty_like(q)
+    out = torch.empty(q.shape, dtype=q.dtype)
     if batch.decode_rows.numel():
-        out[batch.decode_rows] = _decode_attention(
-            q[batch.decode_rows], k_cache, v_cache, batch, scale
-        )
+        if ops.decode_attention is not None and batch.decode_shared_len < _MIN_SHARED_PREFIX:
+            ops.decode_attention(
+                q,
+                k_cache,
+                v_cache,
+                out,
+                batch.decode_rows,
+                batch.decode_kv_starts,
+                batch.decode_kv_lens,
+                batch.kv_indices,
+                scale,
+            )
+        else:
+            out[batch.decode_rows] = _decode_attention(
+                q[batch.decode_rows], k_cache, v_cache, batch, scale
+            )
     if batch.tree_rows.numel():
         out[batch.tree_rows[batch.tree_row_valid]] = _tree_attention(
             q, k_cache, v_cache, batch, scale
@@ -58,19 +70,12 @@ def paged_attention(
 
 
 def _kernel_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    kv: KVPool,
-    layer: int,
-    batch: ForwardBatch,
-    scale: float,
+    q: torch.Tensor, kv: KVPool, layer: int, batch: ForwardBatch, scale: float
 ) -> torch.Tensor:
     """paged_attention with the Triton kernels: split-K decode when every sequence has one new
     token, else one extend launch for the whole (possibly hybrid) batch; draft trees go
     through the extend kernel's mask."""
     k_cache, v_cache = kv.k[layer], kv.v[layer]
-    kernels.store_kv(k, v, k_cache, v_cache, batch.out_slots)
     qo_indptr, kv_indptr = batch.indptr
     if batch.decode_rows.numel() == len(batch.extend_lens):
         out = kernels.decode_attention(q, k_cache, v_cache, kv_indptr, batch.kv_indices, scale)

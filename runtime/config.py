@@ -34,6 +34,9 @@ class EngineConfig:
     # limits (a schema that would hang or exhaust memory fails its request instead).
     grammar_compile_timeout_s: float = 30.0
     grammar_compile_memory_mb: int = 2048
+    # CPU: run norms, the activation, RoPE and decode attention in the C++ kernels
+    # (kernels/cpu.cpp, built once with the system compiler; torch ops when none is found).
+    cpu_kernels: bool = True
     # Append the text a grammar forces (e.g. a JSON key) without a forward per token.
     jump_forward: bool = True
     # Speculative decoding (runtime/spec): "none"; "ngram" drafts continuations found in the

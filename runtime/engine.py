@@ -72,7 +72,8 @@ class Engine:
 
     def _setup(self, path) -> None:
         mc, dtype = self.model_config, self.config.torch_dtype
-        model_ = load_model(path, mc, dtype, self.device)
+        model_ = load_model(path, mc, dtype, self.device, self.config.cpu_kernels)
+        log.info("model ops: %s", model_.ops.name)
         per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype)
         num_slots = self.config.kv_pool_tokens(per_token)
         self.kv = KVPool(mc.num_layers, num_slots, mc.num_kv_heads, mc.head_dim, dtype, self.device)

@@ -28,6 +28,8 @@ class ForwardBatch:
     # Sequences with one new token (decodes) are attended together on the CPU path: their
     # rows of T, their slot tables padded to the longest, and which padded entries are real.
     decode_rows: torch.Tensor  # [Bd]
+    decode_kv_starts: torch.Tensor  # [Bd] where each one's slots start in kv_indices
+    decode_kv_lens: torch.Tensor  # [Bd] and how many there are
     decode_kv_index: torch.Tensor  # [Bd, Lmax]
     decode_kv_valid: torch.Tensor  # [Bd, 1, 1, Lmax] bool
     # Leading slots every decode sequence shares (a common few-shot or system prompt): their
@@ -116,6 +118,7 @@ class ForwardBatch:
         for i, b in enumerate(decodes):
             kv_index[i, : seq_lens[b]] = slot_tables[b]
         lens = torch.tensor([seq_lens[b] for b in decodes], dtype=torch.int64)
+        kv_starts = torch.tensor([0, *seq_lens[:-1]], dtype=torch.int64).cumsum(0)
         kv_valid = (torch.arange(longest)[None, :] < lens[:, None])[:, None, None, :]
         same = (kv_index == kv_index[:1]) & kv_valid[:, 0, 0]  # (Bd, Lmax)
         shared_len = int(same.all(0).int().cumprod(0).sum()) if len(decodes) > 1 else 0
@@ -143,6 +146,8 @@ class ForwardBatch:
             seq_lens=seq_lens,
             logits_indices=torch.tensor(rows, dtype=torch.int64, device=device),
             decode_rows=row_starts[decodes].to(device),
+            decode_kv_starts=kv_starts[decodes].to(device),
+            decode_kv_lens=lens.to(device),
             decode_kv_index=kv_index.to(device),
             decode_kv_valid=kv_valid.to(device),
             decode_shared_len=shared_len,

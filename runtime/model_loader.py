@@ -12,6 +12,7 @@ from transformers import AutoConfig
 
 from runtime.default_model import INSTALL_HINT, default_model_dir
 from runtime.models import LlamaForCausalLM, ModelConfig
+from runtime.models.ops import layer_ops
 
 
 def resolve_model_dir(model: str | Path | None) -> Path:
@@ -38,8 +39,14 @@ def load_model_config(path: Path) -> ModelConfig:
 
 
 def load_model(
-    path: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device
+    path: Path,
+    config: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    cpu_kernels: bool = True,
 ) -> LlamaForCausalLM:
+    """The model on `device` in `dtype`; on the CPU its small ops run in the C++ kernels
+    unless `cpu_kernels` is False (or they cannot be built here)."""
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     model = model.to_empty(device=device).to(dtype)
@@ -48,6 +55,7 @@ def load_model(
     # Rope tables are computed, not loaded, and stay fp32 whatever the weights' dtype.
     model.rotary.float().reset()
     model.load_hf_weights(_read_safetensors(path))
+    model.ops = layer_ops(device, dtype, cpu_kernels)
     return model.eval().requires_grad_(False)
 
 

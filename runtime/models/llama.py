@@ -8,33 +8,34 @@ q/k/v and gate/up are fused into one matmul each.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from runtime.attention import paged_attention
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_cache import KVPool
 from runtime.models.config import ModelConfig
+from runtime.models.ops import TORCH_OPS, LayerOps
 
 
 class RMSNorm(nn.Module):
+    """Holds the weight; LayerOps.add_rms_norm applies it (fused with the residual add)."""
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 as the reference does, then cast back before the weight.
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
-
-
-Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin: (T, 1, D/2) each
+    def forward(self, x: torch.Tensor, ops: LayerOps, residual: torch.Tensor | None = None):
+        """weight * rmsnorm(x); with `residual`, x is first added into it (in place) and the
+        sum is normalised."""
+        if residual is None:
+            return ops.add_rms_norm(None, x, self.weight, self.eps)
+        return ops.add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class Rotary(nn.Module):
-    """cos/sin tables for every position, applied in the half-split (non-interleaved) layout."""
+    """cos/sin tables for every position (float32, [max_position, head_dim / 2]), applied in
+    the half-split (non-interleaved) layout by LayerOps.rope_store_kv."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -58,19 +59,6 @@ class Rotary(nn.Module):
         self.sin.copy_(freqs.sin() * scale)
         return self
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
-        """cos/sin for these positions, each (T, 1, D/2), in the model's dtype as transformers
-        applies them (once per forward, shared by all layers)."""
-        cos = self.cos[positions].unsqueeze(1).to(dtype)
-        return cos, self.sin[positions].unsqueeze(1).to(dtype)
-
-
-def apply_rope(x: torch.Tensor, rope: Rope) -> torch.Tensor:
-    """Rotate x (T, heads, D) in the half-split layout."""
-    cos, sin = rope
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-
 
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int) -> None:
@@ -90,17 +78,28 @@ class Attention(nn.Module):
         self.qk_norm = config.qk_norm
         self.scale = self.head_dim**-0.5
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool, rope: Rope) -> torch.Tensor:
-        qkv = self.qkv_proj(x)
-        qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
-        qk = qk.view(-1, self.num_heads + self.num_kv_heads, self.head_dim)  # (T, H+Hkv, D)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
+    def forward(
+        self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool, rotary: Rotary, ops: LayerOps
+    ) -> torch.Tensor:
+        qkv = self.qkv_proj(x)  # (T, (H + 2 Hkv) * D)
+        heads = qkv.view(qkv.shape[0], -1, self.head_dim)  # (T, H + 2 Hkv, D)
         if self.qk_norm:
-            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-            qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=1)
-        # q and k rotated in one go: same positions, same tables.
-        q, k = apply_rope(qk, rope).split([self.num_heads, self.num_kv_heads], dim=1)
-        out = paged_attention(q, k, v, kv, self.layer, batch, self.scale)
+            q, k = heads[:, : self.num_heads], heads[:, self.num_heads : -self.num_kv_heads]
+            q.copy_(self.q_norm(q, TORCH_OPS))
+            k.copy_(self.k_norm(k, TORCH_OPS))
+        # q and k rotated in place, k and v written into this layer's slots.
+        ops.rope_store_kv(
+            qkv,
+            self.num_heads,
+            self.num_kv_heads,
+            batch.positions,
+            rotary.cos,
+            rotary.sin,
+            kv.k[self.layer],
+            kv.v[self.layer],
+            batch.out_slots,
+        )
+        out = paged_attention(heads[:, : self.num_heads], kv, self.layer, batch, self.scale, ops)
         return self.o_proj(out)
 
 
@@ -111,9 +110,8 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:
+        return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -124,9 +122,24 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool, rope: Rope) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), batch, kv, rope)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(
+        self,
+        x: torch.Tensor | None,
+        residual: torch.Tensor,
+        batch: ForwardBatch,
+        kv: KVPool,
+        rotary: Rotary,
+        ops: LayerOps,
+    ) -> torch.Tensor:
+        """The residual stream is updated in place: the previous layer's output `x` (None for
+        the first layer) is added into it before each norm. Returns this layer's MLP output,
+        which the next layer (or the final norm) adds."""
+        if x is None:
+            h = self.input_layernorm(residual, ops)
+        else:
+            h = self.input_layernorm(x, ops, residual)
+        h = self.post_attention_layernorm(self.self_attn(h, batch, kv, rotary, ops), ops, residual)
+        return self.mlp(h, ops)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -140,6 +153,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        self.ops = TORCH_OPS  # the loader picks them for the device and dtype of the weights
 
     @torch.inference_mode()
     def forward(
@@ -147,11 +161,13 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """Next-token logits [N, V] (fp32) for the rows in batch.logits_indices. With
         `num_layers`, only the first layers run before the head (a self-draft)."""
-        x = self.embed_tokens(batch.input_ids)  # (T, hidden)
-        rope = self.rotary(batch.positions, x.dtype)
+        residual = self.embed_tokens(batch.input_ids)  # (T, hidden)
+        x = None
         for layer in self.layers[:num_layers]:
-            x = layer(x, batch, kv, rope)
-        x = self.norm(x[batch.logits_indices])
+            x = layer(x, residual, batch, kv, self.rotary, self.ops)
+        # Only the rows whose logits are wanted go through the last add and norm.
+        rows = batch.logits_indices
+        x = self.norm(x[rows], self.ops, residual[rows])
         return self.lm_head(x).float()
 
     def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:

@@ -150,7 +150,7 @@ def load_draft_proposer(config, target, tokenizer, vocab_size: int, num_slots: i
                 f"EngineConfig.draft_model: {path} has {mc.vocab_size} vocabulary rows, "
                 f"the target samples from {vocab_size}"
             )
-        forward = load_model(path, mc, dtype, device)
+        forward = load_model(path, mc, dtype, device, config.cpu_kernels)
         layers = mc.num_layers
     kv = KVPool(layers, num_slots, mc.num_kv_heads, mc.head_dim, dtype, device)
     return DraftModelProposer(forward, kv, vocab_size, len(tokenizer), device)

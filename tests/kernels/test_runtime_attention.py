@@ -1,17 +1,23 @@
-"""runtime.attention's kernel path (taken on CUDA) against its torch path on one ForwardBatch."""
+"""runtime.attention's paths on one ForwardBatch against the twin of the extend kernel: the
+torch path and the C++ kernels' decode (CPU), and the Triton kernels (CUDA, or triton's
+interpreter on the CPU)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from kernels import reference
 from runtime.attention import _kernel_attention, paged_attention
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_cache import KVPool
+from runtime.models.ops import TORCH_OPS, layer_ops
+
+NUM_SLOTS = 160
 
 
 def pool(device: str) -> KVPool:
-    kv = KVPool(1, 128, 2, 16, torch.float32, device)
+    kv = KVPool(1, NUM_SLOTS, 2, 16, torch.float32, device)
     g = torch.Generator().manual_seed(0)
     kv.k[0].copy_(torch.randn(kv.k[0].shape, generator=g))
     kv.v[0].copy_(torch.randn(kv.v[0].shape, generator=g))
@@ -21,40 +27,58 @@ def pool(device: str) -> KVPool:
 # A speculative batch: a draft tree (root, two children of it, a grandchild of the second),
 # a one-token decode and a plain 5-token prefill chunk.
 _TREE_PARENTS = [[-1, 0, 0, 2], None, None]
+CASES = {
+    "hybrid": ([(20, 1), (30, 7), (12, 1)], None, 0),
+    "decode": ([(20, 1), (70, 1)], None, 0),
+    "tree": ([(24, 4), (17, 1), (30, 5)], _TREE_PARENTS, 0),
+    # Decodes whose first 20 slots are the same (a shared few-shot prompt).
+    "shared-prefix": ([(26, 1), (31, 1), (22, 1)], None, 20),
+}
 
 
-@pytest.mark.parametrize(
-    ("shapes", "parents"),
-    [
-        ([(20, 1), (30, 7), (12, 1)], None),
-        ([(20, 1), (70, 1)], None),
-        ([(24, 4), (17, 1), (30, 5)], _TREE_PARENTS),
-    ],
-    ids=["hybrid", "decode", "tree"],
-)
-def test_kernel_path_equals_torch_path(device, shapes, parents):
-    """shapes: (context length, new tokens) per sequence; parents: draft-tree parents."""
-    perm = torch.randperm(128, generator=torch.Generator().manual_seed(1))
-    bounds = torch.tensor([0] + [total for total, _ in shapes]).cumsum(0).tolist()
-    tables = [perm[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
-    batch = ForwardBatch.build([[0] * n for _, n in shapes], tables, device=device, parents=parents)
-    qo_indptr, kv_indptr = batch.indptr
-    assert qo_indptr.tolist() == [0, *torch.tensor([n for _, n in shapes]).cumsum(0).tolist()]
-    assert kv_indptr.tolist() == bounds
+def batch_and_inputs(name: str, device: str):
+    shapes, parents, shared = CASES[name]
+    perm = torch.randperm(NUM_SLOTS, generator=torch.Generator().manual_seed(1)).tolist()
+    prefix, rest = perm[:shared], perm[shared:]
+    tables = []
+    for total, _ in shapes:
+        own, rest = rest[: total - shared], rest[total - shared :]
+        tables.append(torch.tensor(prefix + own))
+    new = [[0] * n for _, n in shapes]
+    batch = ForwardBatch.build(new, tables, device=device, parents=parents)
     g = torch.Generator().manual_seed(2)
     num_tokens = sum(n for _, n in shapes)
-    q = torch.randn(num_tokens, 4, 16, generator=g).to(device)
-    k = torch.randn(num_tokens, 2, 16, generator=g).to(device)
-    v = torch.randn(num_tokens, 2, 16, generator=g).to(device)
-    torch_kv, kernel_kv = pool("cpu"), pool(device)
-    expected = paged_attention(
-        q.cpu(), k.cpu(), v.cpu(), torch_kv, 0, batch_on_cpu(shapes, tables, parents), 0.25
+    qkv = torch.randn(num_tokens, 8, 16, generator=g)  # 4 query heads, then k, v (2 each)
+    return batch, qkv[:, :4], qkv[:, 4:6], qkv[:, 6:]
+
+
+def expected_output(batch: ForwardBatch, q, k, v) -> tuple[torch.Tensor, KVPool]:
+    kv = pool("cpu")
+    reference.store_kv(k, v, kv.k[0], kv.v[0], batch.out_slots)
+    qo_indptr, kv_indptr = batch.indptr
+    out = reference.extend_attention(
+        q, kv.k[0], kv.v[0], qo_indptr, kv_indptr, batch.kv_indices, 0.25, batch.kernel_tree_mask
     )
-    out = _kernel_attention(q, k, v, kernel_kv, 0, batch, 0.25)
+    return out.flatten(1), kv
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("cpu_kernels", [False, True], ids=["torch", "cpu-kernels"])
+def test_cpu_paths_equal_the_twin(name, cpu_kernels):
+    ops = layer_ops(torch.device("cpu"), torch.float32, cpu_kernels)
+    if cpu_kernels and ops is TORCH_OPS:
+        pytest.skip("the CPU kernels cannot be built here")
+    batch, q, k, v = batch_and_inputs(name, "cpu")
+    expected, kv = expected_output(batch, q, k, v)
+    out = paged_attention(q, kv, 0, batch, 0.25, ops)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["hybrid", "decode", "tree"])
+def test_kernel_path_equals_the_twin(device, name):
+    batch, q, k, v = batch_and_inputs(name, device)
+    expected, _ = expected_output(batch_and_inputs(name, "cpu")[0], q, k, v)
+    kv = pool(device)
+    reference.store_kv(k.to(device), v.to(device), kv.k[0], kv.v[0], batch.out_slots)
+    out = _kernel_attention(q.to(device), kv, 0, batch, 0.25)
     torch.testing.assert_close(out.cpu(), expected, atol=1e-3, rtol=1e-3)
-    assert torch.equal(kernel_kv.k[0].cpu(), torch_kv.k[0])
-    assert torch.equal(kernel_kv.v[0].cpu(), torch_kv.v[0])
-
-
-def batch_on_cpu(shapes, tables, parents) -> ForwardBatch:
-    return ForwardBatch.build([[0] * n for _, n in shapes], tables, parents=parents)

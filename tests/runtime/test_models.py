@@ -1,4 +1,5 @@
-"""Our forward against transformers' on tiny random models of every supported architecture."""
+"""Our forward against transformers' on tiny random models of every supported architecture,
+with the CPU kernels (kernels/cpu.cpp) and with their torch twins."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ from runtime.model_loader import load_model, load_model_config
 
 VARIANTS = ["llama", "llama3-rope", "mistral", "qwen2", "qwen3"]
 TOL = 1e-4
+OPS = pytest.mark.parametrize("cpu_kernels", [True, False], ids=["cpu-kernels", "torch"])
 
 
-def load_both(path):
+def load_both(path, cpu_kernels: bool):
     config = load_model_config(path)
-    ours = load_model(path, config, torch.float32, torch.device("cpu"))
+    ours = load_model(path, config, torch.float32, torch.device("cpu"), cpu_kernels)
+    assert (ours.ops.name == "cpu-kernels") == cpu_kernels  # the kernels build on CI machines
     ref = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     kv = KVPool(config.num_layers, 1024, config.num_kv_heads, config.head_dim, torch.float32, "cpu")
     return config, ours, ref, kv
@@ -35,9 +38,10 @@ def random_slots(kv: KVPool, n: int) -> torch.Tensor:
     return keep
 
 
+@OPS
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_prefill_logits_match_transformers(make_tiny_model, variant):
-    config, ours, ref, kv = load_both(make_tiny_model(variant))
+def test_prefill_logits_match_transformers(make_tiny_model, variant, cpu_kernels):
+    config, ours, ref, kv = load_both(make_tiny_model(variant), cpu_kernels)
     ids = torch.randint(0, config.vocab_size, (40,), generator=torch.Generator().manual_seed(1))
     ids = ids.tolist()
     slots = random_slots(kv, len(ids))
@@ -46,10 +50,11 @@ def test_prefill_logits_match_transformers(make_tiny_model, variant):
     torch.testing.assert_close(got, reference_logits(ref, ids), atol=TOL, rtol=0)
 
 
+@OPS
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_chunked_prefill_and_decode_match_transformers(make_tiny_model, variant):
+def test_chunked_prefill_and_decode_match_transformers(make_tiny_model, variant, cpu_kernels):
     """Prefill in two chunks over a cached prefix, then decode token by token."""
-    config, ours, ref, kv = load_both(make_tiny_model(variant))
+    config, ours, ref, kv = load_both(make_tiny_model(variant), cpu_kernels)
     gen = torch.Generator().manual_seed(2)
     ids = torch.randint(0, config.vocab_size, (30,), generator=gen).tolist()
     expected = reference_logits(ref, ids)
@@ -63,10 +68,11 @@ def test_chunked_prefill_and_decode_match_transformers(make_tiny_model, variant)
         torch.testing.assert_close(got, expected[start:end], atol=TOL, rtol=0)
 
 
+@OPS
 @pytest.mark.parametrize("variant", ["llama", "qwen3"])
-def test_ragged_batch_matches_sequences_alone(make_tiny_model, variant):
+def test_ragged_batch_matches_sequences_alone(make_tiny_model, variant, cpu_kernels):
     """One forward over a prefill, a chunk over a cached prefix and a decode token."""
-    config, ours, ref, kv = load_both(make_tiny_model(variant))
+    config, ours, ref, kv = load_both(make_tiny_model(variant), cpu_kernels)
     gen = torch.Generator().manual_seed(3)
     seqs = [torch.randint(0, config.vocab_size, (n,), generator=gen).tolist() for n in (9, 21, 14)]
     new_counts = [9, 6, 1]  # fresh prefill; extend over a 15-token prefix; one decode token
@@ -100,10 +106,11 @@ def test_kv_pool_allocate_and_free():
     assert sorted(kv.allocate(8).tolist()) == list(range(8))
 
 
+@OPS
 @pytest.mark.parametrize("variant", ["llama", "qwen3"])
-def test_decode_rows_sharing_a_prefix_match_transformers(make_tiny_model, variant):
+def test_decode_rows_sharing_a_prefix_match_transformers(make_tiny_model, variant, cpu_kernels):
     """Several decode rows over one shared prefix (read once for all rows) and own tails."""
-    config, ours, ref, kv = load_both(make_tiny_model(variant))
+    config, ours, ref, kv = load_both(make_tiny_model(variant), cpu_kernels)
     gen = torch.Generator().manual_seed(4)
     prefix = torch.randint(0, config.vocab_size, (40,), generator=gen).tolist()
     tails = [torch.randint(0, config.vocab_size, (n,), generator=gen).tolist() for n in (1, 5, 9)]

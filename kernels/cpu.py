@@ -1,0 +1,247 @@
+"""The CPU kernels of kernels/cpu.cpp: built once with the system C++ compiler, called through
+ctypes. Their twins in kernels/reference.py define what they compute.
+
+`load()` builds the library into ~/.cache/braid/kernels (keyed by the source, the compiler
+and this CPU, since it is compiled for the CPU it runs on) and returns a `CpuKernels`, or None
+when there is no compiler or the build fails: callers then use the twins.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu.cpp")
+_FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fopenmp"]
+_FLAGS += ["-shared", "-fPIC", "-std=c++17"]
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
+_P = ctypes.c_void_p
+_I64 = ctypes.c_int64
+_INT = ctypes.c_int
+_ARGTYPES = {
+    "add_rms_norm": [_P, _P, _P, _P, _I64, _I64, ctypes.c_float, _INT],
+    "silu_mul": [_P, _P, _I64, _I64, _INT],
+    "rope_store_kv": [_P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _INT],
+    "decode_attention": [_P, _I64, _P, _P, _P, _P, _P, _P, _P]
+    + [_I64, _I64, _I64, _I64, ctypes.c_float, _INT],
+}
+
+_lock = threading.Lock()
+_loaded: dict[Path, CpuKernels | None] = {}
+
+
+def load(build_dir: Path | None = None) -> CpuKernels | None:
+    """The kernels, built on first use (a few seconds, once per machine); None when they
+    cannot be built here (the reason is logged once)."""
+    build_dir = build_dir or Path.home() / ".cache" / "braid" / "kernels"
+    with _lock:
+        if build_dir not in _loaded:
+            _loaded[build_dir] = _build_and_load(build_dir)
+        return _loaded[build_dir]
+
+
+def _build_and_load(build_dir: Path) -> CpuKernels | None:
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        log.warning("no C++ compiler found: the CPU path uses torch ops instead of its kernels")
+        return None
+    try:
+        path = _build(Path(compiler), build_dir)
+        return CpuKernels(ctypes.CDLL(str(path)))
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("CPU kernels unavailable (%s): the CPU path uses torch ops instead", e)
+        return None
+
+
+def _build(compiler: Path, build_dir: Path) -> Path:
+    version = subprocess.run(
+        [compiler, "--version"], capture_output=True, text=True, check=True
+    ).stdout
+    key = hashlib.sha256(
+        b"\0".join(
+            s.encode() for s in [SOURCE.read_text(), version, " ".join(_FLAGS), _cpu_signature()]
+        )
+    ).hexdigest()[:16]
+    target = build_dir / f"braid_cpu_{key}.so"
+    if target.is_file():
+        return target
+    build_dir.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    # Built under a temporary name and renamed into place: concurrent builders (bench
+    # subprocesses, test workers) never load a half-written library.
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=build_dir)
+    os.close(fd)
+    try:
+        result = subprocess.run(
+            [compiler, *_FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True
+        )
+        if result.returncode != 0:
+            raise subprocess.SubprocessError(
+                f"{compiler.name} failed: {result.stderr.strip()[-2000:]}"
+            )
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    log.info("built CPU kernels %s in %.1f s", target, time.perf_counter() - start)
+    return target
+
+
+def _cpu_signature() -> str:
+    """What -march=native compiles for: the CPU's model and flags."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [x for x in f if x.startswith(("model name", "flags"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor()
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+class CpuKernels:
+    """Typed entry points over the library, with the signatures of their twins in
+    kernels.reference (decode_attention excepted: it writes the rows of a hybrid batch)."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._fns = {}
+        for name, argtypes in _ARGTYPES.items():
+            for suffix in _SUFFIX.values():
+                fn = getattr(lib, f"{name}_{suffix}")
+                fn.argtypes, fn.restype = argtypes, None
+                self._fns[name, suffix] = fn
+
+    def supports(self, dtype: torch.dtype) -> bool:
+        return dtype in _SUFFIX
+
+    def _fn(self, name: str, dtype: torch.dtype):
+        return self._fns[name, _SUFFIX[dtype]]
+
+    def add_rms_norm(
+        self,
+        x: torch.Tensor | None,
+        residual: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+    ) -> torch.Tensor:
+        """residual += x (in place; skipped when x is None), then weight * rmsnorm(residual).
+        x, residual: [rows, dim]; weight: [dim]."""
+        _check(residual.dtype, data=[residual, weight, x])
+        rows, dim = residual.shape
+        out = torch.empty_like(residual)
+        self._fn("add_rms_norm", residual.dtype)(
+            _ptr(x), _ptr(residual), _ptr(weight), _ptr(out), rows, dim, eps, _threads()
+        )
+        return out
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up for gate_up = [gate | up], [rows, 2 * dim] -> [rows, dim]."""
+        _check(gate_up.dtype, data=[gate_up])
+        rows, dim = gate_up.shape[0], gate_up.shape[1] // 2
+        out = gate_up.new_empty(rows, dim)
+        self._fn("silu_mul", gate_up.dtype)(_ptr(gate_up), _ptr(out), rows, dim, _threads())
+        return out
+
+    def rope_store_kv(
+        self,
+        qkv: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+        positions: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slots: torch.Tensor,
+    ) -> None:
+        """Rotate the q and k heads of qkv [T, (H + 2 Hkv) * D] in place at `positions` (cos/sin
+        tables [P, D / 2], float32), then write k and v into `slots` of the pool [S, Hkv, D]."""
+        _check(qkv.dtype, data=[qkv, k_cache, v_cache], index=[positions, slots])
+        _check(torch.float32, data=[cos, sin])
+        head_dim = k_cache.shape[-1]
+        self._fn("rope_store_kv", qkv.dtype)(
+            _ptr(qkv),
+            _ptr(positions),
+            _ptr(cos),
+            _ptr(sin),
+            _ptr(k_cache),
+            _ptr(v_cache),
+            _ptr(slots),
+            qkv.shape[0],
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            _threads(),
+        )
+
+    def decode_attention(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        out: torch.Tensor,
+        rows: torch.Tensor,
+        kv_starts: torch.Tensor,
+        kv_lens: torch.Tensor,
+        kv_indices: torch.Tensor,
+        scale: float,
+    ) -> None:
+        """Attention of one query token per row: q[rows[i]] ([T, H, D]; tokens may be strided,
+        heads packed) over the slots kv_indices[kv_starts[i]:kv_starts[i] + kv_lens[i]] of the
+        pool [S, Hkv, D], written into out[rows[i]] ([T, H, D], contiguous); other rows of out
+        are left alone. As kernels.reference.decode_attention on those rows."""
+        _check(q.dtype, data=[k_cache, v_cache, out], index=[rows, kv_starts, kv_lens, kv_indices])
+        tokens, num_heads, head_dim = q.shape
+        if q.device.type != "cpu" or q.stride(2) != 1 or q.stride(1) != head_dim:
+            raise ValueError("decode_attention: q's heads must be packed [H, D] per token")
+        self._fn("decode_attention", q.dtype)(
+            _ptr(q),
+            q.stride(0),
+            _ptr(k_cache),
+            _ptr(v_cache),
+            _ptr(out),
+            _ptr(rows),
+            _ptr(kv_starts),
+            _ptr(kv_lens),
+            _ptr(kv_indices),
+            rows.numel(),
+            num_heads,
+            k_cache.shape[1],
+            head_dim,
+            scale,
+            _threads(),
+        )
+
+
+def _threads() -> int:
+    return torch.get_num_threads()
+
+
+def _check(
+    dtype: torch.dtype, data: list[torch.Tensor | None], index: list[torch.Tensor] = ()
+) -> None:
+    """The library reads raw pointers: every tensor must be a contiguous CPU tensor of the
+    type the entry point was chosen for (data) or int64 (indices)."""
+    if dtype not in _SUFFIX:
+        raise ValueError(f"CPU kernels take float32 or bfloat16 tensors, got {dtype}")
+    for t, want in [(t, dtype) for t in data if t is not None] + [(t, torch.int64) for t in index]:
+        if t.device.type != "cpu" or not t.is_contiguous() or t.dtype != want:
+            raise ValueError(
+                f"CPU kernels take contiguous CPU {want} tensors here, got a "
+                f"{'contiguous ' if t.is_contiguous() else ''}{t.device} {t.dtype} tensor"
+            )

@@ -1,0 +1,57 @@
+"""LayerOps: the decoder's small fused operations, from the backend that runs them.
+
+On the CPU the C++ kernels (kernels/cpu.cpp) when they build here, else their torch twins;
+on CUDA the twins' torch ops for the norm and the activation, and the Triton KV store after
+the rotary embedding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+import kernels
+from kernels import cpu, reference
+
+
+@dataclass(frozen=True)
+class LayerOps:
+    add_rms_norm: Callable[..., torch.Tensor]  # as kernels.reference.add_rms_norm
+    silu_mul: Callable[[torch.Tensor], torch.Tensor]  # as kernels.reference.silu_mul
+    rope_store_kv: Callable[..., None]  # as kernels.reference.rope_store_kv
+    # kernels.cpu.CpuKernels.decode_attention, or None: runtime.attention's own paths.
+    decode_attention: Callable[..., None] | None = None
+    name: str = "torch"
+
+
+# The twins: the CPU path without the C++ kernels, and per-head norms on strided views.
+TORCH_OPS = LayerOps(reference.add_rms_norm, reference.silu_mul, reference.rope_store_kv)
+
+
+def layer_ops(device: torch.device, dtype: torch.dtype, cpu_kernels: bool = True) -> LayerOps:
+    if device.type == "cuda":
+        return LayerOps(reference.add_rms_norm, reference.silu_mul, _rope_then_store, name="cuda")
+    lib = cpu.load() if cpu_kernels else None
+    if lib is not None and lib.supports(dtype):
+        return LayerOps(
+            lib.add_rms_norm, lib.silu_mul, lib.rope_store_kv, lib.decode_attention, "cpu-kernels"
+        )
+    return TORCH_OPS
+
+
+def _rope_then_store(
+    qkv: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+) -> None:
+    reference.rope(qkv, num_heads, num_kv_heads, positions, cos, sin)
+    heads = qkv.view(qkv.shape[0], -1, k_cache.shape[-1])[:, num_heads:]  # (T, 2 Hkv, D)
+    kernels.store_kv(heads[:, :num_kv_heads], heads[:, num_kv_heads:], k_cache, v_cache, slots)

@@ -1,0 +1,149 @@
+"""The C++ CPU kernels (kernels/cpu.cpp) against their twins in kernels.reference."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from kernels import cpu, reference
+
+DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+# One bf16 rounding step apart at most: the kernels round where the twins do, but sum squares
+# and dot products in another order.
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=1e-2, rtol=8e-3)}
+
+
+@pytest.fixture(scope="module")
+def lib() -> cpu.CpuKernels:
+    kernels = cpu.load()
+    assert kernels is not None, "the CPU kernels must build wherever a C++ compiler is found"
+    return kernels
+
+
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def threads(request):
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+def randn(*shape, dtype=torch.float32, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+@DTYPES
+@pytest.mark.parametrize("with_residual", [False, True], ids=["norm", "add-norm"])
+def test_add_rms_norm(lib, threads, dtype, with_residual):
+    x, weight = randn(37, 96, dtype=dtype), randn(96, dtype=dtype, seed=1)
+    residual = randn(37, 96, dtype=dtype, seed=2) * 3
+    ref_residual = residual.clone()
+    got = lib.add_rms_norm(x if with_residual else None, residual, weight, 1e-5)
+    want = reference.add_rms_norm(x if with_residual else None, ref_residual, weight, 1e-5)
+    torch.testing.assert_close(residual, ref_residual, atol=0, rtol=0)  # the add rounds alike
+    torch.testing.assert_close(got, want, **TOL[dtype])
+
+
+@DTYPES
+def test_silu_mul(lib, threads, dtype):
+    # Large magnitudes too: exp's clamps and the tails of silu.
+    gate_up = torch.cat([randn(40, 256, dtype=dtype) * 4, randn(40, 256, dtype=dtype, seed=1)], 0)
+    gate_up[0, :8] = torch.tensor([-200.0, -90.0, -30.0, -1e-3, 0.0, 1e-3, 30.0, 200.0])
+    torch.testing.assert_close(lib.silu_mul(gate_up), reference.silu_mul(gate_up), **TOL[dtype])
+
+
+@DTYPES
+def test_rope_store_kv(lib, threads, dtype):
+    heads, kv_heads, head_dim, tokens = 6, 2, 32, 11
+    qkv = randn(tokens, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
+    angles = torch.arange(64)[:, None] * 0.37 ** torch.arange(head_dim // 2)[None, :]
+    cos, sin = angles.cos() * 1.1, angles.sin() * 1.1  # a scaled table, as yarn's
+    positions = torch.randperm(64, generator=torch.Generator().manual_seed(3))[:tokens]
+    slots = torch.randperm(40, generator=torch.Generator().manual_seed(4))[:tokens]
+    caches = [randn(40, kv_heads, head_dim, dtype=dtype, seed=s) for s in (5, 6)]
+    ref_qkv, ref_caches = qkv.clone(), [c.clone() for c in caches]
+    lib.rope_store_kv(qkv, heads, kv_heads, positions, cos, sin, *caches, slots)
+    reference.rope_store_kv(ref_qkv, heads, kv_heads, positions, cos, sin, *ref_caches, slots)
+    torch.testing.assert_close(qkv, ref_qkv, **TOL[dtype])
+    for got, want in zip(caches, ref_caches, strict=True):
+        torch.testing.assert_close(got, want, **TOL[dtype])
+    untouched = torch.ones(40, dtype=torch.bool)
+    untouched[slots] = False
+    assert torch.equal(
+        caches[0][untouched], randn(40, kv_heads, head_dim, dtype=dtype, seed=5)[untouched]
+    )
+
+
+@DTYPES
+@pytest.mark.parametrize(
+    "heads, kv_heads, head_dim",
+    [(4, 2, 16), (6, 1, 64), (3, 3, 8)],
+    ids=["gqa", "mqa-d64", "mha-d8"],
+)
+def test_decode_attention(lib, threads, dtype, heads, kv_heads, head_dim):
+    """Decode rows of a hybrid batch: some rows of q are not decodes and stay untouched; q is
+    a strided view of qkv, as the model passes it."""
+    lengths = [1, 7, 70, 33]
+    rows = torch.tensor([0, 3, 4, 9])  # rows 1, 2 and 5-8 belong to a prefill chunk
+    tokens = 10
+    qkv = randn(tokens, heads + 2 * kv_heads, head_dim, dtype=dtype)
+    q = qkv[:, :heads]
+    k_cache = randn(200, kv_heads, head_dim, dtype=dtype, seed=1)
+    v_cache = randn(200, kv_heads, head_dim, dtype=dtype, seed=2)
+    indices = torch.randperm(200, generator=torch.Generator().manual_seed(3))[: sum(lengths)]
+    starts = torch.tensor([0, *lengths[:-1]]).cumsum(0)
+    out = torch.full((tokens, heads, head_dim), 7.0, dtype=dtype)
+    lib.decode_attention(
+        q, k_cache, v_cache, out, rows, starts, torch.tensor(lengths), indices, 0.3
+    )
+    indptr = torch.tensor([0, *lengths]).cumsum(0)
+    want = reference.decode_attention(q[rows], k_cache, v_cache, indptr, indices, 0.3)
+    torch.testing.assert_close(out[rows], want, **TOL[dtype])
+    others = torch.ones(tokens, dtype=torch.bool)
+    others[rows] = False
+    assert bool((out[others] == 7.0).all())
+
+
+def test_results_do_not_depend_on_the_thread_count(lib):
+    """Each row is computed by one thread whole: the same bits with 1 or 2 threads."""
+    q = randn(64, 4, 16)
+    k_cache, v_cache = randn(512, 2, 16, seed=1), randn(512, 2, 16, seed=2)
+    lengths = torch.randint(1, 8, (64,), generator=torch.Generator().manual_seed(3))
+    starts = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)[:-1]])
+    indices = torch.randperm(512)[: int(lengths.sum())]
+    outs = []
+    before = torch.get_num_threads()
+    for n in (1, 2):
+        torch.set_num_threads(n)
+        out = torch.empty_like(q)
+        lib.decode_attention(
+            q, k_cache, v_cache, out, torch.arange(64), starts, lengths, indices, 0.25
+        )
+        outs.append(out)
+    torch.set_num_threads(before)
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_bad_inputs_are_refused_by_name(lib):
+    x = randn(4, 8)
+    with pytest.raises(ValueError, match="contiguous CPU torch.float32"):
+        lib.add_rms_norm(None, x.t(), randn(4), 1e-5)
+    with pytest.raises(ValueError, match="got .*torch.float32"):
+        lib.add_rms_norm(None, x.to(torch.bfloat16), randn(8), 1e-5)  # weight of another type
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        lib.silu_mul(x.double())
+    with pytest.raises(ValueError, match="torch.int64"):
+        lib.decode_attention(
+            randn(1, 2, 4), randn(3, 1, 4), randn(3, 1, 4), randn(1, 2, 4),
+            torch.tensor([0], dtype=torch.int32), torch.tensor([0]), torch.tensor([1]),
+            torch.tensor([0]), 1.0,
+        )  # fmt: skip
+
+
+def test_without_a_compiler_load_returns_none(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    with caplog.at_level(logging.WARNING, logger="kernels.cpu"):
+        assert cpu.load(tmp_path / "build") is None
+    assert "CPU kernels unavailable" in caplog.text
