@@ -153,7 +153,7 @@ void decode_attention(const T* q, int64_t q_stride, const T* k_cache, const T* v
   const int64_t group = heads / kv_heads;
   const int64_t kv_row = kv_heads * head_dim;
   const int64_t line_elems = 64 / sizeof(T);
-  constexpr int64_t kAhead = 4;  // slots prefetched ahead of the one being read
+  constexpr int64_t kAhead = 16;  // slots prefetched ahead of the one being read
   auto prefetch = [&](const T* base, int64_t slot) {
     const T* row = base + slot * kv_row;
     for (int64_t j = 0; j < kv_row; j += line_elems) __builtin_prefetch(row + j);

@@ -31,19 +31,18 @@ def paged_attention(
         return _kernel_attention(q, kv, layer, batch, scale)
     k_cache, v_cache = kv.k[layer], kv.v[layer]
     out = torch.empty(q.shape, dtype=q.dtype)
+    by_row = ops.decode_attention
+    if by_row is not None and batch.short_rows.numel():
+        by_row(
+            q, k_cache, v_cache, out, batch.short_rows, batch.short_kv_starts,
+            batch.short_kv_lens, batch.kv_indices, scale,
+        )  # fmt: skip
     if batch.decode_rows.numel():
-        if ops.decode_attention is not None and batch.decode_shared_len < _MIN_SHARED_PREFIX:
-            ops.decode_attention(
-                q,
-                k_cache,
-                v_cache,
-                out,
-                batch.decode_rows,
-                batch.decode_kv_starts,
-                batch.decode_kv_lens,
-                batch.kv_indices,
-                scale,
-            )
+        if by_row is not None and batch.decode_shared_len < _MIN_SHARED_PREFIX:
+            by_row(
+                q, k_cache, v_cache, out, batch.decode_rows, batch.decode_kv_starts,
+                batch.decode_kv_lens, batch.kv_indices, scale,
+            )  # fmt: skip
         else:
             out[batch.decode_rows] = _decode_attention(
                 q[batch.decode_rows], k_cache, v_cache, batch, scale
@@ -53,8 +52,10 @@ def paged_attention(
             q, k_cache, v_cache, batch, scale
         )
     q_start = kv_start = 0
-    for n, total, tree in zip(batch.extend_lens, batch.seq_lens, batch.tree_masks, strict=True):
-        if n > 1 and tree is None:
+    for n, total, tree, short in zip(
+        batch.extend_lens, batch.seq_lens, batch.tree_masks, batch.short, strict=True
+    ):
+        if n > 1 and tree is None and not (short and by_row is not None):
             slots = batch.kv_indices[kv_start : kv_start + total]
             k_b = k_cache.index_select(0, slots).transpose(0, 1)  # (Hkv, total, D)
             v_b = v_cache.index_select(0, slots).transpose(0, 1)

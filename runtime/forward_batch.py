@@ -7,6 +7,10 @@ from functools import cached_property
 
 import torch
 
+# Largest plain extend (new tokens x context) the CPU kernels attend row by row; past it one
+# matmul per sequence costs less.
+SHORT_EXTEND_WORK = 8192
+
 
 @dataclass
 class ForwardBatch:
@@ -32,6 +36,13 @@ class ForwardBatch:
     decode_kv_lens: torch.Tensor  # [Bd] and how many there are
     decode_kv_index: torch.Tensor  # [Bd, Lmax]
     decode_kv_valid: torch.Tensor  # [Bd, 1, 1, Lmax] bool
+    # Short plain extends (a short prompt, a small chunk over a cached prefix): with the CPU
+    # kernels their new tokens are attended row by row like decodes, row i of a sequence
+    # seeing its prefix and the new tokens up to itself; cheaper there than a matmul each.
+    short_rows: torch.Tensor  # [Ns] rows of T
+    short_kv_starts: torch.Tensor  # [Ns] where each row's slots start in kv_indices
+    short_kv_lens: torch.Tensor  # [Ns] how many of them it sees
+    short: list[bool]  # [B] whether sequence b is such an extend
     # Leading slots every decode sequence shares (a common few-shot or system prompt): their
     # K/V are read once for all rows instead of once per row.
     decode_shared_len: int
@@ -123,6 +134,18 @@ class ForwardBatch:
         same = (kv_index == kv_index[:1]) & kv_valid[:, 0, 0]  # (Bd, Lmax)
         shared_len = int(same.all(0).int().cumprod(0).sum()) if len(decodes) > 1 else 0
         row_starts = torch.tensor([0, *extend_lens]).cumsum(0)
+        short = [
+            1 < n and n * total <= SHORT_EXTEND_WORK and m is None
+            for n, total, m in zip(extend_lens, seq_lens, tree_masks, strict=True)
+        ]
+        short_seqs = [b for b, is_short in enumerate(short) if is_short]
+        short_rows = [
+            torch.arange(row_starts[b], row_starts[b] + extend_lens[b]) for b in short_seqs
+        ]
+        short_lens = [
+            torch.arange(seq_lens[b] - extend_lens[b] + 1, seq_lens[b] + 1) for b in short_seqs
+        ]
+        short_starts = [kv_starts[b].expand(extend_lens[b]) for b in short_seqs]
         trees = [b for b, m in enumerate(tree_masks) if m is not None]
         most = max((extend_lens[b] for b in trees), default=0)
         longest = max((seq_lens[b] for b in trees), default=0)
@@ -148,6 +171,10 @@ class ForwardBatch:
             decode_rows=row_starts[decodes].to(device),
             decode_kv_starts=kv_starts[decodes].to(device),
             decode_kv_lens=lens.to(device),
+            short_rows=_cat_int64(short_rows).to(device),
+            short_kv_starts=_cat_int64(short_starts).to(device),
+            short_kv_lens=_cat_int64(short_lens).to(device),
+            short=short,
             decode_kv_index=kv_index.to(device),
             decode_kv_valid=kv_valid.to(device),
             decode_shared_len=shared_len,
@@ -157,6 +184,10 @@ class ForwardBatch:
             tree_kv_index=tree_kv_index.to(device),
             tree_kv_mask=tree_kv_mask[:, None, None].to(device),
         )
+
+
+def _cat_int64(parts: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat(parts).to(torch.int64) if parts else torch.empty(0, dtype=torch.int64)
 
 
 def ancestor_mask(parents: list[int]) -> torch.Tensor:

@@ -21,7 +21,8 @@ class LayerOps:
     add_rms_norm: Callable[..., torch.Tensor]  # as kernels.reference.add_rms_norm
     silu_mul: Callable[[torch.Tensor], torch.Tensor]  # as kernels.reference.silu_mul
     rope_store_kv: Callable[..., None]  # as kernels.reference.rope_store_kv
-    # kernels.cpu.CpuKernels.decode_attention, or None: runtime.attention's own paths.
+    # kernels.cpu.CpuKernels.decode_attention (attends rows one by one: decodes, and the
+    # tokens of short extends), or None: runtime.attention's torch paths.
     decode_attention: Callable[..., None] | None = None
     name: str = "torch"
 

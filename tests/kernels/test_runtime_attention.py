@@ -31,6 +31,8 @@ CASES = {
     "hybrid": ([(20, 1), (30, 7), (12, 1)], None, 0),
     "decode": ([(20, 1), (70, 1)], None, 0),
     "tree": ([(24, 4), (17, 1), (30, 5)], _TREE_PARENTS, 0),
+    # A chunk past SHORT_EXTEND_WORK (one matmul) beside a short one (row by row).
+    "long-extend": ([(110, 80), (25, 3)], None, 0),
     # Decodes whose first 20 slots are the same (a shared few-shot prompt).
     "shared-prefix": ([(26, 1), (31, 1), (22, 1)], None, 20),
 }
@@ -69,6 +71,8 @@ def test_cpu_paths_equal_the_twin(name, cpu_kernels):
     if cpu_kernels and ops is TORCH_OPS:
         pytest.skip("the CPU kernels cannot be built here")
     batch, q, k, v = batch_and_inputs(name, "cpu")
+    if name == "long-extend":
+        assert batch.short == [False, True]
     expected, kv = expected_output(batch, q, k, v)
     out = paged_attention(q, kv, 0, batch, 0.25, ops)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
