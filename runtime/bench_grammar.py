@@ -52,6 +52,12 @@ def add_parser(workloads: argparse._SubParsersAction) -> None:
     grammar.add_argument(
         "--skip-e2e", action="store_true", help="skip constrained vs free decoding on the model"
     )
+    grammar.add_argument(
+        "--spec-objects",
+        action="store_true",
+        help="MaskBench: compile with JsonSchema(strict=False), which writes unlisted properties "
+        "wherever additionalProperties does not forbid them, as the spec reads",
+    )
     grammar.add_argument("--json", type=Path, default=Path("bench-results/grammar.json"))
     grammar.set_defaults(run=bench_grammar)
 
@@ -445,7 +451,8 @@ def _score_all(paths: list[Path], args: argparse.Namespace) -> list[dict]:
     """Score schemas in `args.jobs` worker processes; a worker past its schema's deadline is
     killed and replaced, and the schema counts as a compile error."""
     deadline_s = 2 * args.timeout + 60  # compile, then feeding every instance
-    spawn = lambda: _Scorer(args.model, args.timeout, args.memory_mb)  # noqa: E731
+    strict = not args.spec_objects
+    spawn = lambda: _Scorer(args.model, args.timeout, args.memory_mb, strict)  # noqa: E731
     scorers = [spawn() for _ in range(max(1, min(args.jobs, len(paths))))]
     pending = list(reversed(paths))
     results: list[dict] = []
@@ -495,10 +502,12 @@ def _replace(scorers: list, conn: Connection, spawn) -> None:
 class _Scorer:
     """A process that scores one MaskBench file at a time."""
 
-    def __init__(self, model: str | None, timeout_s: float, memory_mb: int) -> None:
+    def __init__(self, model: str | None, timeout_s: float, memory_mb: int, strict: bool) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_scorer_main, args=(child, model, timeout_s, memory_mb))
+        self.process = ctx.Process(
+            target=_scorer_main, args=(child, model, timeout_s, memory_mb, strict)
+        )
         self.process.start()
         child.close()
 
@@ -508,7 +517,9 @@ class _Scorer:
         self.conn.close()
 
 
-def _scorer_main(conn: Connection, model: str | None, timeout_s: float, memory_mb: int) -> None:
+def _scorer_main(
+    conn: Connection, model: str | None, timeout_s: float, memory_mb: int, strict: bool
+) -> None:
     import grammars
 
     tokenizer, vocab = _load_vocabulary(model)
@@ -520,16 +531,16 @@ def _scorer_main(conn: Connection, model: str | None, timeout_s: float, memory_m
             path = conn.recv()
         except EOFError:
             return
-        conn.send(_score_one(load_case(Path(path)), compiler, tokenizer, mask))
+        conn.send(_score_one(load_case(Path(path)), compiler, tokenizer, mask, strict))
 
 
-def _score_one(case: SchemaCase, compiler, tokenizer, mask) -> dict:
+def _score_one(case: SchemaCase, compiler, tokenizer, mask, strict: bool) -> dict:
     import grammars
 
     out: dict[str, Any] = {"name": case.name}
     start = time.perf_counter()
     try:
-        grammar = compiler.submit(grammars.JsonSchema.of(case.schema)).result()
+        grammar = compiler.submit(grammars.JsonSchema.of(case.schema, strict=strict)).result()
         grammar.matcher().fill_bitmask(mask)
     except ValueError as e:
         return {**out, "status": "compile_error", "error": str(e)}
