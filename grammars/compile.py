@@ -1,29 +1,37 @@
 """compile(constraint, vocab) -> Grammar, cached; GrammarCompiler runs it in a bounded worker.
 
-Regex, choices and JSON schemas become outlines-core indexes, which can take seconds and
-gigabytes for large schemas, so the runtime compiles them in a separate worker process with
-a memory limit and kills it when it runs past a time limit: a hostile or huge schema fails
-its own request and nothing else. EBNF grammars compile in-process (lark's parser tables are
-cheap; their cost is paid per token by the matcher).
+Regex, choices and JSON schemas become a regex, then an outlines-core index when it is cheap
+enough to build up front (index_builder.fits_index), else the lazy automaton
+(grammars/lazy.py), which makes states and masks as they are reached. Converting and
+indexing can take seconds and gigabytes, so the runtime runs them in a separate worker
+process with a memory limit and kills it past a time limit: a hostile or huge schema fails
+its own request and nothing else, and an index that blows either limit falls back to the
+lazy automaton over the regex the worker sent first. EBNF grammars compile in-process
+(lark's parser tables are cheap; their cost is paid per token by the matcher).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import queue
 import subprocess
 import sys
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future
 from multiprocessing.connection import Connection
 
 from grammars.constraints import Constraint, Ebnf
-from grammars.index_builder import build_index, constraint_regex
+from grammars.index_builder import build_index, constraint_regex, fits_index
+from grammars.lazy import LazyRegexGrammar
 from grammars.matcher import Grammar
 from grammars.regex import RegexGrammar
 from grammars.vocabulary import TokenVocabulary
+
+log = logging.getLogger(__name__)
 
 _CACHE_SIZE = 256  # compiled grammars kept per compiler (an index can be megabytes)
 
@@ -51,12 +59,15 @@ def _build(constraint: Constraint, vocab: TokenVocabulary, regex_and_index) -> G
 
         return EbnfGrammar(constraint.grammar, vocab)
     pattern, index = regex_and_index(constraint)
+    if index is None:
+        return LazyRegexGrammar(pattern, vocab)
     return RegexGrammar(index, vocab, pattern)
 
 
 def _regex_and_index(constraint: Constraint, vocab: TokenVocabulary):
+    """(regex, outlines index or None when the lazy automaton should take the regex)."""
     pattern = constraint_regex(constraint)
-    return pattern, build_index(pattern, vocab)
+    return pattern, build_index(pattern, vocab) if fits_index(pattern) else None
 
 
 class GrammarCompiler:
@@ -108,7 +119,7 @@ class GrammarCompiler:
             self._worker.stop()
 
     def _in_worker(self, constraint: Constraint):
-        if self._worker is None:
+        if self._worker is None or not self._worker.alive:
             self._worker = _Worker(self.vocab, self.max_memory_mb)
         try:
             return self._worker.build(constraint, self.timeout_s)
@@ -128,7 +139,7 @@ class _Worker:
     It is a plain `python -m grammars.compile_worker` child talking over its stdin/stdout,
     not a multiprocessing one: spawn would re-run the user's main script in it (a script
     without an `if __name__ == "__main__"` guard would crash), and fork would copy a process
-    full of threads."""
+    full of threads. For each constraint it sends the regex, then the index (or None)."""
 
     def __init__(self, vocab: TokenVocabulary, max_memory_mb: int) -> None:
         self.max_memory_mb = max_memory_mb
@@ -142,11 +153,26 @@ class _Worker:
         self.process.stdin.close()
         self.process.stdout.close()
         self.sender.send(vocab)
+        self.alive = True
 
     def build(self, constraint: Constraint, timeout_s: float):
+        """(regex, index or None). An index that runs past the limits gives (regex, None):
+        the lazy automaton needs no index."""
+        deadline = time.monotonic() + timeout_s
         try:
             self.sender.send(constraint)
-            ready = self.receiver.poll(timeout_s)
+        except OSError:
+            pass  # the worker is gone: receiving says so
+        pattern = self._receive(deadline, timeout_s)
+        try:
+            return pattern, self._receive(deadline, timeout_s)
+        except _WorkerLost as e:
+            log.info("outlines index abandoned (%s); compiling the regex lazily", e)
+            return pattern, None
+
+    def _receive(self, deadline: float, timeout_s: float):
+        try:
+            ready = self.receiver.poll(max(0.0, deadline - time.monotonic()))
         except OSError:
             ready = True  # the worker is gone: recv below says so
         if not ready:
@@ -168,6 +194,7 @@ class _Worker:
         return pickle.loads(payload)
 
     def stop(self) -> None:
+        self.alive = False
         self.process.kill()
         self.process.wait()
         self.sender.close()

@@ -1,7 +1,8 @@
 """The compile worker's process: `python -m grammars.compile_worker MAX_MEMORY_MB`.
 
-Reads a TokenVocabulary, then constraints, from stdin; writes (ok, pickled (regex, index) or
-an error message) for each to stdout. Started and killed by grammars.compile._Worker.
+Reads a TokenVocabulary, then constraints, from stdin; writes for each to stdout (ok, pickled
+regex or an error message), then, when the regex came, (ok, pickled index or None, or an error
+message). Started and killed by grammars.compile._Worker.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from multiprocessing.connection import Connection
 
 
 def main() -> None:
-    from grammars.compile import _regex_and_index
+    from grammars.index_builder import build_index, constraint_regex, fits_index
 
     max_memory_mb = int(sys.argv[1])
     receiver = Connection(os.dup(0), writable=False)
@@ -25,13 +26,28 @@ def main() -> None:
     limit = max_memory_mb * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     vocab = receiver.recv()
+
+    def index_of(pattern: str) -> bytes:
+        """The pickled index, or pickled None: the lazy automaton takes the regex when it is
+        too large for an index, or when building or pickling the index runs out of memory."""
+        if not fits_index(pattern):
+            return pickle.dumps(None)
+        try:
+            return pickle.dumps(build_index(pattern, vocab))
+        except MemoryError:
+            return pickle.dumps(None)
+
     while True:
         try:
             constraint = receiver.recv()
         except EOFError:
             return
+        # Two replies: the regex, then its index (None: the lazy automaton takes it), so the
+        # parent keeps the regex when the index is what runs out of time or memory.
         try:
-            sender.send((True, pickle.dumps(_regex_and_index(constraint, vocab))))
+            pattern = constraint_regex(constraint)
+            sender.send((True, pickle.dumps(pattern)))
+            sender.send((True, index_of(pattern)))
         except MemoryError:
             sender.send((False, f"compiling the constraint exceeded {max_memory_mb} MB"))
         except Exception as e:

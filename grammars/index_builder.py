@@ -1,6 +1,9 @@
 """Constraint -> regex -> outlines-core index: the costly part of compiling a grammar.
 
-Kept free of torch so the compile worker process (see compile.py) starts fast and small.
+An outlines index holds every DFA state's allowed tokens, so it costs states x vocabulary
+to build and keep. Regexes whose automaton would be too large for that (`fits_index` says
+no) go to the lazy automaton (grammars/lazy.py) instead. Kept free of torch so the compile
+worker process (see compile.py) starts fast and small.
 """
 
 from __future__ import annotations
@@ -27,12 +30,33 @@ def escape(text: str) -> str:
 
 def constraint_regex(constraint: Regex | JsonSchema | Choices) -> str:
     if isinstance(constraint, Regex):
+        try:
+            re.compile(constraint.pattern)
+        except re.error as e:
+            raise ValueError(f"invalid regex {_short(constraint.pattern)}: {e}") from None
         return constraint.pattern
     if isinstance(constraint, Choices):
         return "|".join(f"({escape(o)})" for o in constraint.options)
     from grammars.json_schema import schema_to_regex
 
     return schema_to_regex(json.loads(constraint.schema), constraint.whitespace, constraint.strict)
+
+
+# Past these an outlines index takes seconds and gigabytes: a long regex means many states,
+# and each counted repetition ({m,n}) one state per count, most allowing nearly the whole
+# vocabulary (a string's plain characters).
+INDEX_REGEX_CHARS = 100_000
+INDEX_COUNTED = 512
+_COUNTS = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")
+_SMALL_COUNT = 16  # {2,4}-sized counts (dates, hex digits) are cheap
+
+
+def fits_index(pattern: str) -> bool:
+    """Whether an outlines index of `pattern` is cheap enough to build up front."""
+    if len(pattern) > INDEX_REGEX_CHARS:
+        return False
+    counts = (max(int(lo), int(hi or 0)) for lo, hi in _COUNTS.findall(pattern))
+    return sum(c for c in counts if c > _SMALL_COUNT) <= INDEX_COUNTED
 
 
 @lru_cache(maxsize=4)
@@ -48,10 +72,6 @@ def outlines_vocabulary(vocab: TokenVocabulary) -> Vocabulary:
 
 def build_index(pattern: str, vocab: TokenVocabulary) -> Index:
     """The outlines index of `pattern`, with clear errors for bad or unsatisfiable ones."""
-    try:
-        re.compile(pattern)
-    except re.error as e:
-        raise ValueError(f"invalid regex {pattern!r}: {e}") from None
     try:
         # outlines-core matches leftmost-first: once an alternative has matched, it drops the
         # lower-priority ones that could still go on ("a|ab" would never reach "ab"). Anchoring

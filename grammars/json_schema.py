@@ -28,11 +28,9 @@ from grammars.json_schema_values import is_valid, json_equal
 from grammars.schema_errors import InvalidSchema, UnsupportedSchema
 
 # $refs are followed this deep (recursion unrolls); deeper instances cannot be generated.
-# A regex past REGEX_BUDGET characters is converted again one level shallower (down to
-# MIN_DEPTH): the index's build time and memory grow with its automaton.
+# A regex past MAX_REGEX_CHARS is converted again one level shallower (down to MIN_DEPTH).
 MAX_DEPTH = 4
 MIN_DEPTH = 2
-REGEX_BUDGET = 100_000
 MAX_REPEAT = 2048  # largest maxItems / maxProperties bound turned into a counted repetition
 MAX_REGEX_CHARS = 1_000_000  # a regex this long would not compile into a DFA in time
 
@@ -42,19 +40,12 @@ CHAR = (
     r'([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u([0-9a-ce-fA-CE-F][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2}))'
 )
 STRING = f'"{CHAR}*"'
-# Counted characters (minLength/maxLength) cost one automaton state per count, and the
-# index's build time grows with states times vocabulary: with escapes in the count, 16
-# characters take seconds. So counted characters are plain ones (no quote, backslash or
-# control character: stricter, hence safe), and a maxLength above the converter's cap
-# generates at most that many. Each counted character is one state that allows almost the
-# whole vocabulary, so the index grows by a vocabulary's worth of memory and time per state:
-# when a schema's counted characters pass COUNTED_BUDGET, the cap halves (down to
-# MIN_STRING_CHARS) until they fit, and the schema compiles with shorter long strings.
+# Counted characters (minLength/maxLength) cost one automaton state per count. They are plain
+# characters (no quote, backslash or control character: stricter, hence safe), and a
+# maxLength above MAX_STRING_CHARS generates at most that many. (Which backend compiles the
+# regex, an eager outlines index or the lazy automaton, is index_builder's choice.)
 PLAIN_CHAR = r'[^"\\\x00-\x1f]'
-MAX_STRING_CHARS = 256
-MIN_STRING_CHARS = 16
-COUNTED_BUDGET = 512
-_COUNTED = re.compile(re.escape(PLAIN_CHAR) + r"\{\d+,(\d+)\}")
+MAX_STRING_CHARS = 4096
 BOOLEAN = "(true|false)"
 NULL = "null"
 
@@ -124,28 +115,19 @@ _KEYED = ("properties", "patternProperties")  # name -> schema maps, merged by n
 def schema_to_regex(
     schema: dict[str, Any] | bool, whitespace: str | None = None, strict: bool = True
 ) -> str:
-    depth, cap = MAX_DEPTH, MAX_STRING_CHARS
     too_large = None
-    while True:
+    for depth in range(MAX_DEPTH, MIN_DEPTH - 1, -1):
         try:
-            converter = _Converter(schema, whitespace or "", cap, depth, strict)
-            regex = converter.convert(schema, "#", 0)
+            regex = _Converter(schema, whitespace or "", depth, strict).convert(schema, "#", 0)
         except _TooLarge as e:
-            if depth <= MIN_DEPTH:
-                raise
-            too_large, depth = too_large or e, depth - 1
+            too_large = too_large or e
             continue
         if regex is None:
             raise too_large or UnsupportedSchema(
                 "the schema admits no instance that can be generated"
             )
-        if len(regex) > REGEX_BUDGET and depth > MIN_DEPTH:
-            depth -= 1
-            continue
-        counted = sum(int(hi) for hi in _COUNTED.findall(regex))
-        if counted <= COUNTED_BUDGET or cap <= MIN_STRING_CHARS:
-            return regex
-        cap //= 2
+        return regex
+    raise too_large
 
 
 class _TooLarge(UnsupportedSchema):
@@ -175,14 +157,12 @@ class _Converter:
         self,
         root: dict | bool,
         ws: str,
-        max_chars: int = MAX_STRING_CHARS,
         depth: int = MAX_DEPTH,
         strict: bool = True,
     ) -> None:
         self.root = root
         self.ws = ws
         self.strict = strict  # unlisted properties only where additionalProperties says so
-        self.max_chars = max_chars  # longest maxLength string written in full
         self.max_depth = depth  # $refs followed
 
     # ---- dispatch --------------------------------------------------------------------
@@ -478,7 +458,7 @@ class _Converter:
             raise UnsupportedSchema(f"minLength {lo} at {path} exceeds {MAX_STRING_CHARS}")
         if hi is None:
             return f'"{PLAIN_CHAR}{{{lo}}}{CHAR}*"' if lo else STRING
-        return f'"{PLAIN_CHAR}{{{lo},{min(hi, max(lo, self.max_chars))}}}"'
+        return f'"{PLAIN_CHAR}{{{lo},{min(hi, max(lo, MAX_STRING_CHARS))}}}"'
 
     def counted_pattern(self, pattern: Any, lo: int, hi: int | None, path: str) -> str | None:
         """Length bounds next to a pattern that is one repeated character (`^[a-z]+$`):
@@ -501,7 +481,7 @@ class _Converter:
         if hi is not None and lo > hi:
             return None
         char = pattern_regex(f"^{atom}$", CHAR, path)  # one code point, encoded
-        top = "" if hi is None else min(hi, max(lo, self.max_chars))
+        top = "" if hi is None else min(hi, max(lo, MAX_STRING_CHARS))
         return f'"{char}{{{lo},{top}}}"'
 
     def integer(self, schema: dict, path: str, depth: int) -> str | None:

@@ -1,7 +1,7 @@
-"""What keeps a schema's regex (and so its outlines index) small enough to build: optional
-properties in linear size, long counted strings cut when a schema has many, $ref depth
-lowered for huge schemas. Each cut is stricter than the schema, never looser: what the
-regex matches must still validate."""
+"""What keeps a schema's regex small, and where it goes when it is not: optional properties
+in linear size; long counted strings kept whole and compiled by the lazy automaton instead of
+an index; $ref depth lowered past MAX_REGEX_CHARS, which is stricter than the schema, never
+looser: what the regex matches must still validate."""
 
 from __future__ import annotations
 
@@ -12,8 +12,11 @@ import re
 import jsonschema
 import pytest
 
+import grammars
 from grammars import json_schema
+from grammars.index_builder import fits_index
 from grammars.json_schema import _members, schema_to_regex
+from grammars.lazy import LazyRegexGrammar
 
 
 @pytest.mark.parametrize("size", range(6))
@@ -38,31 +41,32 @@ def test_optional_members_grow_linearly():
     assert length(80) < 2.2 * length(40)
 
 
-def test_many_long_strings_are_cut_and_stay_valid():
+def test_long_strings_keep_their_length_under_the_lazy_automaton(vocab, feeds):
     props = {f"field{i}": {"type": "string", "maxLength": 255} for i in range(8)}
     schema = {"type": "object", "properties": props, "required": list(props)}
     regex = schema_to_regex(schema)
-    counted = sum(int(hi) for hi in json_schema._COUNTED.findall(regex))
-    assert counted <= json_schema.COUNTED_BUDGET
-    short = {name: "x" * 20 for name in props}
-    assert re.fullmatch(regex, json.dumps(short, separators=(",", ":")))
-    longer = {name: "x" * 200 for name in props}  # valid, but past the cut: refused
-    jsonschema.validate(longer, schema)
-    assert not re.fullmatch(regex, json.dumps(longer, separators=(",", ":")))
-    # One long string alone keeps its whole length.
-    one = schema_to_regex({"type": "string", "maxLength": 255})
-    assert re.fullmatch(one, json.dumps("y" * 255))
+    assert not fits_index(regex)  # 8 x 255 counted characters: too many states for an index
+    grammar = grammars.compile(grammars.JsonSchema.of(schema), vocab)
+    assert isinstance(grammar, LazyRegexGrammar)
+    longest = {name: "x" * 255 for name in props}
+    assert feeds(grammar, json.dumps(longest, separators=(",", ":")))
+    too_long = {**longest, "field7": "x" * 256}
+    assert not feeds(grammar, json.dumps(too_long, separators=(",", ":")))
+    # A long string costs a few masks, not one per character: masks are shared by states
+    # that need and allow as many more characters as the longest token can take.
+    assert grammar.stats()["masks"] < 8 * 255 // 4
 
 
-def test_huge_recursive_schema_compiles_shallower():
+def test_huge_recursive_schema_compiles_shallower(monkeypatch):
+    monkeypatch.setattr(json_schema, "MAX_REGEX_CHARS", 100_000)
     props = {f"attr{i}": {"type": "string", "format": "date-time"} for i in range(30)}
     props["children"] = {"type": "array", "items": {"$ref": "#"}}
     schema = {"type": "object", "properties": props, "required": ["attr0"]}
     regex = schema_to_regex(schema)
-    assert len(regex) <= json_schema.REGEX_BUDGET
+    assert len(regex) <= 100_000
     leaf = {"attr0": "2024-01-02T03:04:05Z"}
     nested = {**leaf, "children": [{**leaf, "children": [leaf]}]}
     jsonschema.validate(nested, schema)
     assert re.fullmatch(regex, json.dumps(nested, separators=(",", ":")))
-    full = json_schema._Converter(schema, "").convert(schema, "#", 0)
-    assert len(full) > json_schema.REGEX_BUDGET  # what the shallower conversion avoided
+    with pytest.raises(json_schema.UnsupportedSchema, match="too large"):
+        json_schema._Converter(schema, "").convert(schema, "#", 0)  # the full depth

@@ -16,14 +16,15 @@ MASKBENCH = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "ma
 pytestmark = pytest.mark.skipif(not MASKBENCH.is_dir(), reason="../shared/data absent")
 
 
-def test_slice_has_no_invalidation_errors(tokenizer, vocab):
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "spec-objects"])
+def test_slice_has_no_invalidation_errors(tokenizer, vocab, strict):
     compiler = grammars.GrammarCompiler(vocab, timeout_s=5.0)
     mask = grammars.allocate_bitmask(1, vocab.size)[0]
     paths = sorted(MASKBENCH.glob("*.json"))
     results = []
     try:
         for path in random.Random(7).sample(paths, 12):
-            results.append(_score_one(load_case(path), compiler, tokenizer, mask))
+            results.append(_score_one(load_case(path), compiler, tokenizer, mask, strict))
     finally:
         compiler.close()
     for result in results:

@@ -1,5 +1,7 @@
 """Regex and choices grammars against Python's `re`: every string the regex matches gets
-through the masks token by token, every walk over the masks writes a string it matches."""
+through the masks token by token, every walk over the masks writes a string it matches.
+Both backends: the outlines index and the lazy automaton (grammars/lazy.py), whose masks
+must also be the index's, bit for bit."""
 
 from __future__ import annotations
 
@@ -7,10 +9,12 @@ import random
 import re
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import grammars
+from grammars.lazy import LazyRegexGrammar
 from grammars.matcher import allowed_token_ids
 
 # In the common subset of Python's and Rust's regex syntax (Rust's \d is Unicode: [0-9]).
@@ -22,6 +26,15 @@ PATTERNS = [
     r"-?(0|[1-9][0-9]{0,5})(\.[0-9]{1,4})?",
     r"[A-Z][a-zé]{0,6}( [A-Z][a-zé]{0,6}){0,2}",
 ]
+BACKENDS = pytest.mark.parametrize("backend", ["index", "lazy"])
+
+
+def compile_regex(pattern: str, vocab, backend: str):
+    if backend == "lazy":
+        return LazyRegexGrammar(pattern, vocab)
+    return grammars.compile(grammars.Regex(pattern), vocab)
+
+
 SETTINGS = settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -46,28 +59,31 @@ def walk(grammar, rng: random.Random, max_steps: int = 80) -> str | None:
     return None
 
 
+@BACKENDS
 @pytest.mark.parametrize("pattern", PATTERNS)
 @SETTINGS
 @given(data=st.data())
-def test_every_match_gets_through(pattern, feeds, vocab, data):
-    grammar = grammars.compile(grammars.Regex(pattern), vocab)
+def test_every_match_gets_through(pattern, backend, feeds, vocab, data):
+    grammar = compile_regex(pattern, vocab, backend)
     text = data.draw(st.from_regex(pattern, fullmatch=True))
     assert feeds(grammar, text), text
 
 
+@BACKENDS
 @pytest.mark.parametrize("pattern", PATTERNS)
 @SETTINGS
 @given(seed=st.integers(0, 2**32 - 1))
-def test_walks_match(pattern, vocab, seed):
-    grammar = grammars.compile(grammars.Regex(pattern), vocab)
+def test_walks_match(pattern, backend, vocab, seed):
+    grammar = compile_regex(pattern, vocab, backend)
     out = walk(grammar, random.Random(seed))
     if out is not None:
         assert re.fullmatch(pattern, out), out
 
 
+@BACKENDS
 @pytest.mark.parametrize("pattern", PATTERNS[:3])
-def test_non_matches_are_refused(pattern, feeds, vocab):
-    grammar = grammars.compile(grammars.Regex(pattern), vocab)
+def test_non_matches_are_refused(pattern, backend, feeds, vocab):
+    grammar = compile_regex(pattern, vocab, backend)
     for text in ("(555) 12-3456", "Abc", "yes because", "x" * 30, ""):
         if not re.fullmatch(pattern, text):
             assert not feeds(grammar, text), text
@@ -96,12 +112,14 @@ def test_choices_reach_every_option(feeds, vocab):
         assert not feeds(grammar, other), other
 
 
-def test_rollback_restores_masks(check_rollback, vocab):
-    check_rollback(grammars.compile(grammars.Regex(PATTERNS[0]), vocab), "(555) 867-5309")
+@BACKENDS
+def test_rollback_restores_masks(check_rollback, vocab, backend):
+    check_rollback(compile_regex(PATTERNS[0], vocab, backend), "(555) 867-5309")
 
 
-def test_jump_forward_is_the_forced_text(tokenizer, vocab):
-    grammar = grammars.compile(grammars.Regex(r'\{"id": [0-9]+, "ok": (true|false)\}'), vocab)
+@BACKENDS
+def test_jump_forward_is_the_forced_text(tokenizer, vocab, backend):
+    grammar = compile_regex(r'\{"id": [0-9]+, "ok": (true|false)\}', vocab, backend)
     matcher = grammar.matcher()
     assert matcher.jump_forward() == '{"id": '
     for token in tokenizer.encode('{"id": 42', add_special_tokens=False):
@@ -119,10 +137,15 @@ def test_jump_forward_is_the_forced_text(tokenizer, vocab):
 def test_bad_regexes_are_named(pattern, message, vocab):
     with pytest.raises(ValueError, match=re.escape(message)):
         grammars.compile(grammars.Regex(pattern), vocab)
+    # The same through the lazy automaton, which takes regexes too large for an index.
+    long = f"(?:{pattern})" + "[a-z]{600}"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        grammars.compile(grammars.Regex(long), vocab)
 
 
 def test_compiler_limits_time_and_keeps_working(vocab):
-    slow = grammars.Regex(r'"([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4}){0,40}"')
+    # Two thousand constants in a oneOf: proving them pairwise exclusive runs for seconds.
+    slow = grammars.JsonSchema.of({"oneOf": [{"const": i} for i in range(2000)]})
     compiler = grammars.GrammarCompiler(vocab, timeout_s=0.5)
     try:
         with pytest.raises(ValueError, match="grammar_compile_timeout_s"):
@@ -133,3 +156,40 @@ def test_compiler_limits_time_and_keeps_working(vocab):
         assert first.result().matcher().accept_token(vocab.token_bytes.index(b"4"))
     finally:
         compiler.close()
+
+
+def test_an_index_past_the_time_limit_falls_back_to_the_lazy_automaton(vocab, feeds):
+    # Small enough to be sent to outlines, slow there: 40 counted JSON characters.
+    slow = grammars.Regex(r'"([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4}){0,40}"')
+    compiler = grammars.GrammarCompiler(vocab, timeout_s=0.5)
+    try:
+        grammar = compiler.submit(slow).result()
+        assert isinstance(grammar, LazyRegexGrammar)
+        assert feeds(grammar, '"caf\\u00e9 \\"ok\\""')
+        assert not feeds(grammar, '"' + "x" * 41 + '"')
+        # The worker killed at the limit is replaced for the next constraint.
+        assert type(compiler.submit(grammars.Regex("[0-9]{2}")).result()).__name__ == "RegexGrammar"
+    finally:
+        compiler.close()
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [*PATTERNS, r'"([^"\\\x00-\x1f]|\\["\\/bfnrt])*"', r"(a|ab)(c|bcd)(d*)", r"[^a-c\n]+[\d]"],
+)
+def test_lazy_masks_are_the_index_masks(pattern, vocab, tokenizer):
+    """Along a matching text, the lazy automaton allows exactly the index's tokens."""
+    index, lazy = compile_regex(pattern, vocab, "index"), compile_regex(pattern, vocab, "lazy")
+    text = next(
+        t for t in ["(555) 867-5309", "abc-de", "maybe because x", "2024-02-29", "-12.5",
+                    "Ab Cé", '"a\\"b"', "abcd", "xyz4"] if re.fullmatch(pattern, t)
+    )  # fmt: skip
+    rows = grammars.allocate_bitmask(2, vocab.size)
+    matchers = [index.matcher(), lazy.matcher()]
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    for i in range(len(ids) + 1):
+        for m, row in zip(matchers, rows, strict=True):
+            m.fill_bitmask(row)
+        assert torch.equal(rows[0], rows[1]), f"masks differ after {tokenizer.decode(ids[:i])!r}"
+        if i < len(ids):
+            assert all(m.accept_token(ids[i]) for m in matchers)

@@ -1,0 +1,224 @@
+"""Lazy regex grammars: grammars/lazy_dfa.cpp's automaton, built once with the system C++
+compiler and called through ctypes.
+
+For regexes whose outlines index would be too large to build up front (a big JSON schema,
+long counted strings): here a DFA state and its token mask are made the first time they are
+reached, so compiling costs milliseconds whatever the size and each mask costs one walk of
+the vocabulary's byte trie the first time, then a copy. The build code mirrors
+kernels/cpu.py's (grammars imports nothing from the other packages).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import weakref
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from grammars.matcher import Grammar, Matcher, bitmask_words, set_bits
+from grammars.vocabulary import TokenVocabulary
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("lazy_dfa.cpp")
+_FLAGS = ["-O2", "-shared", "-fPIC", "-std=c++17"]
+_MAX_FORCED_BYTES = 4096
+_P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+_SIGNATURES = {
+    "lazy_last_error": ([], ctypes.c_char_p),
+    "lazy_vocab_new": ([_INT, ctypes.c_char_p, _P], _P),
+    "lazy_vocab_free": ([_P], None),
+    "lazy_grammar_new": ([_P, ctypes.c_char_p, _I64], _P),
+    "lazy_grammar_free": ([_P], None),
+    "lazy_start": ([_P], _INT),
+    "lazy_advance": ([_P, _INT, ctypes.c_char_p, _I64], _INT),
+    "lazy_fill": ([_P, _INT, _P], _INT),
+    "lazy_is_final": ([_P, _INT], _INT),
+    "lazy_forced": ([_P, _INT, ctypes.c_char_p, _INT, ctypes.POINTER(_INT)], _INT),
+    "lazy_stats": ([_P, ctypes.POINTER(_I64)], None),
+}
+_lock = threading.Lock()
+
+
+@lru_cache(maxsize=1)
+def library() -> ctypes.CDLL:
+    """The built library (a few seconds the first time on a machine); OSError when there is
+    no C++ compiler or the build fails."""
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        raise OSError("lazy regex grammars need a C++ compiler (g++ or c++), none was found")
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256(
+        "\0".join([SOURCE.read_text(), version, " ".join(_FLAGS)]).encode()
+    ).hexdigest()[:16]
+    build_dir = Path.home() / ".cache" / "braid" / "grammars"
+    target = build_dir / f"braid_lazy_dfa_{key}.so"
+    with _lock:
+        if not target.is_file():
+            build_dir.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=build_dir)
+            os.close(fd)
+            try:
+                result = subprocess.run(
+                    [compiler, *_FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True
+                )
+                if result.returncode != 0:
+                    raise OSError(f"building {SOURCE.name} failed: {result.stderr[-2000:]}")
+                os.replace(tmp, target)  # concurrent builders never load a partial file
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+            log.info("built %s", target)
+    lib = ctypes.CDLL(str(target))
+    for name, (argtypes, restype) in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, restype
+    return lib
+
+
+def _error(lib: ctypes.CDLL) -> str:
+    return lib.lazy_last_error().decode("utf-8", errors="replace")
+
+
+class _Vocab:
+    """The vocabulary's bytes and byte tries on the C++ side, one per vocabulary."""
+
+    def __init__(self, vocab: TokenVocabulary) -> None:
+        lib = library()
+        data = b"".join(b or b"" for b in vocab.token_bytes)
+        offsets = [0]
+        for b in vocab.token_bytes:
+            offsets.append(offsets[-1] + len(b or b""))
+        offsets_t = torch.tensor(offsets, dtype=torch.int64)
+        self.handle = lib.lazy_vocab_new(vocab.size, data, offsets_t.data_ptr())
+        if not self.handle:
+            raise ValueError(f"lazy grammar vocabulary: {_error(lib)}")
+        weakref.finalize(self, lib.lazy_vocab_free, self.handle)
+
+
+@lru_cache(maxsize=4)
+def _vocab(vocab: TokenVocabulary) -> _Vocab:
+    return _Vocab(vocab)
+
+
+class LazyRegexGrammar(Grammar):
+    def __init__(self, pattern: str, vocab: TokenVocabulary) -> None:
+        lib = library()
+        self.lib = lib
+        self.vocab = vocab
+        self.source = pattern  # for error messages
+        self._vocab = _vocab(vocab)  # kept alive as long as the grammar
+        data = pattern.encode("utf-8")
+        self.handle = lib.lazy_grammar_new(self._vocab.handle, data, len(data))
+        if not self.handle:
+            raise ValueError(f"regex cannot be compiled: {_error(lib)}")
+        weakref.finalize(self, lib.lazy_grammar_free, self.handle)
+        self.start = lib.lazy_start(self.handle)
+        if self.start < 0:
+            raise ValueError("regex matches nothing")
+        self.words = bitmask_words(vocab.size)
+        self.eos_ids = sorted(vocab.eos_token_ids)
+        row = torch.empty(self.words, dtype=torch.int32)
+        if self.fill(self.start, row) & 2 and not lib.lazy_is_final(self.handle, self.start):
+            raise ValueError("regex matches nothing this vocabulary can spell")
+
+    def matcher(self) -> LazyMatcher:
+        return LazyMatcher(self)
+
+    def fill(self, state: int, row: torch.Tensor) -> int:
+        """Write state's mask (EOS excluded) into row; flags 1: final, 2: no token allowed."""
+        flags = self.lib.lazy_fill(self.handle, state, row.data_ptr())
+        if flags < 0:
+            raise RuntimeError(f"lazy grammar: {_error(self.lib)}")
+        return flags
+
+    def advance(self, state: int, data: bytes) -> int:
+        nxt = self.lib.lazy_advance(self.handle, state, data, len(data))
+        if nxt < -1:
+            raise RuntimeError(f"lazy grammar: {_error(self.lib)}")
+        return nxt
+
+    def is_final(self, state: int) -> bool:
+        return bool(self.lib.lazy_is_final(self.handle, state))
+
+    def forced(self, state: int) -> bytes:
+        buf = ctypes.create_string_buffer(_MAX_FORCED_BYTES)
+        end = _INT()
+        n = self.lib.lazy_forced(self.handle, state, buf, _MAX_FORCED_BYTES, ctypes.byref(end))
+        if n < 0:
+            raise RuntimeError(f"lazy grammar: {_error(self.lib)}")
+        return buf.raw[:n]
+
+    def stats(self) -> dict[str, int]:
+        out = (_I64 * 3)()
+        self.lib.lazy_stats(self.handle, out)
+        return {"nfa_nodes": out[0], "dfa_states": out[1], "masks": out[2]}
+
+
+class LazyMatcher(Matcher):
+    # Rollback reaches this many tokens back, as RegexMatcher's.
+    MAX_ROLLBACK = 256
+
+    def __init__(self, grammar: LazyRegexGrammar) -> None:
+        self.grammar = grammar
+        self.states = [grammar.start]  # one per accepted token, for rollback
+        self.ended = False  # EOS accepted
+
+    def fill_bitmask(self, row: torch.Tensor) -> None:
+        g = self.grammar
+        if self.ended:
+            row.zero_()
+            set_bits(row, g.eos_ids)
+        elif g.fill(self.states[-1], row) & 1:
+            set_bits(row, g.eos_ids)
+
+    def accept_token(self, token_id: int) -> bool:
+        g = self.grammar
+        if self.ended:
+            return False
+        if token_id in g.vocab.eos_token_ids:
+            self.ended = g.is_final(self.states[-1])
+            return self.ended
+        data = g.vocab.token_bytes[token_id] if 0 <= token_id < g.vocab.size else None
+        if not data:
+            return False
+        nxt = g.advance(self.states[-1], data)
+        if nxt < 0:
+            return False
+        self.states.append(nxt)
+        if len(self.states) > self.MAX_ROLLBACK + 1:
+            del self.states[0]
+        return True
+
+    def is_terminated(self) -> bool:
+        if self.ended:
+            return True
+        row = torch.empty(self.grammar.words, dtype=torch.int32)
+        return self.grammar.fill(self.states[-1], row) == 3  # final, and nothing may follow
+
+    def rollback(self, n: int) -> None:
+        if n and self.ended:
+            self.ended = False
+            n -= 1
+        if n >= len(self.states):
+            raise ValueError(
+                f"cannot roll back {n} tokens (at most {self.MAX_ROLLBACK}, and no further "
+                "than the start)"
+            )
+        if n:
+            del self.states[-n:]
+
+    def jump_forward(self) -> str:
+        if self.ended:
+            return ""
+        forced = self.grammar.forced(self.states[-1])
+        return forced.decode("utf-8", errors="ignore")  # a partial last character waits
