@@ -2,7 +2,7 @@
 
 Reads a TokenVocabulary, then constraints, from stdin; writes for each to stdout (ok, pickled
 regex or an error message), then, when the regex came, (ok, pickled index or None, or an error
-message). Started and killed by grammars.compile._Worker.
+message). Started and killed by grammars.compiler._Worker.
 """
 
 from __future__ import annotations

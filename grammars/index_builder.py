@@ -3,7 +3,7 @@
 An outlines index holds every DFA state's allowed tokens, so it costs states x vocabulary
 to build and keep. Regexes whose automaton would be too large for that (`fits_index` says
 no) go to the lazy automaton (grammars/lazy.py) instead. Kept free of torch so the compile
-worker process (see compile.py) starts fast and small.
+worker process (see compiler.py) starts fast and small.
 """
 
 from __future__ import annotations

@@ -12,8 +12,10 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-from transformers import PreTrainedTokenizerBase
+if TYPE_CHECKING:  # the compile worker unpickles vocabularies without importing transformers
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True, eq=False)

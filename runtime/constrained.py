@@ -40,7 +40,7 @@ class GrammarService:
             return self._vocab
 
     def compile(self, constraint: Constraint) -> Future[Grammar]:
-        from grammars.compile import GrammarCompiler
+        from grammars.compiler import GrammarCompiler
 
         vocab = self.vocab
         with self._lock:

@@ -33,6 +33,10 @@ from grammars.vocabulary import TokenVocabulary
 
 log = logging.getLogger(__name__)
 
+# An index that takes longer than this is abandoned for the lazy automaton: its cost (states
+# x vocabulary) is hard to predict from the regex, and the lazy automaton compiles in
+# milliseconds; its masks then cost a trie walk the first time each is needed.
+INDEX_BUDGET_S = 1.0
 _CACHE_SIZE = 256  # compiled grammars kept per compiler (an index can be megabytes)
 
 
@@ -156,8 +160,8 @@ class _Worker:
         self.alive = True
 
     def build(self, constraint: Constraint, timeout_s: float):
-        """(regex, index or None). An index that runs past the limits gives (regex, None):
-        the lazy automaton needs no index."""
+        """(regex, index or None). An index that runs past INDEX_BUDGET_S or the memory
+        limit gives (regex, None): the lazy automaton needs no index."""
         deadline = time.monotonic() + timeout_s
         try:
             self.sender.send(constraint)
@@ -165,7 +169,9 @@ class _Worker:
             pass  # the worker is gone: receiving says so
         pattern = self._receive(deadline, timeout_s)
         try:
-            return pattern, self._receive(deadline, timeout_s)
+            return pattern, self._receive(
+                min(deadline, time.monotonic() + INDEX_BUDGET_S), timeout_s
+            )
         except _WorkerLost as e:
             log.info("outlines index abandoned (%s); compiling the regex lazily", e)
             return pattern, None
