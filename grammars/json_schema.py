@@ -326,6 +326,14 @@ class _Converter:
                     merged[key] = [{"allOf": [x, y]} for x in merged[key] for y in value]
                 elif key in ("enum", "const"):
                     checks.append({key: value})
+                elif key == "items" and _plain_items(parts):
+                    merged[key] = {"allOf": [merged[key], value]}
+                elif key == "additionalProperties" and not any(
+                    "patternProperties" in p for p in parts
+                ):
+                    # Properties no part lists obey both (close_properties handles the
+                    # properties one part lists and another does not).
+                    merged[key] = _both_extras(merged[key], value)
                 elif not json_equal(merged[key], value):
                     raise UnsupportedSchema(f"'allOf' at {path} combines two {key!r} keywords")
         if checks:
@@ -495,7 +503,7 @@ class _Converter:
         if "multipleOf" in schema:
             raise UnsupportedSchema(f"'multipleOf' on a number at {path}")
         lo, lo_excl, hi, hi_excl = _number_bounds(schema, path)
-        return number_regex(lo, hi, lo_excl, hi_excl, path)
+        return number_regex(lo, hi, lo_excl, hi_excl)
 
     def boolean(self, schema: dict, path: str, depth: int) -> str:
         return BOOLEAN
@@ -555,7 +563,9 @@ class _Converter:
             member = f"{STRING}{w}:{w}{value}"
             return _sequence(r"\{", r"\}", member, lo, hi, w, path, "Properties")
         num_required = sum(req for _, req in members)
-        if lo > num_required or (hi is not None and hi < len(members)):
+        # minProperties 1 over optional members only: the object is not empty.
+        nonempty = lo == 1 and num_required == 0
+        if (lo > num_required and not nonempty) or (hi is not None and hi < len(members)):
             raise UnsupportedSchema(f"'minProperties'/'maxProperties' at {path}")
         extra = self.extras(schema) if not patterns and hi is None else None
         if extra is not None:
@@ -564,7 +574,7 @@ class _Converter:
             if value is not None:
                 pair = f'"{_key_not_in(names)}"{w}:{w}{value}'
                 members.append((f"{pair}({w},{w}{pair})*", False))
-        return rf"\{{{w}{_members(members, w)}{w}\}}"
+        return rf"\{{{w}{_members(members, w, nonempty)}{w}\}}"
 
     def extras(self, schema: dict) -> Any:
         """The schema of an object's unlisted properties where we write them, else None."""
@@ -603,6 +613,23 @@ class _Converter:
         return rf"\[{w}" + f"{w},{w}".join(parts) + rf"{w}\]"
 
 
+def _plain_items(parts: list[dict]) -> bool:
+    """Whether every part's items is one schema for all items (no tuple form), so that two
+    of them merge into their allOf."""
+    return all(isinstance(p.get("items", {}), dict) and "prefixItems" not in p for p in parts)
+
+
+def _both_extras(a: Any, b: Any) -> Any:
+    """One additionalProperties that means both."""
+    if a is False or b is False:
+        return False
+    if a is True or a == {}:
+        return b
+    if b is True or b == {}:
+        return a
+    return {"allOf": [a, b]}
+
+
 def _intersect_types(a: Any, b: Any) -> list[str]:
     a = [a] if isinstance(a, str) else list(a)
     b = [b] if isinstance(b, str) else list(b)
@@ -637,8 +664,9 @@ def _search(pattern: str, name: str, path: str) -> bool:
         raise UnsupportedSchema(f"patternProperties pattern {pattern!r} at {path}: {e}") from None
 
 
-def _members(members: list[tuple[str, bool]], w: str) -> str:
-    """Members in order, each optional one present or not, commas only between present ones.
+def _members(members: list[tuple[str, bool]], w: str, nonempty: bool = False) -> str:
+    """Members in order, each optional one present or not, commas only between present ones
+    (at least one present when `nonempty`).
 
     Up to the first required member, `head` is "the members written so far, at least one":
     head(k) = (head(k-1) (,m_k)? | m_k). Each member appears twice in it (bare when it is the
@@ -656,7 +684,9 @@ def _members(members: list[tuple[str, bool]], w: str) -> str:
             break
         head = m if head is None else f"({head}({sep}{m})?|{m})"
     else:
-        return f"({head})?" if head is not None else ""  # every member optional: may be empty
+        if head is None:
+            return ""
+        return f"({head})" if nonempty else f"({head})?"  # every member optional
     later = "".join(f"{sep}{m}" if req else f"({sep}{m})?" for m, req in members[rest:])
     return f"{head}{later}"
 

@@ -2,18 +2,15 @@
 
 Integers are canonical decimals (no leading zeros). A bounded number is an integer part and
 an optional fraction, no exponent: splitting the range on the integer part keeps the regex
-exact (x >= 3 is "integer part >= 3, any fraction"; x <= 3 is "integer part < 3 with any
-fraction, or 3 with an all-zero fraction").
+exact (x >= 3 is "integer part >= 3, any fraction"; x <= 3.25 is "integer part < 3 with
+any fraction, or 3 with a fraction up to .25", the fraction compared digit by digit).
 """
 
 from __future__ import annotations
 
-from grammars.schema_errors import UnsupportedSchema
+from decimal import Decimal
 
 NATURAL = "(0|[1-9][0-9]*)"
-ANY_FRACTION = r"(\.[0-9]+)?"
-ZERO_FRACTION = r"(\.0+)?"
-NONZERO_FRACTION = r"\.[0-9]*[1-9][0-9]*"
 
 
 def integer_regex(lo: int | None, hi: int | None) -> str | None:
@@ -31,26 +28,22 @@ def integer_regex(lo: int | None, hi: int | None) -> str | None:
     return parts[0] if len(parts) == 1 else f"({parts[0]}|{parts[1]})"
 
 
-def number_regex(
-    lo: float | None, hi: float | None, lo_excl: bool, hi_excl: bool, path: str = "#"
-) -> str | None:
+def number_regex(lo: float | None, hi: float | None, lo_excl: bool, hi_excl: bool) -> str | None:
     """Numbers in the interval; unbounded numbers may use exponents, bounded ones do not."""
     if lo is None and hi is None:
         return rf"-?{NATURAL}(\.[0-9]+)?([eE][+-]?[0-9]+)?"
-    for bound in (lo, hi):
-        if bound is not None and not float(bound).is_integer():
-            raise UnsupportedSchema(f"a non-integer number bound ({bound}) at {path}")
-    lo = None if lo is None else int(lo)
-    hi = None if hi is None else int(hi)
+    # Bounds as the decimals the schema wrote (0.1 is "0.1", not the float's binary value).
+    lo = None if lo is None else Decimal(repr(lo))
+    hi = None if hi is None else Decimal(repr(hi))
     parts = []
     if lo is None or lo < 0:  # negatives: magnitude in [max(-hi, 0), -lo]
-        m_lo, m_lo_excl = (0, False) if hi is None or hi >= 0 else (-hi, hi_excl)
+        m_lo, m_lo_excl = (Decimal(0), False) if hi is None or hi > 0 else (-hi, hi_excl)
         m_hi, m_hi_excl = (None, False) if lo is None else (-lo, lo_excl)
         neg = _magnitudes(m_lo, m_lo_excl, m_hi, m_hi_excl)
         if neg is not None:
             parts.append("-" + neg)
     if hi is None or hi >= 0:
-        p_lo, p_lo_excl = (0, False) if lo is None or lo < 0 else (lo, lo_excl)
+        p_lo, p_lo_excl = (Decimal(0), False) if lo is None or lo < 0 else (lo, lo_excl)
         pos = _magnitudes(p_lo, p_lo_excl, hi, hi_excl)
         if pos is not None:
             parts.append(pos)
@@ -59,19 +52,91 @@ def number_regex(
     return parts[0] if len(parts) == 1 else f"({parts[0]}|{parts[1]})"
 
 
-def _magnitudes(a: int, a_excl: bool, b: int | None, b_excl: bool) -> str | None:
-    """Non-negative decimals x (integer part + optional fraction) with a <(=) x <(=) b."""
+def _magnitudes(a: Decimal, a_excl: bool, b: Decimal | None, b_excl: bool) -> str | None:
+    """Non-negative decimals x (integer part + optional fraction) with a <(=) x <(=) b:
+    split on the integer part, only the two bounds' own integer parts constrain the
+    fraction."""
     if b is not None and (a > b or (a == b and (a_excl or b_excl))):
         return None
-    if a == b:
-        return f"{a}{ZERO_FRACTION}"
-    parts = [f"{a}{NONZERO_FRACTION if a_excl else ANY_FRACTION}"]  # integer part a
-    middle = natural_range(a + 1, None if b is None else b - 1)  # strictly between
-    if b is None or a + 1 <= b - 1:
-        parts.append(f"{middle}{ANY_FRACTION}")
-    if b is not None and not b_excl:
-        parts.append(f"{b}{ZERO_FRACTION}")
-    return "(" + "|".join(parts) + ")"
+    (a_int, a_frac), (b_int, b_frac) = _split(a), _split(b) if b is not None else (None, None)
+    if a_int == b_int:
+        fraction = _fraction(a_frac, a_excl, b_frac, b_excl)
+        return None if fraction is None else f"{a_int}{fraction}"
+    parts = []
+    low = _fraction(a_frac, a_excl, None, False)
+    if low is not None:
+        parts.append(f"{a_int}{low}")
+    if b_int is None or a_int + 1 <= b_int - 1:  # integer parts strictly between
+        middle = natural_range(a_int + 1, None if b_int is None else b_int - 1)
+        parts.append(rf"{middle}(\.[0-9]+)?")
+    high = None if b_int is None else _fraction(None, False, b_frac, b_excl)
+    if high is not None:
+        parts.append(f"{b_int}{high}")
+    return "(" + "|".join(parts) + ")" if parts else None
+
+
+def _split(x: Decimal) -> tuple[int, str]:
+    """(integer part, fraction digits without trailing zeros) of x >= 0."""
+    whole, _, fraction = format(x, "f").partition(".")
+    return int(whole), fraction.rstrip("0")
+
+
+def _fraction(lo: str | None, lo_excl: bool, hi: str | None, hi_excl: bool) -> str | None:
+    """The written fraction (absent, or a dot and digits) of numbers whose fractional value
+    f is within the bounds, each bound given by its digits after the point ("" is 0, None
+    is no bound); None when no fraction is."""
+    absent = (lo is None or (lo == "" and not lo_excl)) and not (hi == "" and hi_excl)
+    digits = _digits(lo, lo_excl, hi, hi_excl, need_digit=True)
+    if digits is None:
+        return "" if absent else None
+    return rf"(\.{digits})?" if absent else rf"\.{digits}"
+
+
+def _digits(lo: str | None, lo_excl: bool, hi: str | None, hi_excl: bool, need_digit: bool):
+    """Digit strings s with lo <(=) 0.s <(=) hi (trailing zeros and the empty string are
+    worth what they say), built one digit at a time: each digit either settles a bound
+    (above lo's digit, below hi's) or keeps following it."""
+    if lo == "" and not lo_excl:
+        lo = None  # f >= 0 always holds
+    if lo is None and hi is None:
+        return "[0-9]+" if need_digit else "[0-9]*"
+    if lo is None and hi == "":
+        return None if hi_excl else ("0+" if need_digit else "0*")
+    if lo == "" and hi is None:  # f > 0: a nonzero digit somewhere
+        return "[0-9]*[1-9][0-9]*"
+    if lo == "" and hi == "":
+        return None
+    branches: list[tuple[int, int, tuple]] = []  # (first digit, last digit, next bounds)
+    for c in range(10):
+        d = str(c)
+        if lo is None or (lo == "" and c > 0) or (lo and d > lo[0]):
+            next_lo = None
+        elif lo == "" or (lo and d == lo[0]):
+            next_lo = lo[1:]
+        else:
+            continue
+        if hi is None or (hi and d < hi[0]):
+            next_hi = None
+        elif (hi == "" and c == 0) or (hi and d == hi[0]):
+            next_hi = hi[1:]
+        else:
+            continue
+        state = (next_lo, next_hi)
+        if branches and branches[-1][2] == state and branches[-1][1] == c - 1:
+            branches[-1] = (branches[-1][0], c, state)
+        else:
+            branches.append((c, c, state))
+    options = []
+    for first, last, (next_lo, next_hi) in branches:
+        rest = _digits(next_lo, lo_excl, next_hi, hi_excl, need_digit=False)
+        if rest is not None:
+            head = str(first) if first == last else f"[{first}-{last}]"
+            options.append(head + rest)
+    empty = not need_digit and lo is None and not (hi == "" and hi_excl)
+    if not options:
+        return "" if empty else None
+    body = options[0] if len(options) == 1 else "(" + "|".join(options) + ")"
+    return f"({body})?" if empty else body
 
 
 def natural_range(a: int, b: int | None) -> str:
