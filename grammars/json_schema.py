@@ -50,7 +50,13 @@ BOOLEAN = "(true|false)"
 NULL = "null"
 
 _URI = r"[a-zA-Z][a-zA-Z0-9+.-]*://[a-zA-Z0-9._~:/?#@!$&'()*+,;=%-]+"
-_DATE = r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+# Real calendar dates (validators check them: 2023-02-29 and 2024-04-31 are not dates):
+# days 1-28 in any month, 29-30 outside February, 31 in the long months, February 29 in
+# leap years (divisible by 4, centuries only by 400). Year 0000 does not exist.
+_YEAR = "([1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])"
+_LEAP_YEAR = "([0-9]{2}(0[48]|[2468][048]|[13579][26])|([2468][048]|[13579][26]|0[48])00)"
+_MONTH_DAY = "((0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])|(0[13-9]|1[0-2])-(29|30)|(0[13578]|1[02])-31)"
+_DATE = f"({_YEAR}-{_MONTH_DAY}|{_LEAP_YEAR}-02-29)"
 _TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
 FORMATS = {
     "date": _DATE,
