@@ -19,6 +19,7 @@ _EXPORTS = {
     "dtype_constraint": "grammars.constraints",
     "Grammar": "grammars.matcher",
     "Matcher": "grammars.matcher",
+    "MatcherError": "grammars.matcher",
     "allocate_bitmask": "grammars.matcher",
     "bitmask_words": "grammars.matcher",
     "TokenVocabulary": "grammars.vocabulary",

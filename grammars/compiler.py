@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection
 
 from grammars.constraints import Constraint, Ebnf
 from grammars.index_builder import build_index, constraint_regex, fits_index
-from grammars.lazy import LazyRegexGrammar
+from grammars.lazy import STATE_MEMORY_MB, LazyRegexGrammar
 from grammars.matcher import Grammar
 from grammars.regex import RegexGrammar
 from grammars.vocabulary import TokenVocabulary
@@ -57,14 +57,19 @@ def compile(constraint: Constraint, vocab: TokenVocabulary) -> Grammar:
 _local_cache: OrderedDict = OrderedDict()
 
 
-def _build(constraint: Constraint, vocab: TokenVocabulary, regex_and_index) -> Grammar:
+def _build(
+    constraint: Constraint,
+    vocab: TokenVocabulary,
+    regex_and_index,
+    max_state_mb: int = STATE_MEMORY_MB,
+) -> Grammar:
     if isinstance(constraint, Ebnf):
         from grammars.ebnf import EbnfGrammar
 
         return EbnfGrammar(constraint.grammar, vocab)
     pattern, index = regex_and_index(constraint)
     if index is None:
-        return LazyRegexGrammar(pattern, vocab)
+        return LazyRegexGrammar(pattern, vocab, max_state_mb)
     return RegexGrammar(index, vocab, pattern)
 
 
@@ -83,11 +88,16 @@ class GrammarCompiler:
     """
 
     def __init__(
-        self, vocab: TokenVocabulary, timeout_s: float = 30.0, max_memory_mb: int = 2048
+        self,
+        vocab: TokenVocabulary,
+        timeout_s: float = 30.0,
+        max_memory_mb: int = 2048,
+        max_state_mb: int = STATE_MEMORY_MB,
     ) -> None:
         self.vocab = vocab
         self.timeout_s = timeout_s
         self.max_memory_mb = max_memory_mb
+        self.max_state_mb = max_state_mb  # a lazy automaton's states (grammars/lazy.py)
         self._cache: OrderedDict[Constraint, Future[Grammar]] = OrderedDict()
         self._lock = threading.Lock()
         self._jobs: queue.Queue[tuple[Constraint, Future[Grammar]] | None] = queue.Queue()
@@ -116,7 +126,8 @@ class GrammarCompiler:
         while (job := self._jobs.get()) is not None:
             constraint, future = job
             try:
-                future.set_result(_build(constraint, self.vocab, self._in_worker))
+                grammar = _build(constraint, self.vocab, self._in_worker, self.max_state_mb)
+                future.set_result(grammar)
             except Exception as e:  # handed to the request that asked
                 future.set_exception(e if isinstance(e, ValueError) else ValueError(str(e)))
         if self._worker is not None:

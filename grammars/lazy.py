@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from grammars.matcher import Grammar, Matcher, bitmask_words, set_bits
+from grammars.matcher import Grammar, Matcher, MatcherError, bitmask_words, set_bits
 from grammars.vocabulary import TokenVocabulary
 
 log = logging.getLogger(__name__)
@@ -32,12 +32,13 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("lazy_dfa.cpp")
 _FLAGS = ["-O2", "-shared", "-fPIC", "-std=c++17"]
 _MAX_FORCED_BYTES = 4096
+STATE_MEMORY_MB = 128  # a grammar's DFA states, before it starts over (LazyRegexGrammar)
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 _SIGNATURES = {
     "lazy_last_error": ([], ctypes.c_char_p),
     "lazy_vocab_new": ([_INT, ctypes.c_char_p, _P], _P),
     "lazy_vocab_free": ([_P], None),
-    "lazy_grammar_new": ([_P, ctypes.c_char_p, _I64], _P),
+    "lazy_grammar_new": ([_P, ctypes.c_char_p, _I64, _I64], _P),
     "lazy_grammar_free": ([_P], None),
     "lazy_start": ([_P], _INT),
     "lazy_advance": ([_P, _INT, ctypes.c_char_p, _I64], _INT),
@@ -110,19 +111,32 @@ def _vocab(vocab: TokenVocabulary) -> _Vocab:
     return _Vocab(vocab)
 
 
+class _Exhausted(Exception):
+    """The automaton's states reached their memory budget."""
+
+
 class LazyRegexGrammar(Grammar):
-    def __init__(self, pattern: str, vocab: TokenVocabulary) -> None:
+    """A regex's lazy automaton for one vocabulary, shared by its matchers.
+
+    States cannot be freed one by one (matchers hold their ids), so when they reach
+    `max_state_mb` the automaton starts over empty (`renew`) and each matcher replays its
+    tokens into the new one when it next moves: memory stays bounded however many outputs a
+    long-lived server constrains with one grammar. An output that alone needs more than the
+    budget (a regex whose DFA blows up exponentially) fails with MatcherError.
+    """
+
+    def __init__(
+        self, pattern: str, vocab: TokenVocabulary, max_state_mb: int = STATE_MEMORY_MB
+    ) -> None:
         lib = library()
         self.lib = lib
         self.vocab = vocab
         self.source = pattern  # for error messages
+        self.max_state_mb = max_state_mb
         self._vocab = _vocab(vocab)  # kept alive as long as the grammar
-        data = pattern.encode("utf-8")
-        self.handle = lib.lazy_grammar_new(self._vocab.handle, data, len(data))
-        if not self.handle:
-            raise ValueError(f"regex cannot be compiled: {_error(lib)}")
-        weakref.finalize(self, lib.lazy_grammar_free, self.handle)
-        self.start = lib.lazy_start(self.handle)
+        self.generation = -1  # bumped by each new automaton; matchers compare theirs
+        self._renew_lock = threading.Lock()
+        self.renew()
         if self.start < 0:
             raise ValueError("regex matches nothing")
         self.words = bitmask_words(vocab.size)
@@ -131,21 +145,37 @@ class LazyRegexGrammar(Grammar):
         if self.fill(self.start, row) & 2 and not lib.lazy_is_final(self.handle, self.start):
             raise ValueError("regex matches nothing this vocabulary can spell")
 
+    def renew(self) -> None:
+        """Replace the automaton with an empty one, freeing the old one's states and masks."""
+        with self._renew_lock:
+            if self.generation >= 0:
+                self._free()
+            data = self.source.encode("utf-8")
+            budget = self.max_state_mb << 20
+            handle = self.lib.lazy_grammar_new(self._vocab.handle, data, len(data), budget)
+            if not handle:
+                raise ValueError(f"regex cannot be compiled: {_error(self.lib)}")
+            self.handle = handle
+            self._free = weakref.finalize(self, self.lib.lazy_grammar_free, handle)
+            self.start = self.lib.lazy_start(handle)
+            self.generation += 1
+
     def matcher(self) -> LazyMatcher:
         return LazyMatcher(self)
 
+    def _check(self, code: int) -> int:
+        if code == -4:
+            raise _Exhausted(_error(self.lib))
+        if code < -1:
+            raise MatcherError(f"lazy grammar: {_error(self.lib)}")
+        return code
+
     def fill(self, state: int, row: torch.Tensor) -> int:
         """Write state's mask (EOS excluded) into row; flags 1: final, 2: no token allowed."""
-        flags = self.lib.lazy_fill(self.handle, state, row.data_ptr())
-        if flags < 0:
-            raise RuntimeError(f"lazy grammar: {_error(self.lib)}")
-        return flags
+        return self._check(self.lib.lazy_fill(self.handle, state, row.data_ptr()))
 
     def advance(self, state: int, data: bytes) -> int:
-        nxt = self.lib.lazy_advance(self.handle, state, data, len(data))
-        if nxt < -1:
-            raise RuntimeError(f"lazy grammar: {_error(self.lib)}")
-        return nxt
+        return self._check(self.lib.lazy_advance(self.handle, state, data, len(data)))
 
     def is_final(self, state: int) -> bool:
         return bool(self.lib.lazy_is_final(self.handle, state))
@@ -154,14 +184,12 @@ class LazyRegexGrammar(Grammar):
         buf = ctypes.create_string_buffer(_MAX_FORCED_BYTES)
         end = _INT()
         n = self.lib.lazy_forced(self.handle, state, buf, _MAX_FORCED_BYTES, ctypes.byref(end))
-        if n < 0:
-            raise RuntimeError(f"lazy grammar: {_error(self.lib)}")
-        return buf.raw[:n]
+        return buf.raw[: self._check(n)]
 
     def stats(self) -> dict[str, int]:
-        out = (_I64 * 3)()
+        out = (_I64 * 4)()
         self.lib.lazy_stats(self.handle, out)
-        return {"nfa_nodes": out[0], "dfa_states": out[1], "masks": out[2]}
+        return {"nfa_nodes": out[0], "dfa_states": out[1], "masks": out[2], "state_bytes": out[3]}
 
 
 class LazyMatcher(Matcher):
@@ -170,7 +198,9 @@ class LazyMatcher(Matcher):
 
     def __init__(self, grammar: LazyRegexGrammar) -> None:
         self.grammar = grammar
-        self.states = [grammar.start]  # one per accepted token, for rollback
+        self.generation = grammar.generation  # of the automaton self.states belong to
+        self.states = [grammar.start]  # one per accepted token (the last MAX_ROLLBACK + 1)
+        self.accepted: list[bytes] = []  # every accepted token's bytes, to replay on renewal
         self.ended = False  # EOS accepted
 
     def fill_bitmask(self, row: torch.Tensor) -> None:
@@ -178,7 +208,7 @@ class LazyMatcher(Matcher):
         if self.ended:
             row.zero_()
             set_bits(row, g.eos_ids)
-        elif g.fill(self.states[-1], row) & 1:
+        elif self._at_state(g.fill, row) & 1:
             set_bits(row, g.eos_ids)
 
     def accept_token(self, token_id: int) -> bool:
@@ -186,15 +216,16 @@ class LazyMatcher(Matcher):
         if self.ended:
             return False
         if token_id in g.vocab.eos_token_ids:
-            self.ended = g.is_final(self.states[-1])
+            self.ended = self._at_state(g.is_final)
             return self.ended
         data = g.vocab.token_bytes[token_id] if 0 <= token_id < g.vocab.size else None
         if not data:
             return False
-        nxt = g.advance(self.states[-1], data)
+        nxt = self._at_state(g.advance, data)
         if nxt < 0:
             return False
         self.states.append(nxt)
+        self.accepted.append(data)
         if len(self.states) > self.MAX_ROLLBACK + 1:
             del self.states[0]
         return True
@@ -203,7 +234,8 @@ class LazyMatcher(Matcher):
         if self.ended:
             return True
         row = torch.empty(self.grammar.words, dtype=torch.int32)
-        return self.grammar.fill(self.states[-1], row) == 3  # final, and nothing may follow
+        # Final, and nothing may follow.
+        return self._at_state(self.grammar.fill, row) == 3
 
     def rollback(self, n: int) -> None:
         if n and self.ended:
@@ -216,9 +248,38 @@ class LazyMatcher(Matcher):
             )
         if n:
             del self.states[-n:]
+            del self.accepted[-n:]
 
     def jump_forward(self) -> str:
         if self.ended:
             return ""
-        forced = self.grammar.forced(self.states[-1])
+        forced = self._at_state(self.grammar.forced)
         return forced.decode("utf-8", errors="ignore")  # a partial last character waits
+
+    def _at_state(self, method, *args):
+        """method(current state, *args); when the automaton is full, start it over once."""
+        try:
+            self._sync()
+            return method(self.states[-1], *args)
+        except _Exhausted:
+            self.grammar.renew()
+        try:
+            self._sync()
+            return method(self.states[-1], *args)
+        except _Exhausted as e:
+            raise MatcherError(
+                f"{e} (grammar_state_memory_mb), even started over for this output alone"
+            ) from None
+
+    def _sync(self) -> None:
+        """Replay the accepted tokens into a renewed automaton."""
+        g = self.grammar
+        if self.generation == g.generation:
+            return
+        state = g.start
+        states = [state]
+        for data in self.accepted:
+            state = g.advance(state, data)
+            states.append(state)
+        self.states = states[-(self.MAX_ROLLBACK + 1) :]
+        self.generation = g.generation

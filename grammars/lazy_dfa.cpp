@@ -602,12 +602,21 @@ struct VecHash {
 };
 
 constexpr int kUnknown = -2, kDead = -1;
+
+// The DFA's states reached their memory budget; the caller may start a fresh automaton.
+struct Exhausted : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 constexpr size_t kMaxTransitionTables = 200'000;  // 1 KB each; dropped (recomputable) past it
 constexpr size_t kMaxMasks = 16'384;              // V / 8 bytes each; dropped past it
 
 class Grammar {
  public:
-  Grammar(const Vocab& vocab, const std::string& pattern) : vocab_(vocab), nfa_(parse(pattern)) {
+  // States cannot be dropped like tables and masks (matchers hold their ids), so their
+  // memory has a budget: a regex whose DFA outgrows it (exponential blow-up) fails with an
+  // error instead of taking the process's memory.
+  Grammar(const Vocab& vocab, const std::string& pattern, size_t max_state_bytes)
+      : vocab_(vocab), nfa_(parse(pattern)), max_state_bytes_(max_state_bytes) {
     start_ = state_of(closure({nfa_.start}));
   }
 
@@ -616,6 +625,7 @@ class Grammar {
   int num_states() const { return static_cast<int>(states_.size()); }
   int num_masks() const { return static_cast<int>(masks_.size()); }
   int num_nfa_nodes() const { return static_cast<int>(nfa_.nodes.size()); }
+  size_t state_bytes() const { return state_bytes_; }
 
   bool is_final(int s) const { return states_[s].final; }
 
@@ -708,6 +718,8 @@ class Grammar {
   size_t tables_ = 0;
   int epoch_ = 0;
   int start_ = kDead;
+  size_t max_state_bytes_;
+  size_t state_bytes_ = 0;
   std::vector<int> mark_;  // closure scratch: node -> generation
   int generation_ = 0;
 
@@ -744,6 +756,13 @@ class Grammar {
     std::vector<int64_t> key(set.begin(), set.end());
     auto it = index_.find(key);
     if (it != index_.end()) return it->second;
+    // The set twice (state and index key) and the containers' own overhead.
+    state_bytes_ += set.size() * (sizeof(int) + sizeof(int64_t)) + 160;
+    if (state_bytes_ > max_state_bytes_) {
+      throw Exhausted("the regex's automaton outgrew its " +
+                               std::to_string(max_state_bytes_ >> 20) + " MB budget at " +
+                               std::to_string(states_.size()) + " states");
+    }
     State st;
     for (int n : set) st.final |= nfa_.nodes[n].kind == NfaNode::kMatch;
     st.nfa = std::move(set);
@@ -831,9 +850,11 @@ void* lazy_vocab_new(int n, const char* data, const int64_t* offsets) {
 
 void lazy_vocab_free(void* v) { delete static_cast<Vocab*>(v); }
 
-void* lazy_grammar_new(const void* vocab, const char* pattern, int64_t length) {
+void* lazy_grammar_new(const void* vocab, const char* pattern, int64_t length,
+                       int64_t max_state_bytes) {
   try {
-    return new Grammar(*static_cast<const Vocab*>(vocab), std::string(pattern, length));
+    return new Grammar(*static_cast<const Vocab*>(vocab), std::string(pattern, length),
+                       static_cast<size_t>(max_state_bytes));
   } catch (const std::bad_alloc&) {
     last_error = "out of memory building the regex's automaton";
   } catch (const std::exception& e) {
@@ -846,12 +867,17 @@ void lazy_grammar_free(void* g) { delete static_cast<Grammar*>(g); }
 
 int lazy_start(void* g) { return static_cast<Grammar*>(g)->start(); }
 
+// Entry points return -3 on an error and -4 when the states' budget is spent.
+
 // The state after a token's bytes, or -1 when the regex refuses them.
 int lazy_advance(void* gp, int state, const char* data, int64_t length) {
   auto* g = static_cast<Grammar*>(gp);
   std::lock_guard<std::mutex> lock(g->mutex);
   try {
     return g->advance(state, std::string(data, length));
+  } catch (const Exhausted& e) {
+    last_error = e.what();
+    return -4;
   } catch (const std::exception& e) {
     last_error = e.what();
     return -3;
@@ -867,6 +893,9 @@ int lazy_fill(void* gp, int state, uint32_t* out) {
     std::memcpy(out, m.data(), m.size() * sizeof(uint32_t));
     bool none = std::all_of(m.begin(), m.end(), [](uint32_t w) { return w == 0; });
     return (g->is_final(state) ? 1 : 0) | (none ? 2 : 0);
+  } catch (const Exhausted& e) {
+    last_error = e.what();
+    return -4;
   } catch (const std::exception& e) {
     last_error = e.what();
     return -3;
@@ -887,19 +916,23 @@ int lazy_forced(void* gp, int state, char* out, int limit, int* end) {
     std::string s = g->forced(state, limit, end);
     std::memcpy(out, s.data(), s.size());
     return static_cast<int>(s.size());
+  } catch (const Exhausted& e) {
+    last_error = e.what();
+    return -4;
   } catch (const std::exception& e) {
     last_error = e.what();
     return -3;
   }
 }
 
-// Sizes, for tests and memory accounting: NFA nodes, DFA states, cached masks.
+// Sizes, for tests and memory accounting: NFA nodes, DFA states, cached masks, states' bytes.
 void lazy_stats(void* gp, int64_t* out) {
   auto* g = static_cast<Grammar*>(gp);
   std::lock_guard<std::mutex> lock(g->mutex);
   out[0] = g->num_nfa_nodes();
   out[1] = g->num_states();
   out[2] = g->num_masks();
+  out[3] = static_cast<int64_t>(g->state_bytes());
 }
 
 }  // extern "C"

@@ -37,6 +37,11 @@ def set_bits(row: torch.Tensor, token_ids) -> None:
             row[word] = value - (1 << 32) if value >= 1 << 31 else value
 
 
+class MatcherError(RuntimeError):
+    """A matcher cannot go on (its automaton ran out of budget): the runtime fails that
+    request with this message and keeps serving the others."""
+
+
 class Matcher(ABC):
     """One request's progress through a grammar.
 

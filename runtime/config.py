@@ -34,6 +34,9 @@ class EngineConfig:
     # limits (a schema that would hang or exhaust memory fails its request instead).
     grammar_compile_timeout_s: float = 30.0
     grammar_compile_memory_mb: int = 2048
+    # A lazy automaton (a regex too large for an index) makes states as outputs reach them;
+    # past this budget it starts over empty, and an output that alone needs more fails.
+    grammar_state_memory_mb: int = 128
     # CPU: run norms, the activation, RoPE and decode attention in the C++ kernels
     # (kernels/cpu.cpp, built once with the system compiler; torch ops when none is found).
     cpu_kernels: bool = True
@@ -76,10 +79,14 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.schedule_policy: expected lpm or fcfs, got {self.schedule_policy!r}"
             )
-        if self.grammar_compile_timeout_s <= 0 or self.grammar_compile_memory_mb < 64:
+        if (
+            self.grammar_compile_timeout_s <= 0
+            or self.grammar_compile_memory_mb < 64
+            or self.grammar_state_memory_mb < 1
+        ):
             raise ValueError(
-                "EngineConfig: grammar_compile_timeout_s must be > 0 and "
-                "grammar_compile_memory_mb >= 64"
+                "EngineConfig: grammar_compile_timeout_s must be > 0, "
+                "grammar_compile_memory_mb >= 64 and grammar_state_memory_mb >= 1"
             )
         if self.spec_method not in ("none", "ngram", "draft"):
             raise ValueError(

@@ -49,6 +49,7 @@ class GrammarService:
                     vocab,
                     timeout_s=self.config.grammar_compile_timeout_s,
                     max_memory_mb=self.config.grammar_compile_memory_mb,
+                    max_state_mb=self.config.grammar_state_memory_mb,
                 )
             return self._compiler.submit(constraint)
 

@@ -18,7 +18,7 @@ from concurrent.futures import Future
 
 import torch
 
-from grammars.matcher import Grammar
+from grammars.matcher import Grammar, MatcherError
 from runtime.config import EngineConfig
 from runtime.constrained import GrammarService
 from runtime.detokenizer import IncrementalDetokenizer
@@ -412,7 +412,12 @@ class Engine:
                 and arg.params.prompt_logprobs_from is None  # its logits come before output
             ):
                 # Text the grammar forces at the start is fed with the prompt.
-                self._add_tokens(arg, self.grammars.forced_tokens(arg, None), [], time.monotonic())
+                try:
+                    forced = self.grammars.forced_tokens(arg, None)
+                except MatcherError as e:
+                    self._finish(arg, "abort", error=str(e))
+                    return
+                self._add_tokens(arg, forced, [], time.monotonic())
         elif op == "abort" and arg in self._live:
             self._finish(self._live[arg], "abort")
         elif op == "flush":
@@ -489,13 +494,20 @@ class Engine:
 
     def _add_sampled(self, r: Request, res: StepResult, now: float) -> None:
         tokens, logprobs = [res.token], [(res.logprob, res.top_logprobs)]
-        if r.matcher is not None and res.token not in r.stop_ids:
-            if not r.matcher.accept_token(res.token):
-                self._finish(r, "abort", error=f"token {res.token} is outside the grammar")
+        if r.matcher is not None:
+            if r.grammar_error is None and res.token not in r.stop_ids:
+                try:
+                    if r.matcher.accept_token(res.token):
+                        # The sampled token may merge with the forced text that follows it:
+                        # the tokens replacing it carry no sampled logprob (0.0, forced).
+                        tokens = self.grammars.forced_tokens(r, res.token)
+                    else:
+                        r.grammar_error = f"token {res.token} is outside the grammar"
+                except MatcherError as e:
+                    r.grammar_error = str(e)
+            if r.grammar_error is not None:  # whatever was sampled, r's output stops here
+                self._finish(r, "abort", error=r.grammar_error)
                 return
-            # The sampled token may merge with the forced text that follows it: the
-            # tokens replacing it carry no sampled logprob (0.0, forced).
-            tokens = self.grammars.forced_tokens(r, res.token)
             if tokens[0] != res.token:
                 logprobs = []
         self._add_tokens(r, tokens, logprobs, now)

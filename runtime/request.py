@@ -49,6 +49,7 @@ class Request:
     max_new_tokens: int
     priority: int = 0
     matcher: Matcher | None = None  # the constraint's state, when the request has one
+    grammar_error: str | None = None  # the matcher failed (MatcherError): r fails, alone
     arrival: float = field(default_factory=time.monotonic)
     status: Status = Status.WAITING
     output_ids: list[int] = field(default_factory=list)

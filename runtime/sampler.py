@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 import kernels
-from grammars.matcher import allocate_bitmask
+from grammars.matcher import MatcherError, allocate_bitmask
 from kernels.reference import apply_bitmask, filtered_logprobs
 from kernels.reference import sample as reference_sample
 
@@ -97,8 +97,11 @@ def _penalised_and_masks(
     if any(r.matcher is not None for r in reqs):
         bitmask = allocate_bitmask(len(reqs), grammar_vocab_size)
         for row, r in enumerate(reqs):
-            if r.matcher is not None:
-                r.matcher.fill_bitmask(bitmask[row])
+            if r.matcher is not None and r.grammar_error is None:
+                try:
+                    r.matcher.fill_bitmask(bitmask[row])
+                except MatcherError as e:  # the engine fails r; its row samples unmasked
+                    r.grammar_error = str(e)
         bitmask = bitmask.to(logits.device)
     return logits, bitmask
 

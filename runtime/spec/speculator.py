@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from grammars.matcher import MatcherError
 from runtime.config import EngineConfig
 from runtime.spec.adaptive import MAX_ADAPTIVE_LENGTH, Acceptance, StepCost
 from runtime.spec.draft_model import DraftModelProposer
@@ -53,9 +54,15 @@ class DraftMatcher:
         m = self.r.matcher
         if m is None or token in self.r.stop_ids:
             return [token]
-        if m.is_terminated() or not m.accept_token(token):
+        if self.r.grammar_error is not None:
             return None
-        tokens = self.forced(self.r, token)  # the matcher has accepted exactly these
+        try:
+            if m.is_terminated() or not m.accept_token(token):
+                return None
+            tokens = self.forced(self.r, token)  # the matcher has accepted exactly these
+        except MatcherError as e:  # the engine fails r when it samples
+            self.r.grammar_error = str(e)
+            return None
         if tokens[0] != token:  # token merged with forced text into other tokens: drop it
             m.rollback(len(tokens))
             return None
