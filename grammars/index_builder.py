@@ -53,7 +53,7 @@ _SMALL_COUNT = 16  # {2,4}-sized counts (dates, hex digits) are cheap
 
 def fits_index(pattern: str) -> bool:
     """Whether an outlines index of `pattern` is cheap enough to build up front."""
-    if len(pattern) > INDEX_REGEX_CHARS:
+    if len(pattern) > INDEX_REGEX_CHARS or "(?=" in pattern:  # length lookaheads: lazy only
         return False
     counts = (max(int(lo), int(hi or 0)) for lo, hi in _COUNTS.findall(pattern))
     return sum(c for c in counts if c > _SMALL_COUNT) <= INDEX_COUNTED

@@ -466,7 +466,7 @@ class _Converter:
         if fmt is not None:
             shortest, longest = FORMAT_LENGTHS.get(fmt, (1, None))
             if lo > shortest or (hi is not None and (longest is None or hi < longest)):
-                raise UnsupportedSchema(f"length bounds with format {fmt!r} at {path}")
+                return self.length_bounded(FORMATS[fmt], lo, hi, path)  # formats are plain
             return f'"{FORMATS[fmt]}"'
         if lo > MAX_STRING_CHARS:
             raise UnsupportedSchema(f"minLength {lo} at {path} exceeds {MAX_STRING_CHARS}")
@@ -475,11 +475,12 @@ class _Converter:
         return f'"{PLAIN_CHAR}{{{lo},{min(hi, max(lo, MAX_STRING_CHARS))}}}"'
 
     def counted_pattern(self, pattern: Any, lo: int, hi: int | None, path: str) -> str | None:
-        """Length bounds next to a pattern that is one repeated character (`^[a-z]+$`):
-        the two counts meet. Other patterns cannot be intersected with a length here."""
+        """Length bounds next to a pattern. One repeated character (`^[a-z]+$`): the two
+        counts meet, a plain regex. Any other: a length lookahead (length_bounded)."""
         match = _ONE_REPEATED.fullmatch(pattern) if isinstance(pattern, str) else None
         if match is None:
-            raise UnsupportedSchema(f"length bounds with 'pattern' at {path}")
+            content = pattern_regex(pattern, PLAIN_CHAR, path, plain=True)
+            return self.length_bounded(content, lo, hi, path)
         atom, quantifier = match.groups()
         if quantifier in ("+", "*"):
             q_lo, q_hi = (1 if quantifier == "+" else 0), None
@@ -497,6 +498,18 @@ class _Converter:
         char = pattern_regex(f"^{atom}$", CHAR, path)  # one code point, encoded
         top = "" if hi is None else min(hi, max(lo, MAX_STRING_CHARS))
         return f'"{char}{{{lo},{top}}}"'
+
+    def length_bounded(self, content: str, lo: int, hi: int | None, path: str) -> str | None:
+        """A string whose content matches `content` (a regex of plain characters, one per
+        string character) and has lo to hi characters: `(?=C{lo,hi}")(content)"`, a
+        lookahead Python's re reads as written and the lazy automaton compiles as the
+        intersection (outlines cannot, so these regexes go to the lazy automaton)."""
+        if lo > MAX_STRING_CHARS:
+            raise UnsupportedSchema(f"minLength {lo} at {path} exceeds {MAX_STRING_CHARS}")
+        if hi is not None and lo > hi:
+            return None
+        top = "" if hi is None else min(hi, max(lo, MAX_STRING_CHARS))
+        return f'"(?={PLAIN_CHAR}{{{lo},{top}}}")({content})"'
 
     def integer(self, schema: dict, path: str, depth: int) -> str | None:
         lo, hi = _integer_bounds(schema, path)

@@ -24,19 +24,23 @@ _CLASS_ESCAPES = {
 _SIMPLE_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "0": "\0"}
 
 
-def pattern_regex(pattern: str, char: str, path: str) -> str:
-    """Regex for the encoded content of strings that `pattern` matches somewhere in."""
+def pattern_regex(pattern: str, char: str, path: str, plain: bool = False) -> str:
+    """Regex for the encoded content of strings that `pattern` matches somewhere in.
+
+    `plain`: one regex character per string character (no escapes), for a length bound to
+    count them; a literal that JSON must escape then raises UnsupportedSchema."""
     if not isinstance(pattern, str):
         raise UnsupportedSchema(f"'pattern' must be a string at {path}")
-    return _Parser(pattern, char, path).top()
+    return _Parser(pattern, char, path, plain).top()
 
 
 class _Parser:
-    def __init__(self, pattern: str, char: str, path: str) -> None:
+    def __init__(self, pattern: str, char: str, path: str, plain: bool) -> None:
         self.s = pattern
         self.i = 0
         self.char = char  # any one JSON string character, encoded
         self.path = path
+        self.plain = plain
 
     def fail(self, what: str) -> UnsupportedSchema:
         return UnsupportedSchema(f"'pattern' {self.s!r} at {self.path}: {what}")
@@ -109,8 +113,13 @@ class _Parser:
             return self.escape_atom()
         if c in "*+?{":
             if c == "{" and not self._counted_ahead(self.i - 1):
-                return _literal(c)
+                return self.literal(c)
             raise self.fail(f"nothing to repeat before {c!r}")
+        return self.literal(c)
+
+    def literal(self, c: str) -> str:
+        if self.plain and (c in _ENCODED or ord(c) < 0x20):
+            raise self.fail(f"{c!r}, which JSON escapes, next to length bounds")
         return _literal(c)
 
     def escape_atom(self) -> str:
@@ -125,7 +134,7 @@ class _Parser:
             raise self.fail("backreferences are not supported")
         if c in "pPk":
             raise self.fail(f"'\\{c}' is not supported")
-        return _literal(self.escaped_char(c))
+        return self.literal(self.escaped_char(c))
 
     def escaped_char(self, c: str) -> str:
         if c in _SIMPLE_ESCAPES:

@@ -12,6 +12,12 @@
 // have the same mask: the cache is keyed by that canonical form, and a 4,096-character string
 // costs a handful of walks instead of thousands.
 //
+// A length lookahead `(?=C{m,n}T)(X)T` (T a character outside the class C) is the one
+// lookaround supported: X's strings of m to n characters, all in C. JSON-schema strings with
+// both a pattern (or format) and length bounds compile to it. X is laid out once per count
+// of characters read so far, each character stepping to the next copy; those copies form a
+// counted group too.
+//
 // Called through ctypes from grammars/lazy.py; every entry point catches C++ exceptions.
 
 #include <algorithm>
@@ -35,10 +41,10 @@ constexpr uint32_t kMaxCodePoint = 0x10FFFF;
 using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;  // sorted, disjoint, inclusive
 
 struct Ast {
-  enum Kind { kEmpty, kClass, kConcat, kAlt, kRepeat } kind = kEmpty;
-  Ranges ranges;          // kClass
-  std::vector<int> kids;  // kConcat, kAlt; kRepeat: one
-  int min = 0, max = -1;  // kRepeat; max -1: unbounded
+  enum Kind { kEmpty, kClass, kConcat, kAlt, kRepeat, kSpan } kind = kEmpty;
+  Ranges ranges;          // kClass; kSpan: the class every character is in
+  std::vector<int> kids;  // kConcat, kAlt; kRepeat, kSpan: one
+  int min = 0, max = -1;  // kRepeat, kSpan (characters); max -1: unbounded
 };
 
 Ranges normalize(Ranges r) {
@@ -52,6 +58,19 @@ Ranges normalize(Ranges r) {
     }
   }
   return out;
+}
+
+constexpr int kMaxSpanChars = 8191;  // a length lookahead's bounds (they key mask sharing)
+
+Ranges intersect(const Ranges& a, const Ranges& b) {
+  Ranges out;
+  for (auto [lo, hi] : a) {
+    for (auto [blo, bhi] : b) {
+      uint32_t l = std::max(lo, blo), h = std::min(hi, bhi);
+      if (l <= h) out.push_back({l, h});
+    }
+  }
+  return normalize(out);
 }
 
 Ranges negate(const Ranges& r) {
@@ -186,6 +205,38 @@ class Parser {
     return atom_id;
   }
 
+  // After `(?=`: C{m,n}T) then the group (X) and T, which stays for the caller to read.
+  int span() {
+    const char* shape = "a lookahead other than (?=C{m,n}T)(X)T, T outside the class C";
+    if (done()) fail(shape);
+    int cls_id = atom();
+    int rep = repetition(cls_id);
+    if (pool_[cls_id].kind != Ast::kClass || pool_[rep].kind != Ast::kRepeat ||
+        pool_[rep].kids[0] != cls_id || done()) {
+      fail(shape);
+    }
+    int lo = pool_[rep].min, hi = pool_[rep].max;
+    if (lo > kMaxSpanChars || hi > kMaxSpanChars) fail("a length lookahead above 8191 characters");
+    uint32_t end = code_point();
+    if (!peek_is(')')) fail(shape);
+    ++pos_;
+    const Ranges& chars = pool_[cls_id].ranges;
+    bool end_in_class = std::any_of(chars.begin(), chars.end(),
+                                    [end](auto r) { return r.first <= end && end <= r.second; });
+    if (end_in_class || !peek_is('(')) fail(shape);
+    int body = atom();
+    size_t after = pos_;
+    if (done() || code_point() != end) fail(shape);
+    pos_ = after;
+    Ast a;
+    a.kind = Ast::kSpan;
+    a.ranges = chars;
+    a.kids = {body};
+    a.min = lo;
+    a.max = hi;
+    return add(std::move(a));
+  }
+
   int atom() {
     char c = src_[pos_];
     if (c == '(') {
@@ -198,6 +249,9 @@ class Parser {
           size_t close = src_.find('>', pos_);
           if (close == std::string::npos) fail("unterminated group name");
           pos_ = close + 1;
+        } else if (peek_is('=')) {
+          ++pos_;
+          return span();
         } else {
           fail("group flags, lookarounds and named references are not supported");
         }
@@ -393,12 +447,17 @@ struct NfaNode {
   int a = -1, b = -1;  // kByte: a = next; kSplit: a, b (b may be -1)
 };
 
-// A counted class repetition: `units` equal units of `size` nodes from `base`, unit u
-// entered when `need[u]` more characters are required and `room[u]` more allowed.
+// A counted class repetition or a length lookahead's copies: `units` equal units of `size`
+// nodes from `base`, unit u entered when `need[u]` more characters are required and
+// `room[u]` more allowed.
 struct Counted {
   int base, size, units;
   std::vector<int> need, room;
+  bool span = false;  // a lookahead's copies of X (masks shared more carefully: canonical)
 };
+
+constexpr size_t kMaxGroups = 1 << 17;  // group ids and unit offsets key mask sharing
+constexpr int kMaxUnitSize = 1 << 20;
 
 class Nfa {
  public:
@@ -449,14 +508,53 @@ class Nfa {
       }
       case Ast::kRepeat:
         return repeat(a, next);
+      case Ast::kSpan:
+        return span(a, next);
     }
     return next;
   }
 
+  // Inside a length lookahead's copy of X: classes keep only the lookahead's characters,
+  // and a character steps to the next copy (the copy built before this one).
+  const Ranges* span_chars_ = nullptr;
+  int span_size_ = 0;   // nodes per copy
+  int span_last_ = 0;   // 1: this copy counts the most characters; 2: and loops (no max)
+
+  int span(const Ast& a, int next) {
+    if (span_chars_ != nullptr) throw std::runtime_error("nested length lookaheads");
+    bool unbounded = a.max < 0;
+    int units = (unbounded ? a.min : a.max) + 1;
+    Counted g{static_cast<int>(nodes.size()), 0, units, {}, {}, true};
+    span_chars_ = &a.ranges;
+    int entry = -1;
+    for (int k = 0; k < units; ++k) {  // copy k has read units - 1 - k characters
+      int count = units - 1 - k;
+      span_last_ = k > 0 ? 0 : unbounded ? 2 : 1;
+      int exit = node({NfaNode::kSplit, 0, 0, count >= a.min ? next : -1, -1});
+      entry = compile(a.kids[0], exit);
+      int size = static_cast<int>(nodes.size()) - g.base;
+      if (k == 0) span_size_ = size;
+      if (size != (k + 1) * span_size_) throw std::logic_error("uneven lookahead copies");
+      g.need.push_back(std::max(a.min - count, 0));
+      g.room.push_back(unbounded ? INT32_MAX : a.max - count);
+    }
+    span_chars_ = nullptr;
+    g.size = span_size_;
+    add_group(std::move(g));
+    return entry;
+  }
+
+  void add_group(Counted g) {
+    if (groups.size() < kMaxGroups && g.size < kMaxUnitSize) groups.push_back(std::move(g));
+  }
+
   int char_class(const Ranges& ranges, int next) {
     std::vector<ByteSeq> seqs;
-    for (auto [lo, hi] : ranges) utf8_split(lo, hi, seqs);
+    for (auto [lo, hi] : span_chars_ ? intersect(ranges, *span_chars_) : ranges) {
+      utf8_split(lo, hi, seqs);
+    }
     if (seqs.empty()) throw std::runtime_error("a character class matches nothing");
+    if (span_chars_ != nullptr) next = span_last_ == 1 ? -1 : span_last_ == 2 ? next : next - span_size_;
     int start = -1;
     for (auto it = seqs.rbegin(); it != seqs.rend(); ++it) {
       int cur = next;
@@ -470,8 +568,8 @@ class Nfa {
 
   int repeat(const Ast& a, int next) {
     int body = a.kids[0];
-    bool counted_class =
-        ast_[body].kind == Ast::kClass && (a.max > kCountedUnits || a.min > kCountedUnits);
+    bool counted_class = ast_[body].kind == Ast::kClass && span_chars_ == nullptr &&
+                         (a.max > kCountedUnits || a.min > kCountedUnits);
     int cur = next;
     if (a.max < 0) {  // X{m,}: the loop, then m copies before it
       int loop = split(-1, next);
@@ -499,7 +597,7 @@ class Nfa {
       g.room.push_back(a.max < 0 ? INT32_MAX : a.max - done_chars);
       cur = entry;
     }
-    groups.push_back(std::move(g));
+    add_group(std::move(g));
     return cur;
   }
 
@@ -779,20 +877,26 @@ class Grammar {
 
   // Nodes of counted units replaced by (group, offset, need, room), the counts capped at
   // the longest token: states equal under this key allow the same tokens.
+  //
+  // A lookahead's copies also differ in which nodes can still finish (X may need more
+  // characters than a token holds), so their cap adds the copy's size, which bounds X's
+  // shortest finish; and with a maximum, `need` stays exact (a loop's period could make a
+  // window of lengths reachable from one copy and not from another).
   std::vector<int64_t> canonical(int s) {
-    const int64_t cap = vocab_.max_len + 1;
     std::vector<int64_t> key;
     for (int n : states_[s].nfa) {
       int g = nfa_.counted[n];
-      if (g < 0) {
+      const Counted* c = g < 0 ? nullptr : &nfa_.groups[g];
+      int64_t cap = vocab_.max_len + 1 + (c && c->span ? c->size : 0);
+      if (c == nullptr || cap > kMaxSpanChars) {
         key.push_back(n);
         continue;
       }
-      const Counted& c = nfa_.groups[g];
-      int unit = (n - c.base) / c.size, offset = (n - c.base) % c.size;
-      int64_t need = std::min<int64_t>(c.need[unit], cap);
-      int64_t room = std::min<int64_t>(c.room[unit], cap);
-      key.push_back(-1 - ((((static_cast<int64_t>(g) << 20 | offset) << 12 | need) << 12) | room));
+      int unit = (n - c->base) / c->size, offset = (n - c->base) % c->size;
+      bool exact = c->span && c->room[unit] != INT32_MAX;
+      int64_t need = exact ? c->need[unit] : std::min<int64_t>(c->need[unit], cap);
+      int64_t room = std::min<int64_t>(c->room[unit], cap);
+      key.push_back(-1 - ((((static_cast<int64_t>(g) << 20 | offset) << 13 | need) << 13) | room));
     }
     std::sort(key.begin(), key.end());
     return key;
