@@ -454,6 +454,7 @@ struct Counted {
   int base, size, units;
   std::vector<int> need, room;
   bool span = false;  // a lookahead's copies of X (masks shared more carefully: canonical)
+  int finish = 0;     // span: the most characters any node of X needs to reach X's end
 };
 
 constexpr size_t kMaxGroups = 1 << 17;  // group ids and unit offsets key mask sharing
@@ -540,8 +541,42 @@ class Nfa {
     }
     span_chars_ = nullptr;
     g.size = span_size_;
+    if (units > 1) g.finish = longest_finish(g.base + g.size, g.size);
     add_group(std::move(g));
     return entry;
+  }
+
+  // Over the copy of X at `base` (not the last copy: its characters step to the copy at
+  // base - size): the largest, over nodes that can end X, of the fewest characters to its
+  // end (the copy's first node, its exit). A 0-1 breadth-first search backwards from it.
+  int longest_finish(int base, int size) const {
+    std::vector<std::vector<std::pair<int, int>>> preds(size);  // offset -> (offset, chars)
+    for (int o = 0; o < size; ++o) {
+      const NfaNode& n = nodes[base + o];
+      for (int t : {n.a, n.b}) {
+        if (t >= base && t < base + size) preds[t - base].push_back({o, 0});
+        else if (n.kind == NfaNode::kByte && t >= base - size && t < base) preds[t - base + size].push_back({o, 1});
+      }
+    }
+    std::vector<int> dist(size, INT32_MAX);
+    std::vector<int> todo{0}, later;
+    dist[0] = 0;
+    int longest = 0;
+    for (int d = 0; !todo.empty(); ++d, todo.swap(later), later.clear()) {
+      while (!todo.empty()) {
+        int o = todo.back();
+        todo.pop_back();
+        if (dist[o] != d) continue;
+        longest = d;
+        for (auto [p, w] : preds[o]) {
+          if (d + w < dist[p]) {
+            dist[p] = d + w;
+            (w ? later : todo).push_back(p);
+          }
+        }
+      }
+    }
+    return longest;
   }
 
   void add_group(Counted g) {
@@ -639,7 +674,7 @@ struct Vocab {
   int size = 0, words = 0, max_len = 0;
   std::vector<std::string> bytes;  // empty: never allowed (special tokens)
   Trie all, special;
-  std::vector<uint32_t> plain_mask;
+  std::vector<std::vector<uint32_t>> plain_upto;  // [k]: plain tokens of at most k bytes
 
   Trie build_trie(const std::vector<int>& ids) const {
     // Sorted by bytes, the tokens spell a trie in depth-first order.
@@ -671,17 +706,24 @@ struct Vocab {
 
   Vocab(int n, const char* data, const int64_t* offsets) : size(n), words((n + 31) / 32) {
     bytes.resize(n);
-    plain_mask.assign(words, 0);
     std::vector<int> with_bytes, others;
     for (int i = 0; i < n; ++i) {
       bytes[i].assign(data + offsets[i], offsets[i + 1] - offsets[i]);
-      if (bytes[i].empty()) continue;
       max_len = std::max<int>(max_len, bytes[i].size());
+    }
+    plain_upto.assign(max_len + 1, std::vector<uint32_t>(words, 0));
+    for (int i = 0; i < n; ++i) {
+      if (bytes[i].empty()) continue;
       with_bytes.push_back(i);
       bool plain = std::all_of(bytes[i].begin(), bytes[i].end(),
                                [](char c) { return plain_byte(static_cast<uint8_t>(c)); });
-      if (plain) plain_mask[i / 32] |= 1u << (i % 32);
-      else others.push_back(i);
+      if (!plain) {
+        others.push_back(i);
+        continue;
+      }
+      for (size_t k = bytes[i].size(); k <= static_cast<size_t>(max_len); ++k) {
+        plain_upto[k][i / 32] |= 1u << (i % 32);
+      }
     }
     all = build_trie(with_bytes);
     special = build_trie(others);
@@ -879,41 +921,58 @@ class Grammar {
   // the longest token: states equal under this key allow the same tokens.
   //
   // A lookahead's copies also differ in which nodes can still finish (X may need more
-  // characters than a token holds), so their cap adds the copy's size, which bounds X's
-  // shortest finish; and with a maximum, `need` stays exact (a loop's period could make a
-  // window of lengths reachable from one copy and not from another).
+  // characters than a token holds): past the minimum length, copies with room for a token
+  // plus X's longest finish cannot be told apart. Before it, `need` stays exact with a
+  // maximum (a loop's period could make a window of lengths reachable from one copy and not
+  // another); without one, need past a token plus the copy's size (which bounds X's
+  // loop-free finishes) cannot be told apart.
   std::vector<int64_t> canonical(int s) {
     std::vector<int64_t> key;
     for (int n : states_[s].nfa) {
       int g = nfa_.counted[n];
-      const Counted* c = g < 0 ? nullptr : &nfa_.groups[g];
-      int64_t cap = vocab_.max_len + 1 + (c && c->span ? c->size : 0);
-      if (c == nullptr || cap > kMaxSpanChars) {
+      if (g < 0) {
         key.push_back(n);
         continue;
       }
-      int unit = (n - c->base) / c->size, offset = (n - c->base) % c->size;
-      bool exact = c->span && c->room[unit] != INT32_MAX;
-      int64_t need = exact ? c->need[unit] : std::min<int64_t>(c->need[unit], cap);
-      int64_t room = std::min<int64_t>(c->room[unit], cap);
+      const Counted& c = nfa_.groups[g];
+      int unit = (n - c.base) / c.size, offset = (n - c.base) % c.size;
+      int64_t window = vocab_.max_len + 1;
+      bool bounded = c.room[unit] != INT32_MAX;
+      int64_t need = c.need[unit];
+      if (!c.span) need = std::min<int64_t>(need, window);
+      else if (!bounded) need = std::min<int64_t>(need, window + c.size);
+      int64_t room = std::min<int64_t>(c.room[unit], window + (c.span ? c.finish : 0));
+      need = std::min<int64_t>(need, kMaxSpanChars);  // 13 bits each; spans stay below
+      room = std::min<int64_t>(room, kMaxSpanChars);
       key.push_back(-1 - ((((static_cast<int64_t>(g) << 20 | offset) << 13 | need) << 13) | room));
     }
     std::sort(key.begin(), key.end());
     return key;
   }
 
-  bool loops_on_plain(int s) {
-    for (int b = 0x20; b < 0x7F; ++b) {
-      if (plain_byte(b) && step(s, static_cast<uint8_t>(b)) != s) return false;
+  // When every plain byte leads from s to one state, and from that state to one state, and
+  // so on (a free string; a length lookahead over `.*`), plain tokens are allowed by their
+  // length alone: the longest allowed, or -1 when s is not such a chain.
+  int plain_chain(int s) {
+    int cur = s;
+    for (int k = 0; k < vocab_.max_len; ++k) {
+      int next = step(cur, 'a');
+      for (int b = 0x20; b < 0x7F; ++b) {
+        if (plain_byte(b) && step(cur, static_cast<uint8_t>(b)) != next) return -1;
+      }
+      if (next < 0) return k;
+      if (next == cur) break;  // a loop: every length
+      cur = next;
     }
-    return true;
+    return vocab_.max_len;
   }
 
   std::vector<uint32_t> walk(int s) {
     std::vector<uint32_t> bits(vocab_.words, 0);
     const Trie* trie = &vocab_.all;
-    if (loops_on_plain(s)) {
-      bits = vocab_.plain_mask;
+    int plain = plain_chain(s);
+    if (plain >= 0) {
+      bits = vocab_.plain_upto[plain];
       trie = &vocab_.special;
     }
     std::vector<std::pair<int, int>> todo{{0, s}};  // (trie node, DFA state)
