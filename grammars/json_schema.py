@@ -21,6 +21,7 @@ import re
 from typing import Any
 
 from grammars.index_builder import escape
+from grammars.json_schema_not import forbidden_names, required_clauses
 from grammars.json_schema_oneof import exclusive_branches
 from grammars.json_schema_pattern import pattern_regex
 from grammars.json_schema_ranges import integer_regex, number_regex
@@ -198,6 +199,11 @@ class _Converter:
             if rest:  # siblings of $ref apply too (2019-09; stricter than draft 7, so safe)
                 return self.allof({"allOf": [{"$ref": schema["$ref"]}, rest]}, path, depth)
             return self.ref(schema, path, depth)
+        if "not" in schema and (clauses := required_clauses(schema["not"])) is not None:
+            rest = {k: v for k, v in schema.items() if k != "not"}
+            names = forbidden_names(clauses, rest.get("required"))
+            gone = {"properties": {name: False for name in names}}
+            return self.convert({"allOf": [rest, gone]}, path, depth)
         if schema.keys() & set(DEPENDENCIES):
             return self.dependent(schema, path, depth)
         for key in ("allOf", "anyOf", "oneOf"):

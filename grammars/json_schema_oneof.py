@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from grammars.json_schema_not import forbidden_names, required_clauses
 from grammars.json_schema_values import is_valid, json_equal
 from grammars.schema_errors import UnsupportedSchema
 
@@ -80,13 +81,17 @@ def _facts(sub: Any, rest: dict | None, conv: Any, path: str) -> Facts:
     sub = conv.deref(sub)
     if not isinstance(sub, dict) or "$ref" in sub:
         return Facts(sub, ANY_TYPE, None, {}, frozenset(), True, False)
+    original = sub
+    folded = _merge_parts(sub, conv, 3) if isinstance(sub.get("allOf"), list) else None
+    sub = folded or sub
     merged = {**(rest or {}), **sub}
+    negated = required_clauses(sub["not"]) if "not" in sub else None
     values = None
     if "const" in merged or "enum" in merged:
         values = [merged["const"]] if "const" in merged else list(merged["enum"])
     if values is not None:
         types = {_json_type(v) for v in values}
-    elif "type" not in merged and ("allOf" in sub or "not" in sub):
+    elif "type" not in merged and ("allOf" in sub or ("not" in sub and negated is None)):
         types = ANY_TYPE
     elif "type" not in merged and ("anyOf" in sub or "oneOf" in sub):
         # What the branches accept (as judged: a superset of what they generate).
@@ -105,12 +110,20 @@ def _facts(sub: Any, rest: dict | None, conv: Any, path: str) -> Facts:
     required = set(sub.get("required", []))
     if rest is not None:
         required |= set(rest.get("required", []))
+    if negated is not None:
+        # Judged: a name the `not` requires alone is invalid. Generated: the names the
+        # converter forbids (the same choice, unless the siblings add a `not` of their own).
+        if rest is None:
+            gone = [clause[0] for clause in negated if len(clause) == 1]
+        else:
+            gone = [] if "not" in rest else forbidden_names(negated, list(required))
+        props.update({name: False for name in gone})
     source = merged if rest is not None else sub
     closed = source.get("additionalProperties", True) is False and not source.get(
         "patternProperties"
     )
     return Facts(
-        sub,
+        original,
         frozenset(_as_numbers(types)),
         values,
         props,
@@ -118,9 +131,44 @@ def _facts(sub: Any, rest: dict | None, conv: Any, path: str) -> Facts:
         not closed,
         # Parts merged in from elsewhere may list more names than we see here.
         listed_only=bool(props or required)
+        and folded is None
         and not merged.keys() & _COMBINATORS
         and conv.extras(merged) is None,
     )
+
+
+def _merge_parts(schema: dict, conv: Any, depth: int) -> dict | None:
+    """An allOf's parts folded into one schema for the facts above: required names pooled,
+    properties listed by any part (a part's constants kept: every value must be among
+    them), closed if any part is, types narrowed to those every typing part allows, a
+    part's enum/const. None when a part holds a combinator or an unresolved $ref (what it
+    generates is not read here)."""
+    out = {k: v for k, v in schema.items() if k != "allOf"}
+    for part in schema["allOf"]:
+        part = conv.deref(part)
+        if isinstance(part, dict) and isinstance(part.get("allOf"), list) and depth > 0:
+            part = _merge_parts(part, conv, depth - 1)
+        if not isinstance(part, dict) or part.keys() & _COMBINATORS or "not" in part:
+            return None
+        for name, prop in (part.get("properties") or {}).items():
+            known = out.setdefault("properties", {}).get(name)
+            if known is None or (_constants(prop) is not None and _constants(known) is None):
+                out["properties"] = {**out["properties"], name: prop}
+        if isinstance(part.get("required"), list):
+            out["required"] = list(dict.fromkeys([*out.get("required", []), *part["required"]]))
+        if part.get("additionalProperties") is False and not part.get("patternProperties"):
+            out["additionalProperties"] = False
+        if "type" in part:
+            theirs = part["type"] if isinstance(part["type"], list) else [part["type"]]
+            ours = out.get("type", theirs)
+            ours = ours if isinstance(ours, list) else [ours]
+            out["type"] = [
+                t for t in ours if t in theirs or (t == "integer" and "number" in theirs)
+            ]
+        for key in ("const", "enum"):
+            if key in part and key not in out:
+                out[key] = part[key]
+    return out
 
 
 def _excludes(gen: Facts, other: Facts, resolve, regex) -> bool:
