@@ -15,7 +15,7 @@ from multiprocessing.connection import Connection
 
 
 def main() -> None:
-    from grammars.index_builder import build_index, constraint_regex, fits_index
+    from grammars.index_builder import IndexUnbuildable, build_index, constraint_regex, fits_index
 
     max_memory_mb = int(sys.argv[1])
     receiver = Connection(os.dup(0), writable=False)
@@ -29,12 +29,13 @@ def main() -> None:
 
     def index_of(pattern: str) -> bytes:
         """The pickled index, or pickled None: the lazy automaton takes the regex when it is
-        too large for an index, or when building or pickling the index runs out of memory."""
+        too large for an index, or when building or pickling the index runs out of memory
+        or past outlines' limits."""
         if not fits_index(pattern):
             return pickle.dumps(None)
         try:
             return pickle.dumps(build_index(pattern, vocab))
-        except MemoryError:
+        except (MemoryError, IndexUnbuildable):
             return pickle.dumps(None)
 
     while True:

@@ -25,7 +25,7 @@ from concurrent.futures import Future
 from multiprocessing.connection import Connection
 
 from grammars.constraints import Constraint, Ebnf
-from grammars.index_builder import build_index, constraint_regex, fits_index
+from grammars.index_builder import IndexUnbuildable, build_index, constraint_regex, fits_index
 from grammars.lazy import STATE_MEMORY_MB, LazyRegexGrammar
 from grammars.matcher import Grammar
 from grammars.regex import RegexGrammar
@@ -76,7 +76,12 @@ def _build(
 def _regex_and_index(constraint: Constraint, vocab: TokenVocabulary):
     """(regex, outlines index or None when the lazy automaton should take the regex)."""
     pattern = constraint_regex(constraint)
-    return pattern, build_index(pattern, vocab) if fits_index(pattern) else None
+    if not fits_index(pattern):
+        return pattern, None
+    try:
+        return pattern, build_index(pattern, vocab)
+    except IndexUnbuildable:
+        return pattern, None
 
 
 class GrammarCompiler:

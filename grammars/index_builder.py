@@ -70,6 +70,11 @@ def outlines_vocabulary(vocab: TokenVocabulary) -> Vocabulary:
     return Vocabulary(min(vocab.eos_token_ids), by_bytes)
 
 
+class IndexUnbuildable(ValueError):
+    """outlines-core could not build the regex's automaton (its size or nesting limits):
+    the lazy automaton may still take the regex."""
+
+
 def build_index(pattern: str, vocab: TokenVocabulary) -> Index:
     """The outlines index of `pattern`, with clear errors for bad or unsatisfiable ones."""
     try:
@@ -82,7 +87,7 @@ def build_index(pattern: str, vocab: TokenVocabulary) -> Index:
             raise ValueError(
                 f"regex {_short(pattern)} matches nothing this vocabulary can spell"
             ) from None
-        raise ValueError(f"regex {_short(pattern)} cannot be compiled: {e}") from None
+        raise IndexUnbuildable(f"regex {_short(pattern)} cannot be compiled: {e}") from None
     if not index.get_allowed_tokens(index.get_initial_state()):
         raise ValueError(f"regex {_short(pattern)} matches nothing this vocabulary can spell")
     return index
