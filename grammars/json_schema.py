@@ -33,7 +33,7 @@ from grammars.schema_errors import InvalidSchema, UnsupportedSchema
 MAX_DEPTH = 4
 MIN_DEPTH = 2
 MAX_REPEAT = 2048  # largest maxItems / maxProperties bound turned into a counted repetition
-MAX_REGEX_CHARS = 1_000_000  # a regex this long would not compile into a DFA in time
+MAX_REGEX_CHARS = 4_000_000  # past this the lazy automaton's NFA nears its 8M-node limit
 
 # One JSON string character, exactly one code point each (surrogate escapes excluded so
 # a pattern's counted repetitions count code points the way validators do).

@@ -45,7 +45,12 @@ struct Ast {
   Ranges ranges;          // kClass; kSpan: the class every character is in
   std::vector<int> kids;  // kConcat, kAlt; kRepeat, kSpan: one
   int min = 0, max = -1;  // kRepeat, kSpan (characters); max -1: unbounded
+  int depth = 1;          // of the tree below: parsing and compiling recurse this deep
 };
+
+// Parsing and compiling recurse once per level of nesting, on the caller's thread stack;
+// deeper regexes are refused (JSON schemas' regexes nest a few hundred levels at most).
+constexpr int kMaxNesting = 2000;
 
 Ranges normalize(Ranges r) {
   std::sort(r.begin(), r.end());
@@ -99,6 +104,7 @@ class Parser {
   const std::string& src_;
   std::vector<Ast>& pool_;
   size_t pos_ = 0;
+  int groups_open_ = 0;
 
   [[noreturn]] void fail(const std::string& why) const {
     throw std::runtime_error(why + " at position " + std::to_string(pos_));
@@ -107,6 +113,8 @@ class Parser {
   bool peek_is(char c) const { return !done() && src_[pos_] == c; }
 
   int add(Ast node) {
+    for (int kid : node.kids) node.depth = std::max(node.depth, pool_[kid].depth + 1);
+    if (node.depth > kMaxNesting) fail("the regex nests deeper than 2000 levels");
     pool_.push_back(std::move(node));
     return static_cast<int>(pool_.size()) - 1;
   }
@@ -240,6 +248,7 @@ class Parser {
   int atom() {
     char c = src_[pos_];
     if (c == '(') {
+      if (++groups_open_ > kMaxNesting) fail("the regex nests deeper than 2000 levels");
       ++pos_;
       if (peek_is('?')) {
         ++pos_;
@@ -251,6 +260,7 @@ class Parser {
           pos_ = close + 1;
         } else if (peek_is('=')) {
           ++pos_;
+          --groups_open_;  // span() reads the lookahead's closing parenthesis itself
           return span();
         } else {
           fail("group flags, lookarounds and named references are not supported");
@@ -259,6 +269,7 @@ class Parser {
       int inner = alternation();
       if (!peek_is(')')) fail("missing ')'");
       ++pos_;
+      --groups_open_;
       return inner;
     }
     if (c == '[') return bracket();

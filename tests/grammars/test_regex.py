@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import re
+import threading
 
 import pytest
 import torch
@@ -141,6 +142,27 @@ def test_bad_regexes_are_named(pattern, message, vocab):
     long = f"(?:{pattern})" + "[a-z]{600}"
     with pytest.raises(ValueError, match=re.escape(message)):
         grammars.compile(grammars.Regex(long), vocab)
+
+
+def test_deep_nesting_is_refused_not_a_crash(vocab):
+    """Parsing and compiling recurse per nesting level on the calling thread's stack: past
+    the limit the regex is refused (30,000 levels used to overflow a thread's stack)."""
+    failures = []
+
+    def build(pattern: str) -> None:
+        try:
+            LazyRegexGrammar(pattern, vocab)
+        except ValueError as e:
+            failures.append(str(e))
+
+    for pattern in ["(" * 30_000 + "a" + ")" * 30_000, "a" + "{1}" * 30_000]:
+        thread = threading.Thread(target=build, args=(pattern,))  # as the compile thread
+        thread.start()
+        thread.join()
+    assert len(failures) == 2 and all("nests deeper than 2000" in f for f in failures)
+    assert LazyRegexGrammar("(" * 1500 + "a" + ")" * 1500, vocab).matcher().accept_token(
+        vocab.token_bytes.index(b"a")
+    )
 
 
 def test_compiler_limits_time_and_keeps_working(vocab):
