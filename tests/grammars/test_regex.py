@@ -160,8 +160,10 @@ def test_deep_nesting_is_refused_not_a_crash(vocab):
         thread.start()
         thread.join()
     assert len(failures) == 2 and all("nests deeper than 2000" in f for f in failures)
-    assert LazyRegexGrammar("(" * 1500 + "a" + ")" * 1500, vocab).matcher().accept_token(
-        vocab.token_bytes.index(b"a")
+    assert (
+        LazyRegexGrammar("(" * 1500 + "a" + ")" * 1500, vocab)
+        .matcher()
+        .accept_token(vocab.token_bytes.index(b"a"))
     )
 
 

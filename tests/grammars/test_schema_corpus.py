@@ -15,6 +15,7 @@ import json
 import random
 import re
 import urllib.parse
+from decimal import Decimal
 
 import jsonschema
 import pytest
@@ -59,8 +60,16 @@ def _is_uri(value: object) -> bool:
     return bool(re.fullmatch(r"[a-zA-Z][a-zA-Z0-9+.-]*", scheme)) and not re.search(r"\s", value)
 
 
+def _decimal_multiple_of(validator, step, instance, schema):
+    """multipleOf as the spec reads it, in decimal: jsonschema divides binary floats, so
+    0.07 is not a multiple of 0.01 there (0.07 / 0.01 == 7.000000000000001)."""
+    if validator.is_type(instance, "number") and Decimal(repr(instance)) % Decimal(repr(step)):
+        yield jsonschema.ValidationError(f"{instance!r} is not a multiple of {step!r}")
+
+
 def validator(schema):
     cls = validator_for(schema, default=jsonschema.Draft202012Validator)
+    cls = jsonschema.validators.extend(cls, {"multipleOf": _decimal_multiple_of})
     return cls(schema, format_checker=FORMATS)
 
 
