@@ -42,7 +42,10 @@ def _decode_split_kernel(
     split = tl.program_id(2)
     kv_start = tl.load(kv_indptr_ptr + b)
     length = tl.load(kv_indptr_ptr + b + 1) - kv_start
-    chunk = (length + NUM_SPLITS - 1) // NUM_SPLITS
+    # Whole blocks per chunk: a short context fills the first splits and leaves the rest empty
+    # (cheap) instead of spreading a few tokens over every split; a CUDA graph fixes
+    # NUM_SPLITS for contexts of any length.
+    chunk = tl.cdiv(tl.cdiv(length, NUM_SPLITS), BLOCK_N) * BLOCK_N
     lo = split * chunk
     hi = tl.minimum(lo + chunk, length)
 
