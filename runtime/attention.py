@@ -27,7 +27,7 @@ def paged_attention(
 
     q: [T, H, D] (tokens may be strided, heads packed). Returns [T, H * D].
     """
-    if q.is_cuda:
+    if ops.triton_attention:
         return _kernel_attention(q, kv, layer, batch, scale)
     k_cache, v_cache = kv.k[layer], kv.v[layer]
     out = torch.empty(q.shape, dtype=q.dtype)

@@ -40,6 +40,9 @@ class EngineConfig:
     # CPU: run norms, the activation, RoPE and decode attention in the C++ kernels
     # (kernels/cpu.cpp, built once with the system compiler; torch ops when none is found).
     cpu_kernels: bool = True
+    # CUDA: decode steps of up to this many requests replay captured CUDA graphs (one per
+    # batch size bucket, runtime/cuda_graphs.py); 0 runs every step eagerly.
+    cuda_graph_max_batch: int = 128
     # Append the text a grammar forces (e.g. a JSON key) without a forward per token.
     jump_forward: bool = True
     # Speculative decoding (runtime/spec): "none"; "ngram" drafts continuations found in the
@@ -68,6 +71,10 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.max_kv_tokens must be >= 1, got {self.max_kv_tokens}")
         if self.kv_cache_gb is not None and self.kv_cache_gb <= 0:
             raise ValueError(f"EngineConfig.kv_cache_gb must be > 0, got {self.kv_cache_gb}")
+        if self.cuda_graph_max_batch < 0:
+            raise ValueError(
+                f"EngineConfig.cuda_graph_max_batch must be >= 0, got {self.cuda_graph_max_batch}"
+            )
         for name in ("max_running_requests", "max_batch_tokens", "chunk_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")

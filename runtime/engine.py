@@ -21,6 +21,7 @@ import torch
 from grammars.matcher import Grammar, MatcherError
 from runtime.config import EngineConfig
 from runtime.constrained import GrammarService
+from runtime.cuda_graphs import DecodeGraphs
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.kv_cache import KVPool
 from runtime.model_loader import load_model, load_model_config, resolve_model_dir
@@ -85,7 +86,18 @@ class Engine:
             self.device,
         )
         self.cache = RadixCache(self.kv, enabled=self.config.prefix_cache)
-        self.runner = ModelRunner(model_, self.kv, self.device, len(self.tokenizer))
+        graphs = None
+        max_graph_batch = min(self.config.cuda_graph_max_batch, self.config.max_running_requests)
+        if self.device.type == "cuda" and max_graph_batch > 0:
+            try:
+                graphs = DecodeGraphs(model_, self.kv, max_graph_batch, self.context_length)
+            except RuntimeError as e:
+                raise RuntimeError(
+                    f"capturing the decode CUDA graphs failed ({e}); "
+                    "EngineConfig(cuda_graph_max_batch=0) runs without them"
+                ) from e
+            log.info("CUDA graphs: decode batches of %s", graphs.sizes)
+        self.runner = ModelRunner(model_, self.kv, self.device, len(self.tokenizer), graphs)
         self.speculator = None
         if self.config.spec_method != "none":
             draft = None

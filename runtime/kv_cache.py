@@ -13,8 +13,10 @@ import torch
 class KVPool:
     """K/V storage for `num_slots` tokens of every layer, plus a free list of slots.
 
-    `k[layer]` and `v[layer]` are [num_slots, num_kv_heads, head_dim]. Slots are handed out
-    by `allocate` and returned by `free`; nothing is allocated per step.
+    `k[layer]` and `v[layer]` are [num_slots + 1, num_kv_heads, head_dim]. Slots are handed
+    out by `allocate` and returned by `free`; nothing is allocated per step. The last row,
+    `scratch_slot`, is never handed out: the padding rows of a CUDA-graph decode batch write
+    their K/V there and read it back, so a graph's fixed batch size never touches a live slot.
     """
 
     def __init__(
@@ -29,10 +31,13 @@ class KVPool:
         if num_slots < 1:
             raise ValueError(f"KV pool needs at least one slot, got {num_slots}")
         self.num_slots = num_slots
-        shape = (num_slots, num_kv_heads, head_dim)
+        self.scratch_slot = num_slots
+        shape = (num_slots + 1, num_kv_heads, head_dim)
         # torch.empty: on the CPU untouched pages are not resident until a slot is written.
         self.k = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        for cache in self.k + self.v:
+            cache[self.scratch_slot].zero_()  # finite: padding rows attend to it
         # A stack of free slot ids; low ids are handed out first.
         self._free = torch.arange(num_slots - 1, -1, -1, dtype=torch.int64)
         self._num_free = num_slots

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from runtime.cuda_graphs import DecodeGraphs
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_cache import KVPool
 from runtime.models import LlamaForCausalLM
@@ -30,11 +31,17 @@ class StepResult:
 
 class ModelRunner:
     def __init__(
-        self, model: LlamaForCausalLM, kv: KVPool, device: torch.device, tokenizer_size: int
+        self,
+        model: LlamaForCausalLM,
+        kv: KVPool,
+        device: torch.device,
+        tokenizer_size: int,
+        graphs: DecodeGraphs | None = None,
     ):
         self.model = model
         self.kv = kv
         self.device = device
+        self.graphs = graphs  # decode steps replay these when they fit
         # Rows of the model's vocabulary past the tokenizer's are padding: never sampled.
         self.vocab_size = min(tokenizer_size, model.config.vocab_size)
         self.tokenizer_size = tokenizer_size
@@ -64,8 +71,14 @@ class ModelRunner:
                 hi = max(hi, lo)
             prompt_spans.append((lo, hi))
             rows.append([p - start for p in range(lo, hi)] + ([n - 1] if batch.samples(i) else []))
-        fb = ForwardBatch.build(new_tokens, slot_tables, rows, device=self.device, parents=parents)
-        logits = self.model(fb, self.kv)[:, : self.vocab_size]
+        if self.graphs is not None and self.graphs.fits(new_tokens, slot_tables, rows):
+            logits = self.graphs.forward(new_tokens, slot_tables)
+        else:
+            fb = ForwardBatch.build(
+                new_tokens, slot_tables, rows, device=self.device, parents=parents
+            )
+            logits = self.model(fb, self.kv)
+        logits = logits[:, : self.vocab_size]
 
         results = [StepResult() for _ in batch.requests]
         offset, sample_rows, sampled = 0, [], []

@@ -24,6 +24,9 @@ class LayerOps:
     # kernels.cpu.CpuKernels.decode_attention (attends rows one by one: decodes, and the
     # tokens of short extends), or None: runtime.attention's torch paths.
     decode_attention: Callable[..., None] | None = None
+    # Attention through the Triton kernels (kernels.decode_attention / extend_attention)
+    # instead of the torch paths.
+    triton_attention: bool = False
     name: str = "torch"
 
 
@@ -33,11 +36,15 @@ TORCH_OPS = LayerOps(reference.add_rms_norm, reference.silu_mul, reference.rope_
 
 def layer_ops(device: torch.device, dtype: torch.dtype, cpu_kernels: bool = True) -> LayerOps:
     if device.type == "cuda":
-        return LayerOps(reference.add_rms_norm, reference.silu_mul, _rope_then_store, name="cuda")
+        return TRITON_OPS
     lib = cpu.load() if cpu_kernels else None
     if lib is not None and lib.supports(dtype):
         return LayerOps(
-            lib.add_rms_norm, lib.silu_mul, lib.rope_store_kv, lib.decode_attention, "cpu-kernels"
+            lib.add_rms_norm,
+            lib.silu_mul,
+            lib.rope_store_kv,
+            decode_attention=lib.decode_attention,
+            name="cpu-kernels",
         )
     return TORCH_OPS
 
@@ -56,3 +63,10 @@ def _rope_then_store(
     reference.rope(qkv, num_heads, num_kv_heads, positions, cos, sin)
     heads = qkv.view(qkv.shape[0], -1, k_cache.shape[-1])[:, num_heads:]  # (T, 2 Hkv, D)
     kernels.store_kv(heads[:, :num_kv_heads], heads[:, num_kv_heads:], k_cache, v_cache, slots)
+
+
+# CUDA: the Triton KV store and attention kernels (also runnable in triton's interpreter on
+# the CPU, which is how tests run the CUDA path's data flow without a GPU).
+TRITON_OPS = LayerOps(
+    reference.add_rms_norm, reference.silu_mul, _rope_then_store, triton_attention=True, name="cuda"
+)
