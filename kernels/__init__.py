@@ -14,8 +14,8 @@ from typing import Any
 _WHERE = {
     "decode_attention": "kernels.decode",
     "extend_attention": "kernels.extend",
+    "rope_store_kv": "kernels.rope",
     "sample": "kernels.sampling",
-    "store_kv": "kernels.kv_store",
 }
 
 __all__ = list(_WHERE)

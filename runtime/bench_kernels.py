@@ -1,9 +1,10 @@
 """`braid bench kernels`: the Triton kernels on a CUDA GPU, against torch on equal shapes.
 
-Three tables: decode attention vs scaled_dot_product_attention; the fused sampling kernel vs
-its PyTorch twin and vs mask-then-sample in plain torch; batch-1 decode of a 1B-class Llama
-(random weights, one step replayed from a CUDA graph, as the engine runs it, and eagerly) as
-a fraction of the GPU's memory bandwidth, measured with a device copy.
+Four tables: decode attention vs scaled_dot_product_attention; the fused sampling kernel vs
+its PyTorch twin and vs mask-then-sample in plain torch; the fused RoPE + KV store vs its
+twin; batch-1 decode of a 1B-class Llama (random weights, one step replayed from a CUDA
+graph, as the engine runs it, and eagerly) as a fraction of the GPU's memory bandwidth,
+measured with a device copy.
 """
 
 from __future__ import annotations
@@ -122,6 +123,33 @@ def _sample_rows() -> list[dict]:
     return rows
 
 
+def _rope_rows() -> list[dict]:
+    """The fused RoPE + KV store against its twin (torch RoPE, then an indexed copy), on the
+    1B shape's heads, for a decode batch and prefill chunks."""
+    import kernels
+    from kernels import reference
+
+    num_heads, num_kv_heads, head_dim, dtype = 32, 8, 64, torch.bfloat16
+    angles = torch.outer(torch.arange(8192.0), 0.9 ** torch.arange(head_dim // 2.0))
+    cos, sin = angles.cos().cuda(), angles.sin().cuda()
+    rows = []
+    for tokens in (1, 64, 2048):
+        width = (num_heads + 2 * num_kv_heads) * head_dim
+        qkv = torch.randn(tokens, width, device="cuda", dtype=dtype)
+        k_cache = torch.zeros(8192, num_kv_heads, head_dim, device="cuda", dtype=dtype)
+        v_cache = torch.zeros_like(k_cache)
+        positions = torch.arange(tokens, device="cuda")
+        args = (qkv, num_heads, num_kv_heads, positions, cos, sin, k_cache, v_cache, positions)
+        rows.append(
+            dict(
+                tokens=tokens,
+                triton_us=round(_us(partial(kernels.rope_store_kv, *args)), 2),
+                twin_us=round(_us(partial(reference.rope_store_kv, *args)), 2),
+            )
+        )
+    return rows
+
+
 def _plain_torch(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     """Mask, then temperature 0.8 and a multinomial draw (no filters): the unfused baseline."""
     from kernels.reference import apply_bitmask
@@ -198,6 +226,7 @@ def bench_kernels(args: argparse.Namespace) -> int:
         "machine": machine(),
         "decode_attention": _decode_attention_rows(args.context),
         "sample": _sample_rows(),
+        "rope_store_kv": _rope_rows(),
         "llama_1b_decode": _llama_1b_decode(context=1024),
     }
     print(f"kernels, {result['machine']}")
@@ -215,6 +244,10 @@ def bench_kernels(args: argparse.Namespace) -> int:
             f"{r['batch']:>6}  {r['filters']:<16}{r['triton_us']:>10.1f}{r['twin_us']:>10.1f}"
             f"{r['mask_then_multinomial_us']:>18.1f}"
         )
+    print("RoPE + KV store, 32 query / 8 KV heads of 64, bf16 (us)")
+    print(f"{'tokens':>7}{'triton':>10}{'twin':>10}")
+    for r in result["rope_store_kv"]:
+        print(f"{r['tokens']:>7}{r['triton_us']:>10.1f}{r['twin_us']:>10.1f}")
     d = result["llama_1b_decode"]
     print(
         f"1B Llama, batch-1 decode step at context {d['context']}: {d['step_us']:.0f} us "

@@ -1,8 +1,8 @@
 """LayerOps: the decoder's small fused operations, from the backend that runs them.
 
 On the CPU the C++ kernels (kernels/cpu.cpp) when they build here, else their torch twins;
-on CUDA the twins' torch ops for the norm and the activation, and the Triton KV store after
-the rotary embedding.
+on CUDA the twins' torch ops for the norm and the activation, and the Triton kernels for RoPE
+with the KV store and for attention.
 """
 
 from __future__ import annotations
@@ -49,24 +49,16 @@ def layer_ops(device: torch.device, dtype: torch.dtype, cpu_kernels: bool = True
     return TORCH_OPS
 
 
-def _rope_then_store(
-    qkv: torch.Tensor,
-    num_heads: int,
-    num_kv_heads: int,
-    positions: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slots: torch.Tensor,
-) -> None:
-    reference.rope(qkv, num_heads, num_kv_heads, positions, cos, sin)
-    heads = qkv.view(qkv.shape[0], -1, k_cache.shape[-1])[:, num_heads:]  # (T, 2 Hkv, D)
-    kernels.store_kv(heads[:, :num_kv_heads], heads[:, num_kv_heads:], k_cache, v_cache, slots)
+def _triton_rope_store_kv(*args) -> None:
+    kernels.rope_store_kv(*args)  # looked up per call: triton loads only when first used
 
 
-# CUDA: the Triton KV store and attention kernels (also runnable in triton's interpreter on
-# the CPU, which is how tests run the CUDA path's data flow without a GPU).
+# CUDA: the Triton RoPE + KV store and attention kernels (also runnable in triton's
+# interpreter on the CPU, which is how tests run the CUDA path's data flow without a GPU).
 TRITON_OPS = LayerOps(
-    reference.add_rms_norm, reference.silu_mul, _rope_then_store, triton_attention=True, name="cuda"
+    reference.add_rms_norm,
+    reference.silu_mul,
+    _triton_rope_store_kv,
+    triton_attention=True,
+    name="cuda",
 )

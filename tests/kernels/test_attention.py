@@ -1,4 +1,5 @@
-"""The paged attention kernels and the KV store against their twins in kernels.reference."""
+"""The paged attention kernels and the fused RoPE + KV store against their twins in
+kernels.reference."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 from kernels import reference
 from kernels.decode import decode_attention
 from kernels.extend import extend_attention
-from kernels.kv_store import store_kv
+from kernels.rope import rope_store_kv
 
 NUM_SLOTS, HEAD_DIM = 256, 16
 
@@ -108,14 +109,24 @@ def test_extend_attention_tree_mask_matches_twin(device):
     )
 
 
-def test_store_kv_is_exact(device):
-    k_cache, v_cache = pool(2, device, seed=10, dtype=torch.bfloat16)
+@pytest.mark.parametrize(
+    "num_heads, num_kv_heads, dtype, tol",
+    [(4, 1, torch.float32, 1e-6), (6, 2, torch.float32, 1e-6), (4, 2, torch.bfloat16, 1e-2)],
+    ids=["mqa-fp32", "gqa-fp32", "gqa-bf16"],
+)
+def test_rope_store_kv_matches_twin(device, num_heads, num_kv_heads, dtype, tol):
+    k_cache, v_cache = pool(num_kv_heads, device, seed=12, dtype=dtype)
     expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    g = torch.Generator().manual_seed(13)
+    qkv = torch.randn(5, (num_heads + 2 * num_kv_heads) * HEAD_DIM, generator=g).to(device, dtype)
+    expected_qkv = qkv.clone()
+    angles = torch.outer(torch.arange(100.0), 0.7 ** torch.arange(HEAD_DIM // 2.0))
+    cos, sin = angles.cos().to(device), angles.sin().to(device)
+    positions = torch.tensor([0, 99, 17, 18, 42], device=device)
     slots = torch.tensor([7, 200, 3, 64, 65], device=device)
-    g = torch.Generator().manual_seed(11)
-    # k as the model makes it: a view into a wider qkv row, heads adjacent.
-    qkv = torch.randn(5, 6, HEAD_DIM, generator=g).to(device, torch.bfloat16)
-    k, v = qkv[:, 2:4], qkv[:, 4:6]
-    store_kv(k, v, k_cache, v_cache, slots)
-    reference.store_kv(k, v, expected_k, expected_v, slots)
-    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
+    args = (num_heads, num_kv_heads, positions, cos, sin)
+    rope_store_kv(qkv, *args, k_cache, v_cache, slots)
+    reference.rope_store_kv(expected_qkv, *args, expected_k, expected_v, slots)
+    torch.testing.assert_close(qkv, expected_qkv, atol=tol, rtol=tol)
+    torch.testing.assert_close(k_cache, expected_k, atol=tol, rtol=tol)  # other slots too
+    assert torch.equal(v_cache, expected_v)  # copied, not computed
