@@ -3,29 +3,36 @@
 A regex can only say "any of these". So a oneOf is generated as the anyOf of its branches
 once we have proved, pair by pair, that whatever one branch generates is invalid under the
 other. The proof works from cheap facts: types, constants, required and forbidden
-properties, closed objects, and for a finite branch its values checked one by one.
+properties, closed objects, for a finite branch its values checked one by one, and disjoint
+number ranges, string or array lengths, or a required property whose schemas are disjoint
+(checked the same way, a few levels down).
 
 When the proof fails for a pair, the generating branch may be narrowed, which is stricter
 and so still safe (the values it drops would have matched both branches, or are a small
 price for an exact constraint):
 - a property both branches pin to constants that never meet becomes required;
 - a property the other branch requires is forbidden;
-- against a closed branch, a property it does not list becomes required.
+- against a closed branch, a property it does not list becomes required;
+- arrays whose items are disjoint become non-empty (the empty array matches both).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import interegular
+
 from grammars.json_schema_not import forbidden_names, required_clauses
-from grammars.json_schema_values import is_valid, json_equal
+from grammars.json_schema_values import is_valid
 from grammars.schema_errors import UnsupportedSchema
 
 _COMBINATORS = {"allOf", "anyOf", "oneOf", "$ref"}
 ANY_TYPE = frozenset({"null", "boolean", "object", "array", "number", "string"})
+_DEPTH = 3  # levels of nested properties and items the disjointness proof looks through
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,9 @@ class Facts:
     open: bool  # names not in `props` are allowed
     listed_only: bool  # generated objects hold only names in `props` or `required`
     narrowing: dict = field(default_factory=dict)  # a schema to add with allOf, or {}
+    # One schema every generated value satisfies (the siblings and the branch merged): read
+    # as a validator reads it, a superset of what is generated.
+    whole: Any = None
 
 
 def exclusive_branches(subs: list, rest: dict, conv: Any, path: str, depth: int) -> list:
@@ -52,6 +62,9 @@ def exclusive_branches(subs: list, rest: dict, conv: Any, path: str, depth: int)
     def resolve(ref: str) -> Any:
         return conv.resolve(ref, path)
 
+    def apart(a: Any, b: Any) -> bool:
+        return a is not None and b is not None and _disjoint(a, b, conv, resolve, _DEPTH)
+
     def regex(gen: Facts) -> str | None:
         branch = {"allOf": [gen.schema, gen.narrowing]} if gen.narrowing else gen.schema
         return conv.convert({"allOf": [rest, branch]} if rest else branch, path, depth)
@@ -61,15 +74,16 @@ def exclusive_branches(subs: list, rest: dict, conv: Any, path: str, depth: int)
     out = []
     for i, gen in enumerate(gens):
         for j, own in enumerate(owns):
-            if i == j or _excludes(gen, own, resolve, regex):
+            if i == j or _excludes(gen, own, resolve, regex, apart):
                 continue
-            narrowed = _separate(gen, own)
-            if narrowed is None or not _excludes(narrowed, own, resolve, regex):
+            narrowed = _separate(gen, own, apart)
+            if narrowed is None or not _excludes(narrowed, own, resolve, regex, apart):
                 raise UnsupportedSchema(
                     f"'oneOf' at {path}: branches {min(i, j)} and {max(i, j)} may both match "
-                    "one value (supported: branches of distinct types or values, told apart "
-                    "by a property's constants, by a property one requires and the other "
-                    "need not have, or by a closed branch)"
+                    "one value (supported: branches of distinct types or values, of disjoint "
+                    "ranges, lengths or patterns, told apart by a required property's schemas, "
+                    "by a property one requires and the other need not have, or by a closed "
+                    "branch)"
                 )
             gen = narrowed
         out.append({"allOf": [subs[i], gen.narrowing]} if gen.narrowing else subs[i])
@@ -80,7 +94,7 @@ def _facts(sub: Any, rest: dict | None, conv: Any, path: str) -> Facts:
     """Facts of a branch as judged (rest None) or as generated (rest: the siblings)."""
     sub = conv.deref(sub)
     if not isinstance(sub, dict) or "$ref" in sub:
-        return Facts(sub, ANY_TYPE, None, {}, frozenset(), True, False)
+        return Facts(sub, ANY_TYPE, None, {}, frozenset(), True, False, whole=sub)
     original = sub
     folded = _merge_parts(sub, conv, 3) if isinstance(sub.get("allOf"), list) else None
     sub = folded or sub
@@ -97,7 +111,7 @@ def _facts(sub: Any, rest: dict | None, conv: Any, path: str) -> Facts:
         # What the branches accept (as judged: a superset of what they generate).
         branches = sub.get("anyOf", sub.get("oneOf"))
         if not isinstance(branches, list):
-            return Facts(sub, ANY_TYPE, None, {}, frozenset(), True, False)
+            return Facts(sub, ANY_TYPE, None, {}, frozenset(), True, False, whole=merged)
         types = set().union(*(_facts(b, None, conv, path).types for b in branches))
     elif rest is None and "type" not in sub:
         types = ANY_TYPE  # a validator does not infer types from keywords
@@ -134,6 +148,7 @@ def _facts(sub: Any, rest: dict | None, conv: Any, path: str) -> Facts:
         and folded is None
         and not merged.keys() & _COMBINATORS
         and conv.extras(merged) is None,
+        whole=merged,
     )
 
 
@@ -171,7 +186,7 @@ def _merge_parts(schema: dict, conv: Any, depth: int) -> dict | None:
     return out
 
 
-def _excludes(gen: Facts, other: Facts, resolve, regex) -> bool:
+def _excludes(gen: Facts, other: Facts, resolve, regex, apart) -> bool:
     """True when no value generated under `gen` is valid under `other`."""
     if not gen.types & other.types:
         return True
@@ -186,29 +201,33 @@ def _excludes(gen: Facts, other: Facts, resolve, regex) -> bool:
         return written is None or not any(
             re.fullmatch(written, json.dumps(v, ensure_ascii=False)) for v in other.values
         )
-    if gen.types != {"object"}:
-        return False
-    for name in gen.required:
-        theirs = other.props.get(name)
-        if theirs is False or (not other.open and name not in other.props):
-            return True
-        if _apart(gen.props.get(name), theirs):
-            return True
-    for name in other.required:
-        if gen.props.get(name) is False:
-            return True
-        if gen.listed_only and name not in gen.props and name not in gen.required:
-            return True
-    return False
+    if gen.types == {"object"}:
+        for name in gen.required:
+            theirs = other.props.get(name)
+            if theirs is False or (not other.open and name not in other.props):
+                return True
+            if apart(gen.props.get(name), theirs):
+                return True
+        for name in other.required:
+            if gen.props.get(name) is False:
+                return True
+            if gen.listed_only and name not in gen.props and name not in gen.required:
+                return True
+    return apart(gen.whole, other.schema)
 
 
-def _separate(gen: Facts, other: Facts) -> Facts | None:
+def _separate(gen: Facts, other: Facts, apart) -> Facts | None:
     """`gen` narrowed so that `other` rejects what it generates, or None."""
+    whole = gen.whole if isinstance(gen.whole, dict) else {}
+    if gen.types == {"array"} and whole.get("minItems", 0) < 1 and isinstance(other.schema, dict):
+        if apart(whole.get("items"), other.schema.get("items")):
+            narrowing = {**gen.narrowing, "minItems": 1}
+            return replace(gen, narrowing=narrowing, whole={**whole, "minItems": 1})
     if gen.types != {"object"}:
         return None
     writable = [n for n, p in gen.props.items() if p is not False]
     for name in writable:
-        if _apart(gen.props[name], other.props.get(name)):
+        if apart(gen.props[name], other.props.get(name)):
             return _require(gen, name)
     for name in other.required:
         if name not in gen.required:
@@ -238,10 +257,159 @@ def _spelled_once(value: Any) -> bool:
     return value is None or isinstance(value, (bool, str))
 
 
-def _apart(a: Any, b: Any) -> bool:
-    """Both schemas are finite sets of values, with no value in common."""
-    x, y = _constants(a), _constants(b)
-    return x is not None and y is not None and not any(json_equal(u, v) for u in x for v in y)
+def _disjoint(a: Any, b: Any, conv: Any, resolve, depth: int) -> bool:
+    """True when no value is valid under both schemas, as a validator reads them. Each is read
+    from its own keywords; combinators beside them only remove values, so leaving them out
+    keeps the answer safe."""
+    a, b = conv.deref(a), conv.deref(b)
+    if a is False or b is False:
+        return True
+    if not (isinstance(a, dict) and isinstance(b, dict)) or "$ref" in a or "$ref" in b:
+        return False
+    for x, y in ((a, b), (b, a)):
+        values = _constants(x)
+        if values is not None:
+            try:
+                return not any(is_valid(v, y, resolve) for v in values)
+            except UnsupportedSchema:
+                return False
+    common = _judged_types(a) & _judged_types(b)
+    if not common:
+        return True
+    if len(common) > 1 or depth == 0:
+        return False
+    kind = next(iter(common))
+    if kind == "number":
+        return _bounds_apart(_number_bounds(a), _number_bounds(b))
+    if kind == "string":
+        if _bounds_apart(_length_bounds(a, "Length"), _length_bounds(b, "Length")):
+            return True
+        return _strings_apart(a, b, resolve)
+    if kind == "array":
+        if _bounds_apart(_length_bounds(a, "Items"), _length_bounds(b, "Items")):
+            return True
+        # Only the empty array can match both.
+        items_a, items_b = a.get("items"), b.get("items")
+        return (
+            max(a.get("minItems", 0), b.get("minItems", 0)) >= 1
+            and isinstance(items_a, dict)
+            and isinstance(items_b, dict)
+            and _disjoint(items_a, items_b, conv, resolve, depth - 1)
+        )
+    if kind == "object":
+        for x, y in ((a, b), (b, a)):
+            props_x, props_y = x.get("properties") or {}, y.get("properties") or {}
+            closed = y.get("additionalProperties") is False and not y.get("patternProperties")
+            for name in x.get("required") or []:
+                if name not in props_y:
+                    if closed:
+                        return True
+                    continue
+                if _disjoint(props_x.get(name, True), props_y[name], conv, resolve, depth - 1):
+                    return True
+    return False
+
+
+def _strings_apart(a: dict, b: dict, resolve) -> bool:
+    """Disjoint string schemas: one admits only "" and the other refuses it, or their
+    patterns match no string in common."""
+    for x, y in ((a, b), (b, a)):
+        if x.get("maxLength") == 0:
+            try:
+                return not is_valid("", y, resolve)
+            except UnsupportedSchema:
+                return False
+    pa, pb = a.get("pattern"), b.get("pattern")
+    if not (isinstance(pa, str) and isinstance(pb, str)):
+        return False
+    fa, fb = _pattern_fsm(pa), _pattern_fsm(pb)
+    # (not FSM.isdisjoint: over two alphabets it answered True for a[\s\S]* and [\s\S]*b)
+    return fa is not None and fb is not None and (fa & fb).empty()
+
+
+# Pattern syntax whose meaning interegular (Python's regex dialect) may read narrower than
+# ECMA-262 does, which would make a "disjoint" answer wrong: \s and \W (Unicode spaces),
+# word boundaries, and escapes of code points, control characters and properties.
+_UNSAFE_ESCAPES = re.compile(r"\\[sWbBuxcpPk]")
+_COUNT = re.compile(r"\{(\d+)(?:,(\d*))?\}")
+
+
+@functools.lru_cache(maxsize=256)
+def _pattern_fsm(pattern: str):
+    """An automaton of the strings in which `pattern` matches somewhere (a superset of
+    them, or None when that cannot be built safely and cheaply)."""
+    if len(pattern) > 200 or _UNSAFE_ESCAPES.search(pattern):
+        return None
+    if any(int(n) > 32 for m in _COUNT.finditer(pattern) for n in m.groups() if n):
+        return None  # interegular unrolls counts: seconds for {1,256}
+    body, head, tail = pattern, r"[\s\S]*", r"[\s\S]*"
+    if body.startswith("^"):
+        body, head = body[1:], ""
+    if body.endswith("$") and not body.endswith("\\$"):
+        body, tail = body[:-1], ""
+    if (head == "" or tail == "") and _has_top_level_bar(body):
+        return None  # ^a|b$ anchors each branch on one side only
+    try:
+        return interegular.parse_pattern(f"{head}(?:{body}){tail}").to_fsm()
+    except Exception:  # interegular raises several kinds for syntax it lacks
+        return None
+
+
+def _has_top_level_bar(body: str) -> bool:
+    depth, in_class, i = 0, False, 0
+    while i < len(body):
+        c = body[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "|" and depth == 0:
+            return True
+        i += 1
+    return False
+
+
+def _judged_types(schema: dict) -> set[str]:
+    declared = schema.get("type", list(ANY_TYPE))
+    return _as_numbers(declared if isinstance(declared, list) else [declared])
+
+
+def _number_bounds(s: dict) -> tuple:
+    """(low, low excluded, high, high excluded) of a number schema (drafts 4 and 6+)."""
+    lo, hi = s.get("minimum"), s.get("maximum")
+    lo_ex, hi_ex = s.get("exclusiveMinimum") is True, s.get("exclusiveMaximum") is True
+    for key, is_low in (("exclusiveMinimum", True), ("exclusiveMaximum", False)):
+        bound = s.get(key)
+        if isinstance(bound, (int, float)) and not isinstance(bound, bool):
+            if is_low and (lo is None or bound >= lo):
+                lo, lo_ex = bound, True
+            if not is_low and (hi is None or bound <= hi):
+                hi, hi_ex = bound, True
+    return lo, lo_ex, hi, hi_ex
+
+
+def _length_bounds(s: dict, what: str) -> tuple:
+    return s.get("min" + what), False, s.get("max" + what), False
+
+
+def _bounds_apart(a: tuple, b: tuple) -> bool:
+    """Two intervals (low, low excluded, high, high excluded) with no point in common."""
+    return _ends_before(*a[2:], *b[:2]) or _ends_before(*b[2:], *a[:2])
+
+
+def _ends_before(high: Any, high_excluded: bool, low: Any, low_excluded: bool) -> bool:
+    """Every point up to `high` lies below every point from `low`."""
+    numbers = [x for x in (high, low) if isinstance(x, (int, float)) and not isinstance(x, bool)]
+    if len(numbers) < 2:
+        return False
+    return high < low or (high == low and (high_excluded or low_excluded))
 
 
 def _constants(schema: Any) -> list | None:
