@@ -25,7 +25,7 @@ from grammars.index_builder import escape
 from grammars.json_schema_not import forbidden_names, required_clauses
 from grammars.json_schema_oneof import exclusive_branches
 from grammars.json_schema_pattern import pattern_regex
-from grammars.json_schema_ranges import integer_regex, number_regex
+from grammars.json_schema_ranges import integer_regex, number_bounds, number_regex
 from grammars.json_schema_values import is_valid, json_equal
 from grammars.schema_errors import InvalidSchema, UnsupportedSchema
 
@@ -790,20 +790,8 @@ def _check_bound(lo: Any, hi: Any, lo_name: str, hi_name: str, path: str) -> Non
 
 
 def _number_bounds(schema: dict, path: str) -> tuple[Any, bool, Any, bool]:
-    """(low, low exclusive, high, high exclusive), accepting draft-4 boolean exclusives."""
-    lo, hi = schema.get("minimum"), schema.get("maximum")
-    lo_excl = hi_excl = False
-    ex_lo, ex_hi = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
-    if isinstance(ex_lo, bool):
-        lo_excl = ex_lo and lo is not None
-    elif ex_lo is not None:
-        if lo is None or ex_lo >= lo:
-            lo, lo_excl = ex_lo, True
-    if isinstance(ex_hi, bool):
-        hi_excl = ex_hi and hi is not None
-    elif ex_hi is not None:
-        if hi is None or ex_hi <= hi:
-            hi, hi_excl = ex_hi, True
+    """number_bounds, checked: numbers, and at least one number between them."""
+    lo, lo_excl, hi, hi_excl = number_bounds(schema)
     for b in (lo, hi):
         if b is not None and (isinstance(b, bool) or not isinstance(b, (int, float))):
             raise InvalidSchema(f"numeric bounds must be numbers at {path}")

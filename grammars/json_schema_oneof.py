@@ -27,6 +27,7 @@ from typing import Any
 import interegular
 
 from grammars.json_schema_not import forbidden_names, required_clauses
+from grammars.json_schema_ranges import number_bounds
 from grammars.json_schema_values import is_valid
 from grammars.schema_errors import UnsupportedSchema
 
@@ -280,7 +281,7 @@ def _disjoint(a: Any, b: Any, conv: Any, resolve, depth: int) -> bool:
         return False
     kind = next(iter(common))
     if kind == "number":
-        return _bounds_apart(_number_bounds(a), _number_bounds(b))
+        return _bounds_apart(number_bounds(a), number_bounds(b))
     if kind == "string":
         if _bounds_apart(_length_bounds(a, "Length"), _length_bounds(b, "Length")):
             return True
@@ -379,20 +380,6 @@ def _has_top_level_bar(body: str) -> bool:
 def _judged_types(schema: dict) -> set[str]:
     declared = schema.get("type", list(ANY_TYPE))
     return _as_numbers(declared if isinstance(declared, list) else [declared])
-
-
-def _number_bounds(s: dict) -> tuple:
-    """(low, low excluded, high, high excluded) of a number schema (drafts 4 and 6+)."""
-    lo, hi = s.get("minimum"), s.get("maximum")
-    lo_ex, hi_ex = s.get("exclusiveMinimum") is True, s.get("exclusiveMaximum") is True
-    for key, is_low in (("exclusiveMinimum", True), ("exclusiveMaximum", False)):
-        bound = s.get(key)
-        if isinstance(bound, (int, float)) and not isinstance(bound, bool):
-            if is_low and (lo is None or bound >= lo):
-                lo, lo_ex = bound, True
-            if not is_low and (hi is None or bound <= hi):
-                hi, hi_ex = bound, True
-    return lo, lo_ex, hi, hi_ex
 
 
 def _length_bounds(s: dict, what: str) -> tuple:

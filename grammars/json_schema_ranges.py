@@ -9,8 +9,28 @@ any fraction, or 3 with a fraction up to .25", the fraction compared digit by di
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 NATURAL = "(0|[1-9][0-9]*)"
+
+
+def number_bounds(schema: dict) -> tuple[Any, bool, Any, bool]:
+    """(low, low exclusive, high, high exclusive) of a schema's minimum/maximum, accepting
+    draft-4 boolean exclusives and draft-6 numeric ones (the tighter bound wins); unchecked."""
+    lo, hi = schema.get("minimum"), schema.get("maximum")
+    lo_excl = hi_excl = False
+    ex_lo, ex_hi = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
+    if isinstance(ex_lo, bool):
+        lo_excl = ex_lo and lo is not None
+    elif ex_lo is not None:
+        if lo is None or ex_lo >= lo:
+            lo, lo_excl = ex_lo, True
+    if isinstance(ex_hi, bool):
+        hi_excl = ex_hi and hi is not None
+    elif ex_hi is not None:
+        if hi is None or ex_hi <= hi:
+            hi, hi_excl = ex_hi, True
+    return lo, lo_excl, hi, hi_excl
 
 
 def integer_regex(lo: int | None, hi: int | None) -> str | None:
