@@ -42,11 +42,15 @@ CHAR = (
     r'([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u([0-9a-ce-fA-CE-F][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2}))'
 )
 STRING = f'"{CHAR}*"'
-# Counted characters (minLength/maxLength) cost one automaton state per count. They are plain
-# characters (no quote, backslash or control character: stricter, hence safe), and a
-# maxLength above MAX_STRING_CHARS generates at most that many. (Which backend compiles the
-# regex, an eager outlines index or the lazy automaton, is index_builder's choice.)
+# Counted characters (minLength/maxLength) cost automaton states per count: a plain character
+# one, a two-character escape (\n, \", ...) one more, a \u escape six more. Counted strings
+# take plain characters and the two-character escapes (a quote or a newline in a bounded
+# description is ordinary) but not \u escapes (stricter, hence safe); a maxLength above
+# MAX_STRING_CHARS generates at most that many. (Which backend compiles the regex, an eager
+# outlines index or the lazy automaton, is index_builder's choice.) Patterns and formats
+# under length bounds count plain characters only.
 PLAIN_CHAR = r'[^"\\\x00-\x1f]'
+COUNTED_CHAR = r'([^"\\\x00-\x1f]|\\["\\/bfnrt])'
 MAX_STRING_CHARS = 4096
 BOOLEAN = "(true|false)"
 NULL = "null"
@@ -478,8 +482,8 @@ class _Converter:
         if lo > MAX_STRING_CHARS:
             raise UnsupportedSchema(f"minLength {lo} at {path} exceeds {MAX_STRING_CHARS}")
         if hi is None:
-            return f'"{PLAIN_CHAR}{{{lo}}}{CHAR}*"' if lo else STRING
-        return f'"{PLAIN_CHAR}{{{lo},{min(hi, max(lo, MAX_STRING_CHARS))}}}"'
+            return f'"{COUNTED_CHAR}{{{lo}}}{CHAR}*"' if lo else STRING
+        return f'"{COUNTED_CHAR}{{{lo},{min(hi, max(lo, MAX_STRING_CHARS))}}}"'
 
     def counted_pattern(self, pattern: Any, lo: int, hi: int | None, path: str) -> str | None:
         """Length bounds next to a pattern. One repeated character (`^[a-z]+$`): the two

@@ -6,8 +6,8 @@
 // sets of NFA states made when first reached; a state's token mask is a walk of the
 // vocabulary's byte trie through the DFA, made when first asked for and cached.
 //
-// Counted repetitions of one character class (a string's maxLength) unroll into one NFA unit
-// per character. A mask only sees as far ahead as the longest token, so units that need
+// Counted repetitions of one character (a class, or a JSON string character with its escapes:
+// a string's maxLength) unroll into one NFA unit per character. A mask only sees as far ahead as the longest token, so units that need
 // equally many more characters (capped there) and allow equally many more (capped there)
 // have the same mask: the cache is keyed by that canonical form, and a 4,096-character string
 // costs a handful of walks instead of thousands.
@@ -614,7 +614,7 @@ class Nfa {
 
   int repeat(const Ast& a, int next) {
     int body = a.kids[0];
-    bool counted_class = ast_[body].kind == Ast::kClass && span_chars_ == nullptr &&
+    bool counted_class = one_character(body) && span_chars_ == nullptr &&
                          (a.max > kCountedUnits || a.min > kCountedUnits);
     int cur = next;
     if (a.max < 0) {  // X{m,}: the loop, then m copies before it
@@ -629,12 +629,12 @@ class Nfa {
       for (int i = 0; i < a.min; ++i) cur = compile(body, cur);
       return cur;
     }
-    // Units laid out contiguously, each an entry node then the class: the last character's
+    // Units laid out contiguously, each an entry node then the body: the last character's
     // unit is built first. Unit u is entered after total - 1 - u characters.
     Counted g{static_cast<int>(nodes.size()), 0, total, {}, {}};
     for (int u = 0; u < total; ++u) {
       int entry = node({NfaNode::kSplit});
-      int body_start = char_class(ast_[body].ranges, cur);
+      int body_start = compile(body, cur);
       nodes[entry].a = body_start;
       nodes[entry].b = u < optional ? next : -1;
       if (u == 0) g.size = static_cast<int>(nodes.size()) - g.base;
@@ -645,6 +645,16 @@ class Nfa {
     }
     add_group(std::move(g));
     return cur;
+  }
+
+  // A body that reads one string character per match, laid out as the same nodes in every
+  // unit: a class, or alternatives and sequences of classes (a JSON string character with
+  // its escapes). Nothing in it matches empty or nests a counted group.
+  bool one_character(int id) const {
+    const Ast& a = ast_[id];
+    if (a.kind == Ast::kClass) return true;
+    if ((a.kind != Ast::kAlt && a.kind != Ast::kConcat) || a.kids.empty()) return false;
+    return std::all_of(a.kids.begin(), a.kids.end(), [&](int k) { return one_character(k); });
   }
 
   void mark_live(int match) {

@@ -52,6 +52,11 @@ def test_long_strings_keep_their_length_under_the_lazy_automaton(vocab, feeds):
     assert feeds(grammar, json.dumps(longest, separators=(",", ":")))
     too_long = {**longest, "field7": "x" * 256}
     assert not feeds(grammar, json.dumps(too_long, separators=(",", ":")))
+    # An escape is one character of the count, however many bytes it takes.
+    escaped = {**longest, "field0": 'q"\n' * 85}
+    assert feeds(grammar, json.dumps(escaped, separators=(",", ":")))
+    escaped["field0"] += "x"
+    assert not feeds(grammar, json.dumps(escaped, separators=(",", ":")))
     # A long string costs a few masks, not one per character: masks are shared by states
     # that need and allow as many more characters as the longest token can take.
     assert grammar.stats()["masks"] < 8 * 255 // 4
