@@ -55,7 +55,23 @@ MAX_STRING_CHARS = 4096
 BOOLEAN = "(true|false)"
 NULL = "null"
 
-_URI = r"[a-zA-Z][a-zA-Z0-9+.-]*://[a-zA-Z0-9._~:/?#@!$&'()*+,;=%-]+"
+# RFC 3986 URIs and references, host names as reg-names (IP literals like [::1] are left
+# out: stricter, safe). _U: the characters every component allows (unreserved, sub-delims,
+# percent-escapes); a path segment adds ":" and "@" (_P), a first relative segment only "@".
+_U = r"([a-zA-Z0-9._~!$&'()*+,;=-]|%[0-9a-fA-F]{2})"
+_P = rf"({_U}|[:@])"
+_AUTHORITY = rf"//(({_U}|:)*@)?{_U}*(:[0-9]*)?(/({_P}|/)*)?"
+_QUERY_FRAGMENT = rf"(\?({_P}|[/?])*)?(#({_P}|[/?])*)?"
+_ABSOLUTE_PATH = rf"/({_P}({_P}|/)*)?"
+_URI = rf"[a-zA-Z][a-zA-Z0-9+.-]*:({_AUTHORITY}|{_ABSOLUTE_PATH}|{_P}({_P}|/)*)?{_QUERY_FRAGMENT}"
+_RELATIVE_REF = rf"({_AUTHORITY}|{_ABSOLUTE_PATH}|({_U}|@)+(/({_P}|/)*)?)?{_QUERY_FRAGMENT}"
+# RFC 3339 durations (its appendix A): designators in order, none skipped between years and
+# days, weeks alone, whole numbers only (ISO 8601's fractions are left out: stricter, safe).
+_DURATION_TIME = "T([0-9]+H([0-9]+M([0-9]+S)?)?|[0-9]+M([0-9]+S)?|[0-9]+S)"
+_DURATION = (
+    f"P(([0-9]+D|[0-9]+M([0-9]+D)?|[0-9]+Y([0-9]+M([0-9]+D)?)?)({_DURATION_TIME})?"
+    f"|{_DURATION_TIME}|[0-9]+W)"
+)
 # Real calendar dates (validators check them: 2023-02-29 and 2024-04-31 are not dates):
 # days 1-28 in any month, 29-30 outside February, 31 in the long months, February 29 in
 # leap years (divisible by 4, centuries only by 400). Year 0000 does not exist.
@@ -75,16 +91,17 @@ FORMATS = {
     "uri": _URI,
     "hostname": r"[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}"
     r"[a-zA-Z0-9])?)*",
-    # Stricter than the formats (the full ipv6 form; absolute URIs as references): safe.
+    # Stricter than the format (the full form only): safe.
     "ipv6": r"([0-9a-fA-F]{1,4}:){7}[0-9a-fA-F]{1,4}",
-    "uri-reference": _URI,
+    "uri-reference": f"({_URI}|{_RELATIVE_REF})",
+    "duration": _DURATION,
     "byte": r"([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?",
 }
 # Formats the spec defines that we have no regex for: refused by name. Other names (custom
 # or OpenAPI hints like "password") are annotations, as validators treat unknown formats.
 MISSING_FORMATS = {
     "idn-email", "idn-hostname", "iri", "iri-reference", "uri-template", "json-pointer",
-    "relative-json-pointer", "regex", "duration",
+    "relative-json-pointer", "regex",
 }  # fmt: skip
 
 # Keywords that describe and never constrain.
@@ -115,8 +132,12 @@ UNSUPPORTED = {
 }  # fmt: skip
 ALL_TYPES = tuple(TYPE_KEYWORDS)
 _TYPED = set().union(*TYPE_KEYWORDS.values())
-# Formats whose every string has a length in this range: length bounds around them hold.
-FORMAT_LENGTHS = {"date": (10, 10), "uuid": (36, 36), "ipv4": (7, 15)}
+# The lengths a format's strings can have, where (1, None) does not say it: length bounds
+# that hold for every such length need no lookahead.
+FORMAT_LENGTHS = {
+    "date": (10, 10), "uuid": (36, 36), "ipv4": (7, 15), "uri-reference": (0, None),
+    "byte": (0, None),
+}  # fmt: skip
 # Draft 4-7 `dependencies` (both forms) and their 2019-09 names: expanded into anyOf.
 DEPENDENCIES = ("dependencies", "dependentRequired", "dependentSchemas")
 MAX_DEPENDENCIES = 4  # each one doubles the alternatives
@@ -192,6 +213,9 @@ class _Converter:
             return None
         if not isinstance(schema, dict):
             raise InvalidSchema(f"a schema must be an object or a boolean at {path}")
+        if schema.get("format") not in (None, *FORMATS, *MISSING_FORMATS):
+            # A custom format is an annotation: it neither constrains nor implies a string.
+            schema = {k: v for k, v in schema.items() if k != "format"}
         # A finite set first: its values are checked against every other keyword.
         if "const" in schema:
             return self.values([schema["const"]], "const", schema, path)
@@ -466,8 +490,6 @@ class _Converter:
         fmt, pattern = schema.get("format"), schema.get("pattern")
         if fmt in MISSING_FORMATS:
             raise UnsupportedSchema(f"unsupported string format {fmt!r} at {path}")
-        if fmt not in FORMATS:
-            fmt = None
         if fmt is not None and pattern is not None:
             raise UnsupportedSchema(f"'format' together with 'pattern' at {path}")
         if pattern is not None:
