@@ -22,11 +22,16 @@ from decimal import Decimal
 from typing import Any
 
 from grammars.index_builder import escape
-from grammars.json_schema_not import forbidden_names, required_clauses
+from grammars.json_schema_not import (
+    excluded_values,
+    forbidden_names,
+    negated_condition,
+    required_clauses,
+)
 from grammars.json_schema_oneof import exclusive_branches
 from grammars.json_schema_pattern import pattern_regex
 from grammars.json_schema_ranges import integer_regex, number_bounds, number_regex
-from grammars.json_schema_values import is_valid, json_equal
+from grammars.json_schema_values import is_type, is_valid, json_equal
 from grammars.schema_errors import InvalidSchema, UnsupportedSchema
 
 # $refs are followed this deep (recursion unrolls); deeper instances cannot be generated.
@@ -126,7 +131,6 @@ TYPE_KEYWORDS = {
 GENERAL = {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "nullable", "not"}
 # Validation keywords a regex cannot enforce (or that we do not yet): refused by name.
 UNSUPPORTED = {
-    "if",
     "uniqueItems", "contains", "minContains", "maxContains", "propertyNames", "$dynamicRef",
     "$recursiveRef",
 }  # fmt: skip
@@ -141,7 +145,8 @@ FORMAT_LENGTHS = {
 # Draft 4-7 `dependencies` (both forms) and their 2019-09 names: expanded into anyOf.
 DEPENDENCIES = ("dependencies", "dependentRequired", "dependentSchemas")
 MAX_DEPENDENCIES = 4  # each one doubles the alternatives
-_CONSTRAINING = GENERAL | _TYPED | UNSUPPORTED | set(DEPENDENCIES)
+CONDITIONAL = ("if", "then", "else")
+_CONSTRAINING = GENERAL | _TYPED | UNSUPPORTED | set(DEPENDENCIES) | {"if"}
 _KEYED = ("properties", "patternProperties")  # name -> schema maps, merged by name
 
 
@@ -223,6 +228,8 @@ class _Converter:
             if not isinstance(schema["enum"], list) or not schema["enum"]:
                 raise InvalidSchema(f"'enum' must be a non-empty list at {path}")
             return self.values(schema["enum"], "enum", schema, path)
+        if "if" in schema:
+            return self.convert(self.unconditional(schema, path), path, depth)
         if "$ref" in schema:
             rest = {k: v for k, v in schema.items() if k in _CONSTRAINING and k != "$ref"}
             if rest:  # siblings of $ref apply too (2019-09; stricter than draft 7, so safe)
@@ -238,6 +245,8 @@ class _Converter:
         for key in ("allOf", "anyOf", "oneOf"):
             if key in schema:
                 return getattr(self, key.lower())(schema, path, depth)
+        if "not" in schema and (excluded := excluded_values(schema["not"])) is not None:
+            return self.without_values(schema, *excluded, path, depth)
         self.check_keywords(schema, path)
         if not schema.keys() & _CONSTRAINING:
             return self.any_value(2)  # only annotations: any value
@@ -333,6 +342,70 @@ class _Converter:
             variants = [{"allOf": [v, extra]} for v in variants for extra in (absent, present)]
         return self.convert({"anyOf": variants}, path, depth)
 
+    def unconditional(self, schema: dict, path: str) -> dict:
+        """if/then/else as (if and then) or (not-if and else): exact where the condition's
+        negation is a schema (json_schema_not.negated_condition)."""
+        condition = self.deref(schema["if"])
+        negation = negated_condition(condition)
+        if negation is None:
+            raise UnsupportedSchema(
+                f"keyword 'if' at {path} (supported: conditions on an object's required "
+                "properties and on its properties' types and values)"
+            )
+        rest = {k: v for k, v in schema.items() if k not in CONDITIONAL}
+        then, other = schema.get("then", True), schema.get("else", True)
+        cases = [{"allOf": [condition, then]}, {"allOf": [negation, other]}]
+        return {"allOf": [rest, {"anyOf": cases}]}
+
+    def without_values(
+        self, schema: dict, values: list, types: list[str], path: str, depth: int
+    ) -> str | None:
+        """Each type of the schema minus the values (and whole types) its `not` names."""
+        rest = {k: v for k, v in schema.items() if k != "not"}
+        options = []
+        for t in self.types(rest, path):
+            if t in types or (t == "integer" and "number" in types):
+                continue
+            hit = [v for v in values if is_type(v, t) and self.may_write(v, rest, t, path)]
+            if not hit:
+                options.append(getattr(self, t)(rest, path, depth))
+            elif t == "boolean":
+                left = [b for b in (True, False) if not any(json_equal(b, v) for v in hit)]
+                options.append(_alt([_dump(b) for b in left]))
+            elif t == "string" and not rest.keys() & TYPE_KEYWORDS["string"]:
+                options.append(f'"{_string_not_in(hit)}"')
+            elif t == "integer":
+                options.append(self.integer_except(rest, hit, path))
+            elif t != "null":
+                raise UnsupportedSchema(
+                    f"keyword 'not' at {path} excludes a {t} value (values are excluded "
+                    "from plain strings, integers, booleans and null)"
+                )
+        return _alt(options)
+
+    def may_write(self, value: Any, schema: dict, t: str, path: str) -> bool:
+        """Whether `value` is valid under the schema's keywords for type t (True when they
+        cannot be checked: the value is then excluded, stricter and so safe)."""
+        try:
+            return is_valid(value, {**schema, "type": t}, lambda ref: self.resolve(ref, path))
+        except UnsupportedSchema:
+            return True
+
+    def integer_except(self, schema: dict, excluded: list, path: str) -> str | None:
+        """The integers within the schema's bounds, less `excluded`."""
+        lo, hi = _integer_bounds(schema, path)
+        step = schema.get("multipleOf")
+        if step is not None and step != 1:
+            raise UnsupportedSchema(f"'multipleOf' {step} at {path} (only 1 for integers)")
+        inside = {int(v) for v in excluded if (lo is None or v >= lo) and (hi is None or v <= hi)}
+        cuts = sorted(inside)
+        pieces, start = [], lo
+        for cut in cuts:
+            pieces.append(integer_regex(start, cut - 1))
+            start = cut + 1
+        pieces.append(integer_regex(start, hi))
+        return _alt(pieces)
+
     def allof(self, schema: dict, path: str, depth: int) -> str | None:
         """All parts merged into one schema (exact for the keywords merged below)."""
         parts: list[dict] = []
@@ -391,6 +464,8 @@ class _Converter:
             return None
         if not isinstance(schema, dict):
             raise InvalidSchema(f"'allOf' entries must be schemas at {path}")
+        if "if" in schema:
+            schema = self.unconditional(schema, path)
         deepest = depth
         if "$ref" in schema:
             if depth >= self.max_depth:
@@ -545,11 +620,7 @@ class _Converter:
         return f'"(?={PLAIN_CHAR}{{{lo},{top}}}")({content})"'
 
     def integer(self, schema: dict, path: str, depth: int) -> str | None:
-        lo, hi = _integer_bounds(schema, path)
-        step = schema.get("multipleOf")
-        if step is not None and step != 1:
-            raise UnsupportedSchema(f"'multipleOf' {step} at {path} (only 1 for integers)")
-        return integer_regex(lo, hi)
+        return self.integer_except(schema, [], path)
 
     def number(self, schema: dict, path: str, depth: int) -> str | None:
         if "multipleOf" in schema:
@@ -647,7 +718,7 @@ class _Converter:
             # Unlisted properties after the listed ones, each under additionalProperties.
             value = self.convert(extra, f"{path}/additionalProperties", depth)
             if value is not None:
-                pair = f'"{_key_not_in(names)}"{w}:{w}{value}'
+                pair = f'"{_string_not_in(names)}"{w}:{w}{value}'
                 members.append((f"{pair}({w},{w}{pair})*", False))
         return rf"\{{{w}{_members(members, w, nonempty)}{w}\}}"
 
@@ -766,9 +837,9 @@ def _members(members: list[tuple[str, bool]], w: str, nonempty: bool = False) ->
     return f"{head}{later}"
 
 
-def _key_not_in(names: list[str]) -> str:
-    """The content of a JSON key that is none of `names`, in plain characters: with no
-    escapes, no other spelling of a listed name can slip through."""
+def _string_not_in(names: list[str]) -> str:
+    """The content of a JSON string (a key, a value) that is none of `names`, in plain
+    characters: with no escapes, no other spelling of a listed name can slip through."""
     trie: dict = {}
     for name in names:
         if not any(c in '"\\' or ord(c) < 0x20 for c in name):

@@ -31,7 +31,8 @@ from grammars.json_schema_ranges import number_bounds
 from grammars.json_schema_values import is_valid
 from grammars.schema_errors import UnsupportedSchema
 
-_COMBINATORS = {"allOf", "anyOf", "oneOf", "$ref"}
+# Keywords whose parts write what the facts below do not read (then/else add properties).
+_COMBINATORS = {"allOf", "anyOf", "oneOf", "$ref", "if"}
 ANY_TYPE = frozenset({"null", "boolean", "object", "array", "number", "string"})
 _DEPTH = 3  # levels of nested properties and items the disjointness proof looks through
 

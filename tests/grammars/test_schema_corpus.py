@@ -197,12 +197,15 @@ def test_random_walks_write_valid_documents(name, vocab):
 
 # oneOf branches are narrowed so that no two can match one value: text drawn from the regex
 # (not just the valid instances listed) must validate, or a narrowing let an overlap through.
-# Property dependencies become alternatives the same way, counted patterns are rebuilt, and
-# formats and counted strings are regexes of our own, checked against the reference checkers.
+# Property dependencies and conditions (if/then/else) become alternatives the same way,
+# counted patterns are rebuilt, values are cut out of `not`, and formats and counted strings
+# are regexes of our own, checked against the reference checkers.
 DRAWN = sorted(
     name
     for name in COMPILED
-    if name.startswith(("one_of", "depend", "pattern_with", "format_", "string_length"))
+    if name.startswith(
+        ("one_of", "depend", "pattern_with", "format_", "string_length", "if_", "not_values")
+    )
     and "lookahead" not in name
 )
 
