@@ -15,9 +15,9 @@ from typing import Any
 
 from grammars.schema_errors import UnsupportedSchema
 
-_UNCHECKED = {"dependencies", "dependentSchemas", "dependentRequired", "if", "then", "else",
-              "patternProperties", "propertyNames", "contains", "unevaluatedProperties",
-              "unevaluatedItems", "$dynamicRef", "$recursiveRef"}  # fmt: skip
+_UNCHECKED = {"dependencies", "dependentSchemas", "dependentRequired", "patternProperties",
+              "propertyNames", "contains", "unevaluatedProperties", "unevaluatedItems",
+              "$dynamicRef", "$recursiveRef"}  # fmt: skip
 
 
 def json_equal(a: Any, b: Any) -> bool:
@@ -85,6 +85,10 @@ def _check_general(value: Any, s: dict, resolve, depth: int) -> bool:
         return False
     if "oneOf" in s and sum(is_valid(value, x, resolve, depth) for x in s["oneOf"]) != 1:
         return False
+    if "if" in s:
+        holds = is_valid(value, s["if"], resolve, depth)
+        if not is_valid(value, s.get("then" if holds else "else", True), resolve, depth):
+            return False
     return True
 
 
