@@ -268,7 +268,10 @@ class _Converter:
             return [t for sub in excluded["anyOf"] for t in self.excluded_types(sub, path)]
         if excluded is True or excluded == {}:
             return list(ALL_TYPES)
-        raise UnsupportedSchema(f"keyword 'not' at {path} (only 'not' of types is supported)")
+        raise UnsupportedSchema(
+            f"keyword 'not' at {path} (supported: 'not' of types, of const/enum values "
+            "and of required properties)"
+        )
 
     def declared_types(self, schema: dict, path: str) -> list[str]:
         declared = schema.get("type")
