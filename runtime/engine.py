@@ -35,7 +35,7 @@ from runtime.scheduler import Batch, Scheduler
 from runtime.scoring import score_tree
 from runtime.spec import DraftTree, Speculator, load_draft_proposer
 from runtime.stats import EngineStats
-from runtime.stop import StopStringMatcher
+from runtime.stop import StopMatcher
 from runtime.tokenizer import eos_token_ids, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -351,7 +351,7 @@ class Engine:
                 seed=base_seed + i,
                 emit=emit,
                 detokenizer=IncrementalDetokenizer(self.tokenizer, ids),
-                stop_matcher=StopStringMatcher(params.stop_strings),
+                stop_matcher=StopMatcher(params.stop_strings, params.stop_regexes),
                 stop_ids=frozenset(stop_ids),
                 max_new_tokens=min(params.max_tokens, self.context_length - len(ids)),
                 priority=priority,

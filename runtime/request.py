@@ -18,7 +18,7 @@ from runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from runtime.spec.speculator import SpecState
-from runtime.stop import StopStringMatcher
+from runtime.stop import StopMatcher
 
 
 class Status(enum.Enum):
@@ -44,7 +44,7 @@ class Request:
     seed: int
     emit: Callable[[StreamChunk], None]  # called on the engine thread with each chunk
     detokenizer: IncrementalDetokenizer
-    stop_matcher: StopStringMatcher
+    stop_matcher: StopMatcher
     stop_ids: frozenset[int]
     max_new_tokens: int
     priority: int = 0

@@ -7,6 +7,7 @@ from typing import Any
 import msgspec
 
 from grammars.constraints import Choices, Constraint, Ebnf, JsonSchema, Regex
+from runtime.stop import compile_stop_regex
 
 _CONSTRAINTS = ("regex", "json_schema", "choices", "grammar")
 
@@ -28,6 +29,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     presence_penalty: float = 0.0  # subtracted once if the token occurred in the output
     repetition_penalty: float = 1.0  # >1 discourages tokens of the prompt and output
     stop: str | list[str] | None = None
+    # Stop where the output matches any of these (Python syntax without anchors, lookarounds
+    # or backreferences; \d, \w and \s are ASCII); the output ends before the match.
+    stop_regex: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     seed: int | None = None  # None: a fresh seed per request
@@ -68,6 +72,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
                 raise ValueError(f"SamplingParams: {message}")
         if any(s == "" for s in self.stop_strings):
             raise ValueError("SamplingParams: stop strings must not be empty")
+        for pattern in self.stop_regexes:
+            compile_stop_regex(pattern)  # raises ValueError naming a bad pattern
         given = [k for k in _CONSTRAINTS if getattr(self, k) is not None]
         if len(given) > 1:
             raise ValueError(f"SamplingParams: give at most one constraint, got {given}")
@@ -92,6 +98,12 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         if self.stop is None:
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    @property
+    def stop_regexes(self) -> tuple[str, ...]:
+        if self.stop_regex is None:
+            return ()
+        return (self.stop_regex,) if isinstance(self.stop_regex, str) else tuple(self.stop_regex)
 
     @property
     def wants_logprobs(self) -> bool:

@@ -1,18 +1,79 @@
-"""Stop strings matched across token boundaries, with streaming that never leaks them."""
+"""Stop strings and stop regexes matched across token boundaries, with streaming that never
+leaks them."""
 
 from __future__ import annotations
 
+import functools
+import re
 
-class StopStringMatcher:
-    """Accumulates generated text; reports when a stop string appears.
+import interegular
 
-    A tail of the text that could still grow into a stop string is held back from the
-    stream, so a client never sees half of a stop string completed by a later token.
+_LOOKAROUND = re.compile(r"\(\?(=|!|<=|<!)")
+
+
+class StopRegex:
+    """A stop regex as a character automaton (interegular's FSM).
+
+    Python's `re` says whether text matches but not whether it could still grow into a
+    match; the automaton says both, so the stream holds back exactly the tails that might
+    become a stop and no more.
     """
 
-    def __init__(self, stop_strings: tuple[str, ...]) -> None:
+    def __init__(self, pattern: str) -> None:
+        try:
+            re.compile(pattern)
+            if _LOOKAROUND.search(pattern):
+                raise ValueError("lookarounds are not supported")
+            fsm = interegular.parse_pattern(pattern).to_fsm()
+        except (
+            re.error,
+            ValueError,
+            interegular.patterns.Unsupported,
+            interegular.patterns.InvalidSyntax,
+        ) as e:
+            raise ValueError(
+                f"SamplingParams: stop_regex {pattern!r}: not supported: {e}"
+            ) from None
+        if fsm.initial in fsm.finals:
+            raise ValueError(f"SamplingParams: stop_regex {pattern!r} matches the empty string")
+        self.pattern = pattern
+        self._fsm = fsm
+        self._live = frozenset(s for s in fsm.states if fsm.islive(s))
+
+    @property
+    def initial(self) -> int:
+        return self._fsm.initial
+
+    def step(self, state: int, char: str) -> int | None:
+        """The state after `char`, or None when no match can follow."""
+        nxt = self._fsm.map[state].get(self._fsm.alphabet[char])
+        return nxt if nxt in self._live else None
+
+    def accepts(self, state: int) -> bool:
+        return state in self._fsm.finals
+
+
+@functools.lru_cache(maxsize=256)
+def compile_stop_regex(pattern: str) -> StopRegex:
+    """The compiled stop regex (cached: parameters are validated where they are made)."""
+    return StopRegex(pattern)
+
+
+class StopMatcher:
+    """Accumulates generated text; reports when a stop string or stop regex appears.
+
+    The output ends before the earliest stop found. A tail of the text that could still grow
+    into a stop is held back from the stream, so a client never sees part of a stop completed
+    by a later token.
+    """
+
+    def __init__(self, stop_strings: tuple[str, ...], stop_regexes: tuple[str, ...] = ()) -> None:
         self.stop_strings = stop_strings
         self.holdback = max((len(s) for s in stop_strings), default=1) - 1
+        self.regexes = [compile_stop_regex(p) for p in stop_regexes]
+        # Per regex: start position -> automaton state of the partial matches still alive,
+        # the earliest start kept per state (later starts in the same state add nothing).
+        self._partials: list[dict[int, int]] = [{} for _ in self.regexes]
         self.text = ""
         self.emitted = 0
         self.stopped = False
@@ -20,18 +81,44 @@ class StopStringMatcher:
     def add(self, delta: str) -> str:
         """Append new text; return the part that is now safe to stream."""
         search_from = max(len(self.text) - self.holdback, 0)
+        start = len(self.text)
         self.text += delta
         hits = [i for s in self.stop_strings if (i := self.text.find(s, search_from)) >= 0]
+        hits += self._regex_hits(start)
         if hits:
             self.text = self.text[: min(hits)]
             self.stopped = True
             return self.flush()
         safe = len(self.text) - self._partial_stop_length()
+        safe = min([safe] + [min(p) for p in self._partials if p])
         if safe <= self.emitted:
             return ""
         out = self.text[self.emitted : safe]
         self.emitted = safe
         return out
+
+    def _regex_hits(self, start: int) -> list[int]:
+        """Advance every regex over text[start:]; the starts of the first matches found."""
+        if not self.regexes:
+            return []
+        for pos in range(start, len(self.text)):
+            char = self.text[pos]
+            hits = []
+            for regex, partials in zip(self.regexes, self._partials, strict=True):
+                partials.setdefault(pos, regex.initial)
+                advanced: dict[int, int] = {}
+                for begin, state in sorted(partials.items()):
+                    nxt = regex.step(state, char)
+                    if nxt is None or nxt in advanced.values():
+                        continue
+                    if regex.accepts(nxt):
+                        hits.append(begin)
+                    advanced[begin] = nxt
+                partials.clear()
+                partials.update(advanced)
+            if hits:
+                return hits
+        return []
 
     def _partial_stop_length(self) -> int:
         """Length of the longest tail of the text that begins some stop string."""

@@ -197,8 +197,8 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 raise BadRequest(f"sampling_params.{key} must be {value} on braid")
         if fields.get("top_k") == -1:  # SGLang's "off"
             fields["top_k"] = 0
-        if fields.pop("stop_regex", None):  # SGLang's frontend always sends it, empty
-            raise BadRequest("sampling_params.stop_regex is not supported by braid")
+        if not fields.get("stop_regex", True):  # SGLang's frontend always sends it, empty
+            del fields["stop_regex"]
         for theirs, ours in _SGLANG_NAMES.items():
             if theirs in fields:
                 if ours in fields:

@@ -1,11 +1,15 @@
-"""Incremental detokenization and stop-string matching."""
+"""Incremental detokenization and stop-string and stop-regex matching."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from runtime.detokenizer import IncrementalDetokenizer
-from runtime.stop import StopStringMatcher
+from runtime.stop import StopMatcher
 
 TEXTS = [
     "Hello, world! How are you?",
@@ -32,19 +36,19 @@ def test_split_multibyte_character_is_held_back(tokenizer):
     assert [detok.add([t]) for t in ids] == [""] * (len(ids) - 1) + ["🚀"]
 
 
-def feed(matcher: StopStringMatcher, pieces: list[str]) -> str:
+def feed(matcher: StopMatcher, pieces: list[str]) -> str:
     out = "".join(matcher.add(p) for p in pieces if not matcher.stopped)
     return out + matcher.flush()
 
 
 def test_stop_string_across_pieces():
-    m = StopStringMatcher(("END",))
+    m = StopMatcher(("END",))
     assert feed(m, ["abc E", "N", "D more"]) == "abc "
     assert m.stopped
 
 
 def test_partial_stop_is_held_back_then_released():
-    m = StopStringMatcher(("###",))
+    m = StopMatcher(("###",))
     assert m.add("one #") == "one "  # "#" could still begin "###"
     assert m.add("#") == ""
     assert m.add("x two") == "##x two"
@@ -54,10 +58,76 @@ def test_partial_stop_is_held_back_then_released():
 
 
 def test_earliest_of_several_stop_strings_wins():
-    m = StopStringMatcher(("\n\n", "Q:"))
+    m = StopMatcher(("\n\n", "Q:"))
     assert feed(m, ["A: yes Q: next\n\n"]) == "A: yes "
 
 
 def test_no_stop_strings_streams_everything():
-    m = StopStringMatcher(())
+    m = StopMatcher(())
     assert m.add("abc") == "abc" and m.flush() == ""
+
+
+def first_completed_match(pattern: str, text: str) -> int | None:
+    """Reference for stop regexes, by brute force with `re`: the start of the match that is
+    complete earliest in the text (the leftmost start among those ending there)."""
+    for end in range(1, len(text) + 1):
+        starts = [b for b in range(end) if re.fullmatch(pattern, text[b:end])]
+        if starts:
+            return min(starts)
+    return None
+
+
+STOP_REGEXES = [r"[0-9]+\.", r"\n\n", r"a.*z", r"END|ab+c", r"(ab)+\n", r"[^a-z ]{2}"]
+
+
+@given(
+    pattern=st.sampled_from(STOP_REGEXES),
+    text=st.lists(
+        st.sampled_from(["a", "b", "cz", " ", "1", "9.", "\n", "EN", "D", "ab"]), max_size=12
+    ).map("".join),
+    cuts=st.lists(st.integers(0, 24), max_size=6),
+)
+def test_stop_regex_matches_re_at_any_piece_boundaries(pattern, text, cuts):
+    bounds = sorted({0, len(text), *(min(c, len(text)) for c in cuts)})
+    pieces = [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    m = StopMatcher((), (pattern,))
+    streamed = []
+    for piece in pieces:
+        if not m.stopped:
+            streamed.append(m.add(piece))
+    streamed.append(m.flush())
+    start = first_completed_match(pattern, text)
+    assert m.stopped == (start is not None)
+    assert "".join(streamed) == (text if start is None else text[:start])
+
+
+def test_partial_stop_regex_is_held_back_then_released():
+    m = StopMatcher((), (r"Q[0-9]+:",))
+    assert m.add("hi Q") == "hi "  # "Q" could begin a match
+    assert m.add("12") == ""
+    assert m.add(" no") == "Q12 no"
+    assert m.add(" Q3:") == " "  # the text before the stop, the request's last
+    assert m.stopped and m.flush() == ""
+
+
+def test_stop_string_and_regex_together():
+    m = StopMatcher(("END",), (r"a.*z",))
+    assert feed(m, ["xxa", "bcE", "ND"]) == "xxabc"
+
+
+@pytest.mark.parametrize(
+    "pattern, problem",
+    [
+        ("(", "missing )"),
+        ("^x", "not supported"),
+        ("a(?=b)", "lookarounds"),
+        (r"(a)\1", "not supported"),
+        ("x*", "matches the empty string"),
+    ],
+)
+def test_bad_stop_regex_is_refused_by_name(pattern, problem):
+    from runtime import SamplingParams
+
+    with pytest.raises(ValueError, match="stop_regex") as e:
+        SamplingParams(stop_regex=[pattern])
+    assert problem in str(e.value)

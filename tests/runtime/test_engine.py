@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import pytest
 import torch
@@ -63,6 +64,19 @@ def test_stop_string_truncates_text(tiny_engine):
     assert out.finish_reason == "stop"
     assert out.text == full.text[: full.text.index(stop)]
     assert stop not in out.text
+
+
+def test_stop_regex_truncates_text(tiny_engine):
+    full = tiny_engine.generate(PROMPT, greedy(max_tokens=40, ignore_eos=True))
+    middle = full.text[len(full.text) // 2 : len(full.text) // 2 + 3]
+    assert middle.strip(), f"unhelpful output for this test: {full.text!r}"
+    # Either of two characters of the middle, then the third: a class, not a literal.
+    pattern = f"[{re.escape(middle[0])}{re.escape(middle[1])}]{re.escape(middle[2])}"
+    first = re.search(pattern, full.text)
+    out = tiny_engine.generate(PROMPT, greedy(max_tokens=40, ignore_eos=True, stop_regex=[pattern]))
+    assert out.finish_reason == "stop"
+    assert out.text == full.text[: first.start()]
+    assert out.token_ids == full.token_ids[: len(out.token_ids)]
 
 
 def test_stop_token_ids(tiny_engine):

@@ -333,10 +333,17 @@ def test_generate_takes_sglang_frontend_sampling_params(engine, server):
     url = server.url + "/generate"
     out = httpx.post(url, json={"text": "Once upon", "sampling_params": frontend})
     assert out.status_code == 200, out.text
-    assert out.json()["text"] == engine.generate("Once upon", GREEDY).text
-    refused = {"text": "a", "sampling_params": {**frontend, "stop_regex": ["x+"]}}
-    r = httpx.post(url, json=refused)
-    assert r.status_code == 400 and "stop_regex" in r.text
+    full = engine.generate("Once upon", GREEDY).text
+    assert out.json()["text"] == full
+    assert len(full) >= 6, f"unhelpful output for this test: {full!r}"
+    pattern = re.escape(full[4:6])
+    stopped = {"text": "Once upon", "sampling_params": {**frontend, "stop_regex": [pattern]}}
+    out = httpx.post(url, json=stopped)
+    assert out.status_code == 200, out.text
+    assert out.json()["text"] == full[: re.search(pattern, full).start()]
+    bad = {"text": "a", "sampling_params": {**frontend, "stop_regex": ["(a)\\1"]}}
+    r = httpx.post(url, json=bad)
+    assert r.status_code == 400 and "stop_regex" in r.json()["error"]["message"], r.text
 
 
 def test_bad_requests_on_the_native_and_chat_routes(server, client):
