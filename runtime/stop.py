@@ -104,18 +104,19 @@ class StopMatcher:
         for pos in range(start, len(self.text)):
             char = self.text[pos]
             hits = []
-            for regex, partials in zip(self.regexes, self._partials, strict=True):
-                partials.setdefault(pos, regex.initial)
+            for i, regex in enumerate(self.regexes):
+                self._partials[i][pos] = regex.initial  # starts stay in ascending order
                 advanced: dict[int, int] = {}
-                for begin, state in sorted(partials.items()):
+                reached: set[int] = set()
+                for begin, state in self._partials[i].items():
                     nxt = regex.step(state, char)
-                    if nxt is None or nxt in advanced.values():
+                    if nxt is None or nxt in reached:
                         continue
                     if regex.accepts(nxt):
                         hits.append(begin)
                     advanced[begin] = nxt
-                partials.clear()
-                partials.update(advanced)
+                    reached.add(nxt)
+                self._partials[i] = advanced
             if hits:
                 return hits
         return []
