@@ -139,6 +139,52 @@ void rope_store_kv(T* qkv, const int64_t* positions, const float* cos, const flo
   }
 }
 
+// Dot product and y += w * x over one head. At the usual head sizes the length is a constant,
+// so the loops unroll into whole vectors with one horizontal sum at the end; with a length
+// known only at run time, the compiler's remainder handling and reduction cost more than the
+// 64 multiply-adds themselves (with the conversions below: 1.5x faster in bfloat16).
+template <int D>
+inline float dot_fixed(const float* a, const float* b) {
+  float part[16] = {};
+  for (int d = 0; d < D; d += 16) {
+#pragma omp simd
+    for (int j = 0; j < 16; ++j) part[j] += a[d + j] * b[d + j];
+  }
+  float s = 0.0f;
+  for (int j = 0; j < 16; ++j) s += part[j];
+  return s;
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  if (n == 64) return dot_fixed<64>(a, b);
+  if (n == 128) return dot_fixed<128>(a, b);
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t d = 0; d < n; ++d) s += a[d] * b[d];
+  return s;
+}
+
+template <int D>
+inline void axpy_fixed(float w, const float* x, float* y) {
+#pragma omp simd
+  for (int d = 0; d < D; ++d) y[d] += w * x[d];
+}
+
+inline void axpy(float w, const float* x, float* y, int64_t n) {
+  if (n == 64) return axpy_fixed<64>(w, x, y);
+  if (n == 128) return axpy_fixed<128>(w, x, y);
+#pragma omp simd
+  for (int64_t d = 0; d < n; ++d) y[d] += w * x[d];
+}
+
+// A row of the KV pool as float32: itself, or converted into buf.
+inline const float* as_float(const float* x, int64_t, float*) { return x; }
+inline const float* as_float(const bf16* x, int64_t n, float* buf) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) buf[i] = to_float(x[i]);
+  return buf;
+}
+
 template <typename T>
 void decode_attention(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, T* out,
                       const int64_t* rows, const int64_t* kv_starts, const int64_t* kv_lens,
@@ -150,6 +196,7 @@ void decode_attention(const T* q, int64_t q_stride, const T* k_cache, const T* v
   // once, and the next ones are prefetched, since a sequence's slots are scattered over the
   // pool and the hardware cannot guess them. Scores are kept whole (a context fits in cache),
   // then softmax, then the weighted sum of V, all in float32. out: [tokens, heads, head_dim].
+  // A bfloat16 K or V row is converted once for all the query heads that read it.
   const int64_t group = heads / kv_heads;
   const int64_t kv_row = kv_heads * head_dim;
   const int64_t line_elems = 64 / sizeof(T);
@@ -160,7 +207,7 @@ void decode_attention(const T* q, int64_t q_stride, const T* k_cache, const T* v
   };
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<float> scores, acc(heads * head_dim), qf(heads * head_dim);
+    std::vector<float> scores, acc(heads * head_dim), qf(heads * head_dim), row_f(kv_row);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < num_rows; ++i) {
       const int64_t len = kv_lens[i];
@@ -170,14 +217,9 @@ void decode_attention(const T* q, int64_t q_stride, const T* k_cache, const T* v
       scores.resize(heads * len);
       for (int64_t l = 0; l < len; ++l) {
         if (l + kAhead < len) prefetch(k_cache, slot[l + kAhead]);
-        const T* k = k_cache + slot[l] * kv_row;
+        const float* k = as_float(k_cache + slot[l] * kv_row, kv_row, row_f.data());
         for (int64_t h = 0; h < heads; ++h) {
-          const float* qh = qf.data() + h * head_dim;
-          const T* kh = k + (h / group) * head_dim;
-          float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t d = 0; d < head_dim; ++d) dot += qh[d] * to_float(kh[d]);
-          scores[h * len + l] = dot;
+          scores[h * len + l] = dot(qf.data() + h * head_dim, k + (h / group) * head_dim, head_dim);
         }
       }
       for (int64_t h = 0; h < heads; ++h) {
@@ -196,13 +238,10 @@ void decode_attention(const T* q, int64_t q_stride, const T* k_cache, const T* v
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t l = 0; l < len; ++l) {
         if (l + kAhead < len) prefetch(v_cache, slot[l + kAhead]);
-        const T* v = v_cache + slot[l] * kv_row;
+        const float* v = as_float(v_cache + slot[l] * kv_row, kv_row, row_f.data());
         for (int64_t h = 0; h < heads; ++h) {
-          const float p = scores[h * len + l];
-          const T* vh = v + (h / group) * head_dim;
-          float* a = acc.data() + h * head_dim;
-#pragma omp simd
-          for (int64_t d = 0; d < head_dim; ++d) a[d] += p * to_float(vh[d]);
+          axpy(scores[h * len + l], v + (h / group) * head_dim, acc.data() + h * head_dim,
+               head_dim);
         }
       }
       T* o = out + rows[i] * heads * head_dim;

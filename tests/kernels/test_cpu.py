@@ -79,8 +79,8 @@ def test_rope_store_kv(lib, threads, dtype):
 @DTYPES
 @pytest.mark.parametrize(
     "heads, kv_heads, head_dim",
-    [(4, 2, 16), (6, 1, 64), (3, 3, 8)],
-    ids=["gqa", "mqa-d64", "mha-d8"],
+    [(4, 2, 16), (6, 1, 64), (3, 3, 8), (6, 2, 128)],
+    ids=["gqa", "mqa-d64", "mha-d8", "gqa-d128"],
 )
 def test_decode_attention(lib, threads, dtype, heads, kv_heads, head_dim):
     """Decode rows of a hybrid batch: some rows of q are not decodes and stay untouched; q is
