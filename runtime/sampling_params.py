@@ -95,15 +95,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
-        if self.stop is None:
-            return ()
-        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        return _as_tuple(self.stop)
 
     @property
     def stop_regexes(self) -> tuple[str, ...]:
-        if self.stop_regex is None:
-            return ()
-        return (self.stop_regex,) if isinstance(self.stop_regex, str) else tuple(self.stop_regex)
+        return _as_tuple(self.stop_regex)
 
     @property
     def wants_logprobs(self) -> bool:
@@ -117,3 +113,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             or self.presence_penalty != 0
             or self.repetition_penalty != 1
         )
+
+
+def _as_tuple(value: str | list[str] | None) -> tuple[str, ...]:
+    """A one-or-many field (`stop`, `stop_regex`) as a tuple."""
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, str) else tuple(value)

@@ -22,11 +22,13 @@ class StopRegex:
     def __init__(self, pattern: str) -> None:
         try:
             re.compile(pattern)
+        except re.error as e:
+            raise ValueError(f"SamplingParams: stop_regex {pattern!r} is invalid: {e}") from None
+        try:
             if _LOOKAROUND.search(pattern):
-                raise ValueError("lookarounds are not supported")
+                raise ValueError("lookarounds")
             fsm = interegular.parse_pattern(pattern).to_fsm()
         except (
-            re.error,
             ValueError,
             interegular.patterns.Unsupported,
             interegular.patterns.InvalidSyntax,
@@ -36,7 +38,6 @@ class StopRegex:
             ) from None
         if fsm.initial in fsm.finals:
             raise ValueError(f"SamplingParams: stop_regex {pattern!r} matches the empty string")
-        self.pattern = pattern
         self._fsm = fsm
         self._live = frozenset(s for s in fsm.states if fsm.islive(s))
 
