@@ -24,7 +24,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu.cpp")
+# Compiled together into one library; the header is listed for the cache key.
+SOURCES = [Path(__file__).with_name(n) for n in ("cpu.cpp", "cpu_attention.cpp")]
+HEADERS = [Path(__file__).with_name("cpu_common.h")]
 _FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fopenmp"]
 _FLAGS += ["-shared", "-fPIC", "-std=c++17"]
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
@@ -37,42 +39,46 @@ _ARGTYPES = {
     "rope_store_kv": [_P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _INT],
     "decode_attention": [_P, _I64, _P, _P, _P, _P, _P, _P, _P]
     + [_I64, _I64, _I64, _I64, ctypes.c_float, _INT],
+    "argmax_rows": [_P, _I64, _I64, _I64, _P, _INT],
 }
 
 _lock = threading.Lock()
-_loaded: dict[Path, CpuKernels | None] = {}
+_loaded: dict[tuple[Path, tuple[str, ...]], CpuKernels | None] = {}
 
 
-def load(build_dir: Path | None = None) -> CpuKernels | None:
+def load(build_dir: Path | None = None, extra_flags: tuple[str, ...] = ()) -> CpuKernels | None:
     """The kernels, built on first use (a few seconds, once per machine); None when they
-    cannot be built here (the reason is logged once)."""
+    cannot be built here (the reason is logged once). `extra_flags` go to the compiler after
+    the usual ones: tests build the paths of other CPUs with them (e.g. -mno-avx512f)."""
     build_dir = build_dir or Path.home() / ".cache" / "braid" / "kernels"
     with _lock:
-        if build_dir not in _loaded:
-            _loaded[build_dir] = _build_and_load(build_dir)
-        return _loaded[build_dir]
+        if (build_dir, extra_flags) not in _loaded:
+            _loaded[build_dir, extra_flags] = _build_and_load(build_dir, [*_FLAGS, *extra_flags])
+        return _loaded[build_dir, extra_flags]
 
 
-def _build_and_load(build_dir: Path) -> CpuKernels | None:
+def _build_and_load(build_dir: Path, flags: list[str]) -> CpuKernels | None:
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if compiler is None:
         log.warning("no C++ compiler found: the CPU path uses torch ops instead of its kernels")
         return None
     try:
-        path = _build(Path(compiler), build_dir)
+        path = _build(Path(compiler), build_dir, flags)
         return CpuKernels(ctypes.CDLL(str(path)))
     except (OSError, subprocess.SubprocessError) as e:
         log.warning("CPU kernels unavailable (%s): the CPU path uses torch ops instead", e)
         return None
 
 
-def _build(compiler: Path, build_dir: Path) -> Path:
+def _build(compiler: Path, build_dir: Path, flags: list[str]) -> Path:
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, text=True, check=True
     ).stdout
     key = hashlib.sha256(
         b"\0".join(
-            s.encode() for s in [SOURCE.read_text(), version, " ".join(_FLAGS), _cpu_signature()]
+            s.encode()
+            for s in [*(p.read_text() for p in SOURCES + HEADERS), version, " ".join(flags)]
+            + [_cpu_signature()]
         )
     ).hexdigest()[:16]
     target = build_dir / f"braid_cpu_{key}.so"
@@ -86,7 +92,7 @@ def _build(compiler: Path, build_dir: Path) -> Path:
     os.close(fd)
     try:
         result = subprocess.run(
-            [compiler, *_FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True
+            [compiler, *flags, *map(str, SOURCES), "-o", tmp], capture_output=True, text=True
         )
         if result.returncode != 0:
             raise subprocess.SubprocessError(
@@ -116,7 +122,8 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 class CpuKernels:
     """Typed entry points over the library, with the signatures of their twins in
-    kernels.reference (decode_attention excepted: it writes the rows of a hybrid batch)."""
+    kernels.reference (decode_attention excepted: it writes the rows of a hybrid batch), and
+    argmax, whose twin is torch.argmax."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._fns = {}
@@ -226,6 +233,18 @@ class CpuKernels:
             scale,
             _threads(),
         )
+
+    def argmax(self, x: torch.Tensor) -> torch.Tensor:
+        """x.argmax(dim=-1) of a [rows, cols] CPU tensor whose rows may be strided (a slice of
+        wider logits): the first index on ties, or that of the first NaN."""
+        if x.dim() != 2 or x.device.type != "cpu" or x.stride(1) != 1:
+            raise ValueError("argmax: x must be a [rows, cols] CPU tensor with unit column stride")
+        _check(x.dtype, data=[])
+        out = torch.empty(x.shape[0], dtype=torch.int64)
+        self._fn("argmax_rows", x.dtype)(
+            _ptr(x), x.stride(0), x.shape[0], x.shape[1], _ptr(out), _threads()
+        )
+        return out
 
 
 def _threads() -> int:

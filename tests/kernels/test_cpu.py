@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import platform
 
 import pytest
 import torch
@@ -19,6 +20,25 @@ TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=1e-2
 def lib() -> cpu.CpuKernels:
     kernels = cpu.load()
     assert kernels is not None, "the CPU kernels must build wherever a C++ compiler is found"
+    return kernels
+
+
+# Decode attention has a path per vector unit: each is built here and checked, whichever this
+# CPU would pick. The flags turn off what the next path up needs.
+ATTENTION_PATHS = {
+    "native": (),
+    "avx512-no-bf16-dot": ("-mno-avx512bf16",),
+    "portable": ("-mno-avx512f",),
+}
+
+
+@pytest.fixture(scope="module", params=list(ATTENTION_PATHS))
+def attention_lib(request) -> cpu.CpuKernels:
+    flags = ATTENTION_PATHS[request.param]
+    if flags and platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the other paths are x86 ones")
+    kernels = cpu.load(extra_flags=flags)
+    assert kernels is not None, f"the CPU kernels must build with {flags}"
     return kernels
 
 
@@ -82,7 +102,7 @@ def test_rope_store_kv(lib, threads, dtype):
     [(4, 2, 16), (6, 1, 64), (3, 3, 8), (6, 2, 128)],
     ids=["gqa", "mqa-d64", "mha-d8", "gqa-d128"],
 )
-def test_decode_attention(lib, threads, dtype, heads, kv_heads, head_dim):
+def test_decode_attention(attention_lib, threads, dtype, heads, kv_heads, head_dim):
     """Decode rows of a hybrid batch: some rows of q are not decodes and stay untouched; q is
     a strided view of qkv, as the model passes it."""
     lengths = [1, 7, 70, 33]
@@ -95,7 +115,7 @@ def test_decode_attention(lib, threads, dtype, heads, kv_heads, head_dim):
     indices = torch.randperm(200, generator=torch.Generator().manual_seed(3))[: sum(lengths)]
     starts = torch.tensor([0, *lengths[:-1]]).cumsum(0)
     out = torch.full((tokens, heads, head_dim), 7.0, dtype=dtype)
-    lib.decode_attention(
+    attention_lib.decode_attention(
         q, k_cache, v_cache, out, rows, starts, torch.tensor(lengths), indices, 0.3
     )
     indptr = torch.tensor([0, *lengths]).cumsum(0)
@@ -106,10 +126,11 @@ def test_decode_attention(lib, threads, dtype, heads, kv_heads, head_dim):
     assert bool((out[others] == 7.0).all())
 
 
-def test_results_do_not_depend_on_the_thread_count(lib):
+@pytest.mark.parametrize("head_dim", [16, 64])
+def test_results_do_not_depend_on_the_thread_count(attention_lib, head_dim):
     """Each row is computed by one thread whole: the same bits with 1 or 2 threads."""
-    q = randn(64, 4, 16)
-    k_cache, v_cache = randn(512, 2, 16, seed=1), randn(512, 2, 16, seed=2)
+    q = randn(64, 4, head_dim)
+    k_cache, v_cache = randn(512, 2, head_dim, seed=1), randn(512, 2, head_dim, seed=2)
     lengths = torch.randint(1, 8, (64,), generator=torch.Generator().manual_seed(3))
     starts = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)[:-1]])
     indices = torch.randperm(512)[: int(lengths.sum())]
@@ -118,12 +139,29 @@ def test_results_do_not_depend_on_the_thread_count(lib):
     for n in (1, 2):
         torch.set_num_threads(n)
         out = torch.empty_like(q)
-        lib.decode_attention(
+        attention_lib.decode_attention(
             q, k_cache, v_cache, out, torch.arange(64), starts, lengths, indices, 0.25
         )
         outs.append(out)
     torch.set_num_threads(before)
     assert torch.equal(outs[0], outs[1])
+
+
+@DTYPES
+def test_argmax_matches_torch(lib, threads, dtype):
+    """Ties (the first index wins), -inf rows, NaN (its first index wins, as in torch), the
+    maximum in the last partial chunk, and rows strided as a slice of wider logits."""
+    wide = randn(9, 1000, dtype=dtype) * 3
+    wide[1, [17, 500]] = 50.0  # a tie
+    wide[2, :] = float("-inf")
+    wide[3, [40, 700]] = float("nan")
+    wide[4, 997] = 80.0  # in the last, partial chunk of the row
+    wide[5, 0] = 90.0
+    wide[6, 999] = float("inf")
+    for x in (wide, wide[:, :997]):
+        torch.testing.assert_close(lib.argmax(x), x.argmax(dim=-1), atol=0, rtol=0)
+    with pytest.raises(ValueError, match="unit column stride"):
+        lib.argmax(wide.t())
 
 
 def test_bad_inputs_are_refused_by_name(lib):

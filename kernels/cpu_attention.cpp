@@ -1,0 +1,373 @@
+// Paged decode attention on the CPU, as kernels.reference.decode_attention: one query token
+// per row attends its sequence's slots of the KV pool [slots, kv_heads, head_dim]. Built into
+// one library with cpu.cpp (see there).
+//
+// The contract, for both implementations below: row rows[i] of q (stride q_stride between
+// tokens, heads packed [heads, head_dim]) attends the kv_lens[i] slots at kv_indices +
+// kv_starts[i], and the result goes to row rows[i] of out [tokens, heads, head_dim]. A work
+// item is a row with all its heads. Its scores are kept whole (a context fits in cache);
+// softmax and sums are float32. A sequence's slots are scattered over the pool, where the
+// hardware cannot guess them, so the rows about to be read are prefetched.
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include "cpu_common.h"
+
+namespace {
+
+using namespace braid;
+
+// Softmax numerators exp(s - max s) of s[0, len), in place; returns 1 / their sum.
+inline float softmax_numerators(float* s, int64_t len) {
+  float top = -INFINITY;
+  for (int64_t l = 0; l < len; ++l) top = s[l] > top ? s[l] : top;
+  float total = 0.0f;
+#pragma omp simd reduction(+ : total)
+  for (int64_t l = 0; l < len; ++l) {
+    s[l] = exp_approx(s[l] - top);
+    total += s[l];
+  }
+  return 1.0f / total;
+}
+
+template <typename T>
+inline void prefetch_bytes(const T* p, int64_t bytes, bool to_l1) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (int64_t b = 0; b < bytes; b += 64) {
+    if (to_l1) {
+      __builtin_prefetch(c + b, 0, 3);
+    } else {
+      __builtin_prefetch(c + b, 0, 2);
+    }
+  }
+}
+
+// ---- portable: any head size, any x86 or ARM vector unit the compiler targets -----------------
+
+// Dot product and y += w * x over one head. At the usual head sizes the length is a constant,
+// so the loops unroll into whole vectors with one horizontal sum at the end; with a length
+// known only at run time, the compiler's remainder handling and reduction cost more than the
+// 64 multiply-adds themselves (with the conversions below: 1.5x faster in bfloat16).
+template <int D>
+inline float dot_fixed(const float* a, const float* b) {
+  float part[16] = {};
+  for (int d = 0; d < D; d += 16) {
+#pragma omp simd
+    for (int j = 0; j < 16; ++j) part[j] += a[d + j] * b[d + j];
+  }
+  float s = 0.0f;
+  for (int j = 0; j < 16; ++j) s += part[j];
+  return s;
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  if (n == 64) return dot_fixed<64>(a, b);
+  if (n == 128) return dot_fixed<128>(a, b);
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t d = 0; d < n; ++d) s += a[d] * b[d];
+  return s;
+}
+
+template <int D>
+inline void axpy_fixed(float w, const float* x, float* y) {
+#pragma omp simd
+  for (int d = 0; d < D; ++d) y[d] += w * x[d];
+}
+
+inline void axpy(float w, const float* x, float* y, int64_t n) {
+  if (n == 64) return axpy_fixed<64>(w, x, y);
+  if (n == 128) return axpy_fixed<128>(w, x, y);
+#pragma omp simd
+  for (int64_t d = 0; d < n; ++d) y[d] += w * x[d];
+}
+
+// A row of the KV pool as float32: itself, or converted into buf.
+inline const float* as_float(const float* x, int64_t, float*) { return x; }
+inline const float* as_float(const bf16* x, int64_t n, float* buf) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) buf[i] = to_float(x[i]);
+  return buf;
+}
+
+template <typename T>
+void decode_attention_portable(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache,
+                               T* out, const int64_t* rows, const int64_t* kv_starts, const int64_t* kv_lens,
+                      const int64_t* kv_indices, int64_t num_rows, int64_t heads,
+                      int64_t kv_heads, int64_t head_dim, float scale, int threads) {
+  // Each slot's K (then V) row, all KV heads side by side, is read once and converted once
+  // for all the query heads that read it.
+  const int64_t group = heads / kv_heads;
+  const int64_t kv_row = kv_heads * head_dim;
+  constexpr int64_t kAhead = 16;  // slots prefetched ahead of the one being read
+  auto prefetch = [&](const T* base, int64_t slot) {
+    prefetch_bytes(base + slot * kv_row, kv_row * sizeof(T), true);
+  };
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> scores, acc(heads * head_dim), qf(heads * head_dim), row_f(kv_row);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < num_rows; ++i) {
+      const int64_t len = kv_lens[i];
+      const int64_t* slot = kv_indices + kv_starts[i];
+      const T* qrow = q + rows[i] * q_stride;
+      for (int64_t j = 0; j < heads * head_dim; ++j) qf[j] = to_float(qrow[j]) * scale;
+      scores.resize(heads * len);
+      for (int64_t l = 0; l < len; ++l) {
+        if (l + kAhead < len) prefetch(k_cache, slot[l + kAhead]);
+        const float* k = as_float(k_cache + slot[l] * kv_row, kv_row, row_f.data());
+        for (int64_t h = 0; h < heads; ++h) {
+          scores[h * len + l] = dot(qf.data() + h * head_dim, k + (h / group) * head_dim, head_dim);
+        }
+      }
+      for (int64_t h = 0; h < heads; ++h) {
+        float* s = scores.data() + h * len;
+        const float inv = softmax_numerators(s, len);
+        for (int64_t l = 0; l < len; ++l) s[l] *= inv;
+      }
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t l = 0; l < len; ++l) {
+        if (l + kAhead < len) prefetch(v_cache, slot[l + kAhead]);
+        const float* v = as_float(v_cache + slot[l] * kv_row, kv_row, row_f.data());
+        for (int64_t h = 0; h < heads; ++h) {
+          axpy(scores[h * len + l], v + (h / group) * head_dim, acc.data() + h * head_dim,
+               head_dim);
+        }
+      }
+      T* o = out + rows[i] * heads * head_dim;
+      for (int64_t j = 0; j < heads * head_dim; ++j) o[j] = from_float<T>(acc[j]);
+    }
+  }
+}
+
+// ---- AVX-512, heads of 64 or 128 -------------------------------------------------------------
+// The portable path spends most of its time on horizontal sums (one per slot and query head)
+// and on reloading its float32 accumulators. Here the dot products of 16 slots are summed out
+// of their vectors together, and each KV head's weighted sum of V keeps the accumulators of
+// its query heads in registers.
+#if defined(__AVX512F__)
+
+// 16 lanes of float32 from float32 or bfloat16 storage.
+inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
+inline __m512 load16(const bf16* x) {
+  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+
+// Lane j of the result is the sum of v[j]'s 16 lanes: a tree of shuffles and adds, three
+// instructions per sum where summing each vector alone takes eight.
+inline __m512 sum_lanes16(const __m512* v) {
+  __m512 a[8], b[4], c[2];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {  // a[i]: [v[2i] folded to 8 lanes | v[2i + 1] folded to 8]
+    a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {  // quarter k of b[i]: v[4i + k] folded to 4 lanes
+    b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xDD));
+  }
+#pragma GCC unroll 2
+  for (int i = 0; i < 2; ++i) {  // quarter k of c[i]: v[8i + k], then v[8i + 4 + k], 2 lanes each
+    c[i] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0x44),
+                         _mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0xEE));
+  }
+  // Lane 4k + j: the sum of v[k + 4j]; the permutation puts the sum of v[m] in lane m.
+  const __m512 d = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88),
+                                 _mm512_shuffle_ps(c[0], c[1], 0xDD));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, d);
+}
+
+// A query head held in registers; dot(k) is a vector whose lanes sum to q . k.
+template <typename T, int D>
+struct QueryHead {
+  __m512 q[D / 16];
+  explicit QueryHead(const T* x) {
+#pragma GCC unroll 8
+    for (int i = 0; i < D / 16; ++i) q[i] = load16(x + 16 * i);
+  }
+  __m512 dot(const T* k) const {
+    __m512 s = _mm512_mul_ps(q[0], load16(k));
+#pragma GCC unroll 8
+    for (int i = 1; i < D / 16; ++i) s = _mm512_fmadd_ps(q[i], load16(k + 16 * i), s);
+    return s;
+  }
+};
+
+#if defined(__AVX512BF16__)
+// bfloat16 pairs multiplied and added into float32 lanes by one instruction (vdpbf16ps). The
+// product of two bfloat16 is exact in float32, as after converting them.
+template <int D>
+struct QueryHead<bf16, D> {
+  __m512bh q[D / 32];
+  explicit QueryHead(const bf16* x) {
+#pragma GCC unroll 4
+    for (int i = 0; i < D / 32; ++i) q[i] = (__m512bh)_mm512_loadu_si512(x + 32 * i);
+  }
+  __m512 dot(const bf16* k) const {
+    __m512 s = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int i = 0; i < D / 32; ++i) {
+      s = _mm512_dpbf16_ps(s, q[i], (__m512bh)_mm512_loadu_si512(k + 32 * i));
+    }
+    return s;
+  }
+};
+#endif
+
+// scale * (q . k[a]) for 16 K rows into out[a], a < n (the rows past n repeat row n - 1).
+template <typename T, int D>
+inline void score16(const QueryHead<T, D>& q, const T* const* k, int n, float scale,
+                    float* out) {
+  __m512 dots[16];
+#pragma GCC unroll 16
+  for (int a = 0; a < 16; ++a) dots[a] = q.dot(k[a]);
+  const __m512 s = _mm512_mul_ps(sum_lanes16(dots), _mm512_set1_ps(scale));
+  _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << n) - 1), s);
+}
+
+// out[g] = sum over l of p[g * p_stride + l] * V row l, for G query heads of one KV head.
+template <typename T, int D, int G>
+void weighted_v(const float* p, int64_t p_stride, const T* v_head, const int64_t* slot,
+                int64_t len, int64_t kv_row, float* out) {
+  constexpr int64_t kAhead = 16;  // slots prefetched ahead (their rows are already in L2)
+  __m512 acc[G][D / 16];
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) {
+#pragma GCC unroll 8
+    for (int i = 0; i < D / 16; ++i) acc[g][i] = _mm512_setzero_ps();
+  }
+  for (int64_t l = 0; l < len; ++l) {
+    if (l + kAhead < len) prefetch_bytes(v_head + slot[l + kAhead] * kv_row, D * sizeof(T), true);
+    const T* v = v_head + slot[l] * kv_row;
+    __m512 x[D / 16];
+#pragma GCC unroll 8
+    for (int i = 0; i < D / 16; ++i) x[i] = load16(v + 16 * i);
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) {
+      const __m512 w = _mm512_set1_ps(p[g * p_stride + l]);
+#pragma GCC unroll 8
+      for (int i = 0; i < D / 16; ++i) acc[g][i] = _mm512_fmadd_ps(w, x[i], acc[g][i]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) {
+#pragma GCC unroll 8
+    for (int i = 0; i < D / 16; ++i) _mm512_storeu_ps(out + g * D + 16 * i, acc[g][i]);
+  }
+}
+
+// weighted_v for g query heads, g <= G: G heads' accumulators fill 16 registers.
+template <typename T, int D, int G = 256 / D>
+void weighted_v_heads(int g, const float* p, int64_t p_stride, const T* v_head,
+                      const int64_t* slot, int64_t len, int64_t kv_row, float* out) {
+  if (g == G) return weighted_v<T, D, G>(p, p_stride, v_head, slot, len, kv_row, out);
+  if constexpr (G > 1) {
+    weighted_v_heads<T, D, G - 1>(g, p, p_stride, v_head, slot, len, kv_row, out);
+  }
+}
+
+template <typename T, int D>
+void decode_attention_avx512(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache,
+                             T* out, const int64_t* rows, const int64_t* kv_starts,
+                             const int64_t* kv_lens, const int64_t* kv_indices, int64_t num_rows,
+                             int64_t heads, int64_t kv_heads, float scale, int threads) {
+  const int64_t group = heads / kv_heads;
+  const int64_t kv_row = kv_heads * D;
+  const int64_t row_bytes = kv_row * sizeof(T);
+  constexpr int kChunk = 256 / D;  // query heads per weighted_v call
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> scores, acc(heads * D), inv(heads);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < num_rows; ++i) {
+      const int64_t len = kv_lens[i];
+      const int64_t padded = (len + 15) / 16 * 16;  // a row of scores per query head
+      const int64_t* slot = kv_indices + kv_starts[i];
+      const T* q_row = q + rows[i] * q_stride;
+      scores.resize(heads * padded);
+      for (int64_t a = 0; a < std::min<int64_t>(16, len); ++a) {
+        prefetch_bytes(k_cache + slot[a] * kv_row, row_bytes, true);
+      }
+      for (int64_t l0 = 0; l0 < len; l0 += 16) {
+        const int n = static_cast<int>(std::min<int64_t>(16, len - l0));
+        // While this block is scored: the next block's K rows into L1, this block's V rows
+        // into L2 for the weighted sums.
+        for (int64_t a = l0 + 16; a < std::min(l0 + 32, len); ++a) {
+          prefetch_bytes(k_cache + slot[a] * kv_row, row_bytes, true);
+        }
+        for (int64_t a = l0; a < l0 + n; ++a) {
+          prefetch_bytes(v_cache + slot[a] * kv_row, row_bytes, false);
+        }
+        for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
+          const T* k[16];
+          for (int a = 0; a < 16; ++a) k[a] = k_cache + slot[l0 + std::min(a, n - 1)] * kv_row + kvh * D;
+          for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+            score16(QueryHead<T, D>(q_row + h * D), k, n, scale, scores.data() + h * padded + l0);
+          }
+        }
+      }
+      for (int64_t h = 0; h < heads; ++h) inv[h] = softmax_numerators(scores.data() + h * padded, len);
+      for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
+        for (int64_t h = kvh * group; h < (kvh + 1) * group; h += kChunk) {
+          const int g = static_cast<int>(std::min<int64_t>(kChunk, (kvh + 1) * group - h));
+          weighted_v_heads<T, D>(g, scores.data() + h * padded, padded, v_cache + kvh * D, slot,
+                                 len, kv_row, acc.data() + h * D);
+        }
+      }
+      T* o = out + rows[i] * heads * D;
+      for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t d = 0; d < D; ++d) o[h * D + d] = from_float<T>(acc[h * D + d] * inv[h]);
+      }
+    }
+  }
+}
+
+#endif  // __AVX512F__
+
+template <typename T>
+void decode_attention(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, T* out,
+                      const int64_t* rows, const int64_t* kv_starts, const int64_t* kv_lens,
+                      const int64_t* kv_indices, int64_t num_rows, int64_t heads,
+                      int64_t kv_heads, int64_t head_dim, float scale, int threads) {
+#if defined(__AVX512F__)
+  if (head_dim == 64) {
+    return decode_attention_avx512<T, 64>(q, q_stride, k_cache, v_cache, out, rows, kv_starts,
+                                          kv_lens, kv_indices, num_rows, heads, kv_heads, scale,
+                                          threads);
+  }
+  if (head_dim == 128) {
+    return decode_attention_avx512<T, 128>(q, q_stride, k_cache, v_cache, out, rows, kv_starts,
+                                           kv_lens, kv_indices, num_rows, heads, kv_heads, scale,
+                                           threads);
+  }
+#endif
+  decode_attention_portable(q, q_stride, k_cache, v_cache, out, rows, kv_starts, kv_lens,
+                            kv_indices, num_rows, heads, kv_heads, head_dim, scale, threads);
+}
+
+}  // namespace
+
+// C entry points, one per storage type: _f32 (float) and _bf16 (bfloat16 as uint16_t).
+#define BRAID_DECODE_ATTENTION(SUFFIX, T)                                                       \
+  extern "C" void decode_attention_##SUFFIX(                                                   \
+      const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, T* out,                \
+      const int64_t* rows, const int64_t* kv_starts, const int64_t* kv_lens,                   \
+      const int64_t* kv_indices, int64_t num_rows, int64_t heads, int64_t kv_heads,            \
+      int64_t head_dim, float scale, int threads) {                                            \
+    decode_attention<T>(q, q_stride, k_cache, v_cache, out, rows, kv_starts, kv_lens,          \
+                        kv_indices, num_rows, heads, kv_heads, head_dim, scale, threads);      \
+  }
+
+BRAID_DECODE_ATTENTION(f32, float)
+BRAID_DECODE_ATTENTION(bf16, bf16)

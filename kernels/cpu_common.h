@@ -1,0 +1,59 @@
+// What the CPU kernel files share: the storage types (float32, and bfloat16 as uint16_t) and
+// the float32 arithmetic on them. See kernels/cpu.cpp for how the kernels are built.
+
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace braid {
+
+typedef uint16_t bf16;
+
+inline float to_float(float x) { return x; }
+inline float to_float(bf16 x) {
+  uint32_t bits = static_cast<uint32_t>(x) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+template <typename T>
+inline T from_float(float x);
+template <>
+inline float from_float<float>(float x) {
+  return x;
+}
+template <>
+inline bf16 from_float<bf16>(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN stays a quiet NaN
+  bits += 0x7fffu + ((bits >> 16) & 1u);                 // round to nearest, ties to even
+  return static_cast<bf16>(bits >> 16);
+}
+
+// e^x to ~2 ulp (Cephes' polynomial on x - n ln2, scaled by 2^n through the exponent bits).
+// Plain arithmetic, so loops calling it vectorize (libm's expf does not without -ffast-math);
+// clamps as selects and rounding by the 1.5 * 2^23 shift for the same reason.
+inline float exp_approx(float x) {
+  x = x < -87.3f ? -87.3f : x;
+  x = x > 88.7f ? 88.7f : x;
+  const float shift = 12582912.0f;
+  const float n = (x * 1.44269504088896341f + shift) - shift;
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;  // ln2 in two parts
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return p * scale;
+}
+
+}  // namespace braid
