@@ -51,22 +51,16 @@ def paged_attention(
         out[batch.tree_rows[batch.tree_row_valid]] = _tree_attention(
             q, k_cache, v_cache, batch, scale
         )
-    q_start = kv_start = 0
-    for n, total, tree, short in zip(
-        batch.extend_lens, batch.seq_lens, batch.tree_masks, batch.short, strict=True
-    ):
-        if n > 1 and tree is None and not (short and by_row is not None):
-            slots = batch.kv_indices[kv_start : kv_start + total]
-            k_b = k_cache.index_select(0, slots).transpose(0, 1)  # (Hkv, total, D)
-            v_b = v_cache.index_select(0, slots).transpose(0, 1)
-            # Token i of the new run sits at position total - n + i and sees up to there.
-            mask = torch.ones(n, total, dtype=torch.bool, device=q.device).tril(total - n)
-            q_b = q[q_start : q_start + n].transpose(0, 1)  # (H, n, D)
-            out[q_start : q_start + n] = _grouped_attention(q_b, k_b, v_b, mask, scale).transpose(
-                0, 1
-            )
-        q_start += n
-        kv_start += total
+    for q_start, n, kv_start, total, short in batch.plain_extends:
+        if short and by_row is not None:
+            continue  # attended with the decodes above
+        slots = batch.kv_indices[kv_start : kv_start + total]
+        k_b = k_cache.index_select(0, slots).transpose(0, 1)  # (Hkv, total, D)
+        v_b = v_cache.index_select(0, slots).transpose(0, 1)
+        # Token i of the new run sits at position total - n + i and sees up to there.
+        mask = torch.ones(n, total, dtype=torch.bool, device=q.device).tril(total - n)
+        q_b = q[q_start : q_start + n].transpose(0, 1)  # (H, n, D)
+        out[q_start : q_start + n] = _grouped_attention(q_b, k_b, v_b, mask, scale).transpose(0, 1)
     return out.flatten(1)
 
 

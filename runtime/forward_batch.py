@@ -77,6 +77,21 @@ class ForwardBatch:
         ]
         return torch.cat([b.flatten() for b in blocks]).to(self.input_ids.device)
 
+    @cached_property
+    def plain_extends(self) -> list[tuple[int, int, int, int, bool]]:
+        """(first row, new tokens, first slot in kv_indices, context, short) of each sequence
+        with more than one new token and no tree: those the CPU path attends one by one. Built
+        once per batch, on first use (each layer's attention reads it)."""
+        out, row, slot = [], 0, 0
+        for n, total, m, short in zip(
+            self.extend_lens, self.seq_lens, self.tree_masks, self.short, strict=True
+        ):
+            if n > 1 and m is None:
+                out.append((row, n, slot, total, short))
+            row += n
+            slot += total
+        return out
+
     @classmethod
     def build(
         cls,
