@@ -25,14 +25,16 @@ namespace {
 
 using namespace braid;
 
-// Softmax numerators exp(s - max s) of s[0, len), in place; returns 1 / their sum.
+// Softmax numerators exp(s - max s) of s[0, len), in place (-inf scores, padding, give 0);
+// returns 1 / their sum.
 inline float softmax_numerators(float* s, int64_t len) {
   float top = -INFINITY;
+#pragma omp simd reduction(max : top)
   for (int64_t l = 0; l < len; ++l) top = s[l] > top ? s[l] : top;
   float total = 0.0f;
 #pragma omp simd reduction(+ : total)
   for (int64_t l = 0; l < len; ++l) {
-    s[l] = exp_approx(s[l] - top);
+    s[l] = s[l] == -INFINITY ? 0.0f : exp_approx(s[l] - top);
     total += s[l];
   }
   return 1.0f / total;
@@ -225,7 +227,8 @@ struct QueryHead<bf16, D> {
 };
 #endif
 
-// scale * (q . k[a]) for 16 K rows into out[a], a < n (the rows past n repeat row n - 1).
+// scale * (q . k[a]) for 16 K rows into out[a]: -inf for a >= n (those rows repeat row
+// n - 1), so that the softmax runs over whole vectors.
 template <typename T, int D>
 inline void score16(const QueryHead<T, D>& q, const T* const* k, int n, float scale,
                     float* out) {
@@ -233,7 +236,20 @@ inline void score16(const QueryHead<T, D>& q, const T* const* k, int n, float sc
 #pragma GCC unroll 16
   for (int a = 0; a < 16; ++a) dots[a] = q.dot(k[a]);
   const __m512 s = _mm512_mul_ps(sum_lanes16(dots), _mm512_set1_ps(scale));
-  _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << n) - 1), s);
+  const __mmask16 real = static_cast<__mmask16>((1u << n) - 1);
+  _mm512_storeu_ps(out, _mm512_mask_blend_ps(real, _mm512_set1_ps(-INFINITY), s));
+}
+
+// 16 float32 lanes stored as float32, or rounded to bfloat16 as from_float does.
+inline void store16(float* out, __m512 x) { _mm512_storeu_ps(out, x); }
+inline void store16(bf16* out, __m512 x) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  rounded = _mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7fc00000));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
 }
 
 // out[g] = sum over l of p[g * p_stride + l] * V row l, for G query heads of one KV head.
@@ -317,7 +333,9 @@ void decode_attention_avx512(const T* q, int64_t q_stride, const T* k_cache, con
           }
         }
       }
-      for (int64_t h = 0; h < heads; ++h) inv[h] = softmax_numerators(scores.data() + h * padded, len);
+      for (int64_t h = 0; h < heads; ++h) {
+        inv[h] = softmax_numerators(scores.data() + h * padded, padded);
+      }
       for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
         for (int64_t h = kvh * group; h < (kvh + 1) * group; h += kChunk) {
           const int g = static_cast<int>(std::min<int64_t>(kChunk, (kvh + 1) * group - h));
@@ -327,7 +345,10 @@ void decode_attention_avx512(const T* q, int64_t q_stride, const T* k_cache, con
       }
       T* o = out + rows[i] * heads * D;
       for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t d = 0; d < D; ++d) o[h * D + d] = from_float<T>(acc[h * D + d] * inv[h]);
+        const __m512 w = _mm512_set1_ps(inv[h]);
+        for (int64_t d = 0; d < D; d += 16) {
+          store16(o + h * D + d, _mm512_mul_ps(w, _mm512_loadu_ps(acc.data() + h * D + d)));
+        }
       }
     }
   }
