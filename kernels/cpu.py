@@ -255,12 +255,20 @@ def _check(
     dtype: torch.dtype, data: list[torch.Tensor | None], index: list[torch.Tensor] = ()
 ) -> None:
     """The library reads raw pointers: every tensor must be a contiguous CPU tensor of the
-    type the entry point was chosen for (data) or int64 (indices)."""
+    type the entry point was chosen for (data) or int64 (indices). Called several times per
+    layer, hence the plain loops over cheap attributes."""
     if dtype not in _SUFFIX:
         raise ValueError(f"CPU kernels take float32 or bfloat16 tensors, got {dtype}")
-    for t, want in [(t, dtype) for t in data if t is not None] + [(t, torch.int64) for t in index]:
-        if t.device.type != "cpu" or not t.is_contiguous() or t.dtype != want:
-            raise ValueError(
-                f"CPU kernels take contiguous CPU {want} tensors here, got a "
-                f"{'contiguous ' if t.is_contiguous() else ''}{t.device} {t.dtype} tensor"
-            )
+    for t in data:
+        if t is not None and not (t.dtype == dtype and t.is_cpu and t.is_contiguous()):
+            raise _refused(t, dtype)
+    for t in index:
+        if not (t.dtype == torch.int64 and t.is_cpu and t.is_contiguous()):
+            raise _refused(t, torch.int64)
+
+
+def _refused(t: torch.Tensor, want: torch.dtype) -> ValueError:
+    return ValueError(
+        f"CPU kernels take contiguous CPU {want} tensors here, got a "
+        f"{'contiguous ' if t.is_contiguous() else ''}{t.device} {t.dtype} tensor"
+    )

@@ -18,14 +18,14 @@ class IncrementalDetokenizer:
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int]) -> None:
-        self.tokenizer = tokenizer
+        self.decode = _decoder(tokenizer)
         self.ids = list(prompt_ids[-_CONTEXT_TOKENS:])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
 
     def add(self, token_ids: list[int]) -> str:
         self.ids.extend(token_ids)
-        decode = self.tokenizer.decode
+        decode = self.decode
         prefix = decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=True)
         full = decode(self.ids[self.prefix_offset :], skip_special_tokens=True)
         if full.endswith("\ufffd") or len(full) <= len(prefix):
@@ -33,3 +33,12 @@ class IncrementalDetokenizer:
         self.prefix_offset = max(self.read_offset - _CONTEXT_TOKENS, 0)
         self.read_offset = len(self.ids)
         return full[len(prefix) :]
+
+
+def _decoder(tokenizer: PreTrainedTokenizerBase):
+    """tokenizer.decode, or the fast tokenizer's own decode where transformers would return
+    its text unchanged (no clean-up of spaces): a third of the time, twice per token."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or tokenizer.clean_up_tokenization_spaces:
+        return tokenizer.decode
+    return backend.decode

@@ -38,8 +38,15 @@ def sample(logits: torch.Tensor, reqs: list[Request], grammar_vocab_size: int) -
     `grammar_vocab_size` is the tokenizer's size, which sets the width of the grammars'
     bitmask rows (it may differ from V, the model's vocabulary, either way)."""
     logits, bitmask = _penalised_and_masks(logits, reqs, grammar_vocab_size)
-    device = logits.device
     params = [r.params for r in reqs]
+    if not logits.is_cuda and all(p.temperature == 0 for p in params):
+        # All greedy: the argmax is all the reference would compute that we use (logprobs are
+        # the runner's job), and skipping it saves two [B, V] temporaries and the per-row
+        # parameter tensors.
+        if bitmask is not None:
+            logits = apply_bitmask(logits, bitmask)
+        return _argmax(logits).tolist()
+    device = logits.device
     temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
     top_k = torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device)
     top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
@@ -54,12 +61,6 @@ def sample(logits: torch.Tensor, reqs: list[Request], grammar_vocab_size: int) -
                 f"sample: row {ids.index(-1)} allows no token (bitmask, or -inf logits)"
             )
         return ids
-    if not bool(temperature.any()):
-        # All greedy: the argmax is all the kernel would compute that we use (logprobs are
-        # the runner's job), and skipping its logsumexp saves two [B, V] temporaries.
-        if bitmask is not None:
-            logits = apply_bitmask(logits, bitmask)
-        return _argmax(logits).tolist()
     ids, _ = reference_sample(logits, bitmask, temperature, top_k, top_p, min_p, seeds)
     return ids.tolist()
 
@@ -67,7 +68,7 @@ def sample(logits: torch.Tensor, reqs: list[Request], grammar_vocab_size: int) -
 def _argmax(logits: torch.Tensor) -> torch.Tensor:
     """The greedy tokens of logits [B, V]: the CPU kernel where it is built (torch's argmax
     over a vocabulary is ~6x slower; both take the first index on ties)."""
-    lib = cpu.load() if logits.device.type == "cpu" else None
+    lib = cpu.load()
     if lib is not None and lib.supports(logits.dtype) and logits.stride(-1) == 1:
         return lib.argmax(logits)
     return logits.argmax(dim=-1)
