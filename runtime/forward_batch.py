@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -125,13 +126,25 @@ class ForwardBatch:
                 for p, n in zip(parents, extend_lens, strict=True)
             ]
         tree_masks = [None if p is None else ancestor_mask(p) for p in parents]
-        positions = torch.cat(
+        # Python ints, one tensor: an arange per sequence cost more than the rest together.
+        positions = torch.tensor(
             [
-                torch.arange(total - n, total) if m is None else total - n + m.sum(1) - 1
+                p
                 for n, total, m in zip(extend_lens, seq_lens, tree_masks, strict=True)
-            ]
+                for p in (
+                    range(total - n, total) if m is None else (total - n + m.sum(1) - 1).tolist()
+                )
+            ],
+            dtype=torch.int64,
         )
-        out_slots = torch.cat([t[-n:] for t, n in zip(slot_tables, extend_lens, strict=True)])
+        kv_indices = torch.cat(slot_tables)
+        ends = list(itertools.accumulate(seq_lens))  # of each sequence's slots in kv_indices
+        kv_starts = torch.tensor([0, *ends[:-1]], dtype=torch.int64)
+        # Each sequence's last n slots, taken from the flat table in one indexing.
+        new_slots = [
+            p for end, n in zip(ends, extend_lens, strict=True) for p in range(end - n, end)
+        ]
+        out_slots = kv_indices[torch.tensor(new_slots, dtype=torch.int64)]
         rows, start = [], 0
         for b, n in enumerate(extend_lens):
             wanted = [n - 1] if logits_rows is None else logits_rows[b]
@@ -140,11 +153,8 @@ class ForwardBatch:
         flat_ids = [tok for seq in new_tokens for tok in seq]
         decodes = [b for b, n in enumerate(extend_lens) if n == 1 and tree_masks[b] is None]
         longest = max((seq_lens[b] for b in decodes), default=0)
-        kv_index = torch.zeros(len(decodes), longest, dtype=torch.int64)
-        for i, b in enumerate(decodes):
-            kv_index[i, : seq_lens[b]] = slot_tables[b]
         lens = torch.tensor([seq_lens[b] for b in decodes], dtype=torch.int64)
-        kv_starts = torch.tensor([0, *seq_lens[:-1]], dtype=torch.int64).cumsum(0)
+        kv_index = _padded_tables(kv_indices, kv_starts[decodes], lens, longest)
         kv_valid = (torch.arange(longest)[None, :] < lens[:, None])[:, None, None, :]
         same = (kv_index == kv_index[:1]) & kv_valid[:, 0, 0]  # (Bd, Lmax)
         shared_len = int(same.all(0).int().cumprod(0).sum()) if len(decodes) > 1 else 0
@@ -179,7 +189,7 @@ class ForwardBatch:
             input_ids=torch.tensor(flat_ids, dtype=torch.int64, device=device),
             positions=positions.to(device),
             out_slots=out_slots.to(device),
-            kv_indices=torch.cat(slot_tables).to(device),
+            kv_indices=kv_indices.to(device),
             extend_lens=extend_lens,
             seq_lens=seq_lens,
             logits_indices=torch.tensor(rows, dtype=torch.int64, device=device),
@@ -199,6 +209,16 @@ class ForwardBatch:
             tree_kv_index=tree_kv_index.to(device),
             tree_kv_mask=tree_kv_mask[:, None, None].to(device),
         )
+
+
+def _padded_tables(
+    kv_indices: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor, width: int
+) -> torch.Tensor:
+    """[len(starts), width] int64: row i is kv_indices[starts[i] : starts[i] + lens[i]], then
+    zeros. A gather, where copying each row in costs a tensor op per sequence."""
+    offsets = torch.arange(width)
+    index = (starts[:, None] + offsets[None, :]).clamp_max(max(kv_indices.numel() - 1, 0))
+    return torch.where(offsets[None, :] < lens[:, None], kv_indices[index], 0)
 
 
 def _cat_int64(parts: list[torch.Tensor]) -> torch.Tensor:

@@ -135,8 +135,9 @@ class Scheduler:
             self._preempt(victim)
             if victim in decodes:
                 decodes.remove(victim)
-        for r in decodes:
-            r.slots = torch.cat([r.slots, self.kv.allocate(1)])
+        if decodes:  # one allocation for all of them: per request it cost more than the cat
+            for r, slot in zip(decodes, self.kv.allocate(len(decodes)).split(1), strict=True):
+                r.slots = torch.cat([r.slots, slot])
         return decodes
 
     def _attach_drafts(self, batch: Batch, budget: int) -> None:
