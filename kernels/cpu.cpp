@@ -1,6 +1,6 @@
 // CPU kernels for the decoder's small operations: RMSNorm (with the residual add), SiLU-and-
-// multiply, RoPE with the KV-pool store, and the greedy argmax over logits; paged decode
-// attention is in cpu_attention.cpp.
+// multiply and the greedy argmax over logits; RoPE with the KV-pool store and paged decode
+// attention are in cpu_attention.cpp.
 //
 // Each replaces a dozen torch ops per layer whose dispatch, OpenMP fork/join and temporary
 // tensors cost more than their arithmetic at decode batch sizes. Built by kernels/cpu.py with
@@ -24,8 +24,6 @@ namespace {
 
 using namespace braid;
 
-// Parallel regions this small cost more to fork than to run on one thread.
-constexpr int64_t kMinParallelWork = 1 << 14;
 
 template <typename T>
 void add_rms_norm(const T* x, T* residual, const T* weight, T* out, int64_t rows, int64_t dim,
@@ -63,36 +61,6 @@ void silu_mul(const T* gate_up, T* out, int64_t rows, int64_t dim, int threads) 
       float s = to_float(from_float<T>(a / (1.0f + exp_approx(-a))));
       o[i] = from_float<T>(s * to_float(u[i]));
     }
-  }
-}
-
-template <typename T>
-void rope_store_kv(T* qkv, const int64_t* positions, const float* cos, const float* sin, T* k_cache,
-                   T* v_cache, const int64_t* slots, int64_t tokens, int64_t heads,
-                   int64_t kv_heads, int64_t head_dim, int threads) {
-  // Rows of qkv are [q heads | k heads | v heads], each head_dim wide. q and k are rotated in
-  // place (half-split layout, float32 tables [positions, head_dim / 2]); k and v are copied to their
-  // slot of the pool [slots, kv_heads, head_dim].
-  const int64_t half = head_dim / 2;
-  const int64_t row = (heads + 2 * kv_heads) * head_dim;
-  const int64_t kv_row = kv_heads * head_dim;
-#pragma omp parallel for num_threads(threads) if (tokens * row >= kMinParallelWork)
-  for (int64_t t = 0; t < tokens; ++t) {
-    T* x = qkv + t * row;
-    const float* c = cos + positions[t] * half;
-    const float* s = sin + positions[t] * half;
-    for (int64_t h = 0; h < heads + kv_heads; ++h) {
-      T* x1 = x + h * head_dim;
-      T* x2 = x1 + half;
-#pragma omp simd
-      for (int64_t i = 0; i < half; ++i) {
-        float a = to_float(x1[i]), b = to_float(x2[i]);
-        x1[i] = from_float<T>(a * c[i] - b * s[i]);
-        x2[i] = from_float<T>(b * c[i] + a * s[i]);
-      }
-    }
-    std::memcpy(k_cache + slots[t] * kv_row, x + heads * head_dim, kv_row * sizeof(T));
-    std::memcpy(v_cache + slots[t] * kv_row, x + (heads + kv_heads) * head_dim, kv_row * sizeof(T));
   }
 }
 
@@ -145,13 +113,6 @@ void argmax_rows(const T* x, int64_t row_stride, int64_t rows, int64_t cols, int
   extern "C" void silu_mul_##SUFFIX(const T* gate_up, T* out, int64_t rows, int64_t dim,      \
                                     int threads) {                                             \
     silu_mul<T>(gate_up, out, rows, dim, threads);                                             \
-  }                                                                                            \
-  extern "C" void rope_store_kv_##SUFFIX(T* qkv, const int64_t* positions, const float* cos,  \
-                                         const float* sin, T* k_cache, T* v_cache,             \
-                                         const int64_t* slots, int64_t tokens, int64_t heads,  \
-                                         int64_t kv_heads, int64_t head_dim, int threads) {    \
-    rope_store_kv<T>(qkv, positions, cos, sin, k_cache, v_cache, slots, tokens, heads,         \
-                     kv_heads, head_dim, threads);                                             \
   }                                                                                            \
   extern "C" void argmax_rows_##SUFFIX(const T* x, int64_t row_stride, int64_t rows,          \
                                        int64_t cols, int64_t* out, int threads) {              \

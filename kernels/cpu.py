@@ -40,6 +40,9 @@ _ARGTYPES = {
     "decode_attention": [_P, _I64, _P, _P, _P, _P, _P, _P, _P]
     + [_I64, _I64, _I64, _I64, ctypes.c_float, _INT],
     "argmax_rows": [_P, _I64, _I64, _I64, _P, _INT],
+    # rope_store_kv's arguments, then decode_attention's from out to scale
+    "rope_store_attend": [_P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64]
+    + [_P, _P, _P, _P, _P, _I64, ctypes.c_float, _INT],
 }
 
 _lock = threading.Lock()
@@ -193,6 +196,51 @@ class CpuKernels:
             num_heads,
             num_kv_heads,
             head_dim,
+            _threads(),
+        )
+
+    def rope_store_attend(
+        self,
+        qkv: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+        positions: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slots: torch.Tensor,
+        out: torch.Tensor,
+        rows: torch.Tensor,
+        kv_starts: torch.Tensor,
+        kv_lens: torch.Tensor,
+        kv_indices: torch.Tensor,
+        scale: float,
+    ) -> None:
+        """rope_store_kv, then decode_attention of the q heads of qkv for `rows`, in one call
+        and one parallel region (every token is stored before any row attends)."""
+        _check(qkv.dtype, data=[qkv, k_cache, v_cache, out], index=[positions, slots])
+        _check(qkv.dtype, data=[], index=[rows, kv_starts, kv_lens, kv_indices])
+        _check(torch.float32, data=[cos, sin])
+        self._fn("rope_store_attend", qkv.dtype)(
+            _ptr(qkv),
+            _ptr(positions),
+            _ptr(cos),
+            _ptr(sin),
+            _ptr(k_cache),
+            _ptr(v_cache),
+            _ptr(slots),
+            qkv.shape[0],
+            num_heads,
+            num_kv_heads,
+            k_cache.shape[-1],
+            _ptr(out),
+            _ptr(rows),
+            _ptr(kv_starts),
+            _ptr(kv_lens),
+            _ptr(kv_indices),
+            rows.numel(),
+            scale,
             _threads(),
         )
 

@@ -1,8 +1,10 @@
-// Paged decode attention on the CPU, as kernels.reference.decode_attention: one query token
-// per row attends its sequence's slots of the KV pool [slots, kv_heads, head_dim]. Built into
-// one library with cpu.cpp (see there).
+// The attention half of a decoder layer on the CPU: RoPE with the KV-pool store (as
+// kernels.reference.rope_store_kv), and paged decode attention (as
+// kernels.reference.decode_attention), one query token per row over its sequence's slots of
+// the KV pool [slots, kv_heads, head_dim]; or both in one parallel region, which saves a
+// call and a fork per layer. Built into one library with cpu.cpp (see there).
 //
-// The contract, for both implementations below: row rows[i] of q (stride q_stride between
+// The attention contract, for both implementations below: row rows[i] of q (stride q_stride between
 // tokens, heads packed [heads, head_dim]) attends the kv_lens[i] slots at kv_indices +
 // kv_starts[i], and the result goes to row rows[i] of out [tokens, heads, head_dim]. A work
 // item is a row with all its heads. Its scores are kept whole (a context fits in cache);
@@ -14,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -49,6 +52,66 @@ inline void prefetch_bytes(const T* p, int64_t bytes, bool to_l1) {
     } else {
       __builtin_prefetch(c + b, 0, 2);
     }
+  }
+}
+
+// RoPE and the KV store of `tokens` new tokens. Rows of qkv are [q heads | k heads | v heads],
+// each head_dim wide. q and k are rotated in place (half-split layout, float32 tables
+// [positions, head_dim / 2]); k and v are copied to their slot of the pool.
+template <typename T>
+struct RopeStore {
+  T* qkv;
+  const int64_t* positions;
+  const float* cos;
+  const float* sin;
+  T* k_cache;
+  T* v_cache;
+  const int64_t* slots;
+  int64_t tokens, heads, kv_heads, head_dim;
+};
+
+// The work of one decode attention call (the contract above).
+template <typename T>
+struct DecodeRows {
+  const T* q;
+  int64_t q_stride;
+  const T* k_cache;
+  const T* v_cache;
+  T* out;
+  const int64_t* rows;
+  const int64_t* kv_starts;
+  const int64_t* kv_lens;
+  const int64_t* kv_indices;
+  int64_t num_rows, heads, kv_heads, head_dim;
+  float scale;
+};
+
+// The functions named *_rows share out their loop among the threads of the parallel region
+// they are called in (an orphaned omp for, with its barrier at the end).
+
+template <typename T>
+void rope_store_rows(const RopeStore<T>& r) {
+  const int64_t half = r.head_dim / 2;
+  const int64_t row = (r.heads + 2 * r.kv_heads) * r.head_dim;
+  const int64_t kv_row = r.kv_heads * r.head_dim;
+#pragma omp for
+  for (int64_t t = 0; t < r.tokens; ++t) {
+    T* x = r.qkv + t * row;
+    const float* c = r.cos + r.positions[t] * half;
+    const float* s = r.sin + r.positions[t] * half;
+    for (int64_t h = 0; h < r.heads + r.kv_heads; ++h) {
+      T* x1 = x + h * r.head_dim;
+      T* x2 = x1 + half;
+#pragma omp simd
+      for (int64_t i = 0; i < half; ++i) {
+        float a = to_float(x1[i]), b = to_float(x2[i]);
+        x1[i] = from_float<T>(a * c[i] - b * s[i]);
+        x2[i] = from_float<T>(b * c[i] + a * s[i]);
+      }
+    }
+    std::memcpy(r.k_cache + r.slots[t] * kv_row, x + r.heads * r.head_dim, kv_row * sizeof(T));
+    std::memcpy(r.v_cache + r.slots[t] * kv_row, x + (r.heads + r.kv_heads) * r.head_dim,
+                kv_row * sizeof(T));
   }
 }
 
@@ -101,52 +164,47 @@ inline const float* as_float(const bf16* x, int64_t n, float* buf) {
 }
 
 template <typename T>
-void decode_attention_portable(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache,
-                               T* out, const int64_t* rows, const int64_t* kv_starts, const int64_t* kv_lens,
-                      const int64_t* kv_indices, int64_t num_rows, int64_t heads,
-                      int64_t kv_heads, int64_t head_dim, float scale, int threads) {
+void attend_rows_portable(const DecodeRows<T>& a) {
   // Each slot's K (then V) row, all KV heads side by side, is read once and converted once
   // for all the query heads that read it.
-  const int64_t group = heads / kv_heads;
-  const int64_t kv_row = kv_heads * head_dim;
+  const int64_t heads = a.heads, head_dim = a.head_dim;
+  const int64_t group = heads / a.kv_heads;
+  const int64_t kv_row = a.kv_heads * head_dim;
   constexpr int64_t kAhead = 16;  // slots prefetched ahead of the one being read
   auto prefetch = [&](const T* base, int64_t slot) {
     prefetch_bytes(base + slot * kv_row, kv_row * sizeof(T), true);
   };
-#pragma omp parallel num_threads(threads)
-  {
-    std::vector<float> scores, acc(heads * head_dim), qf(heads * head_dim), row_f(kv_row);
+  std::vector<float> scores, acc(heads * head_dim), qf(heads * head_dim), row_f(kv_row);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < num_rows; ++i) {
-      const int64_t len = kv_lens[i];
-      const int64_t* slot = kv_indices + kv_starts[i];
-      const T* qrow = q + rows[i] * q_stride;
-      for (int64_t j = 0; j < heads * head_dim; ++j) qf[j] = to_float(qrow[j]) * scale;
-      scores.resize(heads * len);
-      for (int64_t l = 0; l < len; ++l) {
-        if (l + kAhead < len) prefetch(k_cache, slot[l + kAhead]);
-        const float* k = as_float(k_cache + slot[l] * kv_row, kv_row, row_f.data());
-        for (int64_t h = 0; h < heads; ++h) {
-          scores[h * len + l] = dot(qf.data() + h * head_dim, k + (h / group) * head_dim, head_dim);
-        }
-      }
+  for (int64_t i = 0; i < a.num_rows; ++i) {
+    const int64_t len = a.kv_lens[i];
+    const int64_t* slot = a.kv_indices + a.kv_starts[i];
+    const T* q_row = a.q + a.rows[i] * a.q_stride;
+    for (int64_t j = 0; j < heads * head_dim; ++j) qf[j] = to_float(q_row[j]) * a.scale;
+    scores.resize(heads * len);
+    for (int64_t l = 0; l < len; ++l) {
+      if (l + kAhead < len) prefetch(a.k_cache, slot[l + kAhead]);
+      const float* k = as_float(a.k_cache + slot[l] * kv_row, kv_row, row_f.data());
       for (int64_t h = 0; h < heads; ++h) {
-        float* s = scores.data() + h * len;
-        const float inv = softmax_numerators(s, len);
-        for (int64_t l = 0; l < len; ++l) s[l] *= inv;
+        scores[h * len + l] = dot(qf.data() + h * head_dim, k + (h / group) * head_dim, head_dim);
       }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t l = 0; l < len; ++l) {
-        if (l + kAhead < len) prefetch(v_cache, slot[l + kAhead]);
-        const float* v = as_float(v_cache + slot[l] * kv_row, kv_row, row_f.data());
-        for (int64_t h = 0; h < heads; ++h) {
-          axpy(scores[h * len + l], v + (h / group) * head_dim, acc.data() + h * head_dim,
-               head_dim);
-        }
-      }
-      T* o = out + rows[i] * heads * head_dim;
-      for (int64_t j = 0; j < heads * head_dim; ++j) o[j] = from_float<T>(acc[j]);
     }
+    for (int64_t h = 0; h < heads; ++h) {
+      float* s = scores.data() + h * len;
+      const float inv = softmax_numerators(s, len);
+      for (int64_t l = 0; l < len; ++l) s[l] *= inv;
+    }
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int64_t l = 0; l < len; ++l) {
+      if (l + kAhead < len) prefetch(a.v_cache, slot[l + kAhead]);
+      const float* v = as_float(a.v_cache + slot[l] * kv_row, kv_row, row_f.data());
+      for (int64_t h = 0; h < heads; ++h) {
+        axpy(scores[h * len + l], v + (h / group) * head_dim, acc.data() + h * head_dim,
+             head_dim);
+      }
+    }
+    T* o = a.out + a.rows[i] * heads * head_dim;
+    for (int64_t j = 0; j < heads * head_dim; ++j) o[j] = from_float<T>(acc[j]);
   }
 }
 
@@ -294,72 +352,70 @@ void weighted_v_heads(int g, const float* p, int64_t p_stride, const T* v_head,
 }
 
 template <typename T, int D>
-void decode_attention_avx512(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache,
-                             T* out, const int64_t* rows, const int64_t* kv_starts,
-                             const int64_t* kv_lens, const int64_t* kv_indices, int64_t num_rows,
-                             int64_t heads, int64_t kv_heads, float scale, int threads) {
+void attend_rows_avx512(const DecodeRows<T>& a) {
+  const int64_t heads = a.heads, kv_heads = a.kv_heads;
   const int64_t group = heads / kv_heads;
   const int64_t kv_row = kv_heads * D;
   const int64_t row_bytes = kv_row * sizeof(T);
+  const int64_t threads = omp_get_num_threads();
   constexpr int kChunk = 256 / D;  // query heads per weighted_v call
   constexpr int64_t kNextRowSlots = 64;
-#pragma omp parallel num_threads(threads)
-  {
-    std::vector<float> scores, acc(heads * D), inv(heads);
+  std::vector<float> scores, acc(heads * D), inv(heads);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < num_rows; ++i) {
-      const int64_t len = kv_lens[i];
-      const int64_t padded = (len + 15) / 16 * 16;  // a row of scores per query head
-      const int64_t* slot = kv_indices + kv_starts[i];
-      const T* q_row = q + rows[i] * q_stride;
-      scores.resize(heads * padded);
-      for (int64_t a = 0; a < std::min<int64_t>(16, len); ++a) {
-        prefetch_bytes(k_cache + slot[a] * kv_row, row_bytes, true);
+  for (int64_t i = 0; i < a.num_rows; ++i) {
+    const int64_t len = a.kv_lens[i];
+    const int64_t padded = (len + 15) / 16 * 16;  // a row of scores per query head
+    const int64_t* slot = a.kv_indices + a.kv_starts[i];
+    const T* q_row = a.q + a.rows[i] * a.q_stride;
+    scores.resize(heads * padded);
+    for (int64_t l = 0; l < std::min<int64_t>(16, len); ++l) {
+      prefetch_bytes(a.k_cache + slot[l] * kv_row, row_bytes, true);
+    }
+    // The rows a thread takes next are about `threads` ahead: the first slots of that one go
+    // to L2 while this one is computed, so that a row does not start on a cold miss (a
+    // layer's K and V were last read a whole step ago). ~8% off a cold call.
+    if (i + threads < a.num_rows) {
+      const int64_t* next = a.kv_indices + a.kv_starts[i + threads];
+      for (int64_t l = 0; l < std::min(kNextRowSlots, a.kv_lens[i + threads]); ++l) {
+        prefetch_bytes(a.k_cache + next[l] * kv_row, row_bytes, false);
+        prefetch_bytes(a.v_cache + next[l] * kv_row, row_bytes, false);
       }
-      // The rows a thread takes next are about `threads` ahead: the first slots of that one
-      // go to L2 while this one is computed, so that a row does not start on a cold miss
-      // (a layer's K and V were last read a whole step ago). ~8% off a cold call.
-      if (i + threads < num_rows) {
-        const int64_t* next = kv_indices + kv_starts[i + threads];
-        for (int64_t a = 0; a < std::min(kNextRowSlots, kv_lens[i + threads]); ++a) {
-          prefetch_bytes(k_cache + next[a] * kv_row, row_bytes, false);
-          prefetch_bytes(v_cache + next[a] * kv_row, row_bytes, false);
-        }
+    }
+    for (int64_t l0 = 0; l0 < len; l0 += 16) {
+      const int n = static_cast<int>(std::min<int64_t>(16, len - l0));
+      // While this block is scored: the next block's K rows into L1, this block's V rows
+      // into L2 for the weighted sums.
+      for (int64_t l = l0 + 16; l < std::min(l0 + 32, len); ++l) {
+        prefetch_bytes(a.k_cache + slot[l] * kv_row, row_bytes, true);
       }
-      for (int64_t l0 = 0; l0 < len; l0 += 16) {
-        const int n = static_cast<int>(std::min<int64_t>(16, len - l0));
-        // While this block is scored: the next block's K rows into L1, this block's V rows
-        // into L2 for the weighted sums.
-        for (int64_t a = l0 + 16; a < std::min(l0 + 32, len); ++a) {
-          prefetch_bytes(k_cache + slot[a] * kv_row, row_bytes, true);
-        }
-        for (int64_t a = l0; a < l0 + n; ++a) {
-          prefetch_bytes(v_cache + slot[a] * kv_row, row_bytes, false);
-        }
-        for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
-          const T* k[16];
-          for (int a = 0; a < 16; ++a) k[a] = k_cache + slot[l0 + std::min(a, n - 1)] * kv_row + kvh * D;
-          for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-            score16(QueryHead<T, D>(q_row + h * D), k, n, scale, scores.data() + h * padded + l0);
-          }
-        }
-      }
-      for (int64_t h = 0; h < heads; ++h) {
-        inv[h] = softmax_numerators(scores.data() + h * padded, padded);
+      for (int64_t l = l0; l < l0 + n; ++l) {
+        prefetch_bytes(a.v_cache + slot[l] * kv_row, row_bytes, false);
       }
       for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
-        for (int64_t h = kvh * group; h < (kvh + 1) * group; h += kChunk) {
-          const int g = static_cast<int>(std::min<int64_t>(kChunk, (kvh + 1) * group - h));
-          weighted_v_heads<T, D>(g, scores.data() + h * padded, padded, v_cache + kvh * D, slot,
-                                 len, kv_row, acc.data() + h * D);
+        const T* k[16];
+        for (int j = 0; j < 16; ++j) {
+          k[j] = a.k_cache + slot[l0 + std::min(j, n - 1)] * kv_row + kvh * D;
+        }
+        for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+          score16(QueryHead<T, D>(q_row + h * D), k, n, a.scale, scores.data() + h * padded + l0);
         }
       }
-      T* o = out + rows[i] * heads * D;
-      for (int64_t h = 0; h < heads; ++h) {
-        const __m512 w = _mm512_set1_ps(inv[h]);
-        for (int64_t d = 0; d < D; d += 16) {
-          store16(o + h * D + d, _mm512_mul_ps(w, _mm512_loadu_ps(acc.data() + h * D + d)));
-        }
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+      inv[h] = softmax_numerators(scores.data() + h * padded, padded);
+    }
+    for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
+      for (int64_t h = kvh * group; h < (kvh + 1) * group; h += kChunk) {
+        const int g = static_cast<int>(std::min<int64_t>(kChunk, (kvh + 1) * group - h));
+        weighted_v_heads<T, D>(g, scores.data() + h * padded, padded, a.v_cache + kvh * D, slot,
+                               len, kv_row, acc.data() + h * D);
+      }
+    }
+    T* o = a.out + a.rows[i] * heads * D;
+    for (int64_t h = 0; h < heads; ++h) {
+      const __m512 w = _mm512_set1_ps(inv[h]);
+      for (int64_t d = 0; d < D; d += 16) {
+        store16(o + h * D + d, _mm512_mul_ps(w, _mm512_loadu_ps(acc.data() + h * D + d)));
       }
     }
   }
@@ -368,38 +424,56 @@ void decode_attention_avx512(const T* q, int64_t q_stride, const T* k_cache, con
 #endif  // __AVX512F__
 
 template <typename T>
-void decode_attention(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, T* out,
-                      const int64_t* rows, const int64_t* kv_starts, const int64_t* kv_lens,
-                      const int64_t* kv_indices, int64_t num_rows, int64_t heads,
-                      int64_t kv_heads, int64_t head_dim, float scale, int threads) {
+void attend_rows(const DecodeRows<T>& a) {
 #if defined(__AVX512F__)
-  if (head_dim == 64) {
-    return decode_attention_avx512<T, 64>(q, q_stride, k_cache, v_cache, out, rows, kv_starts,
-                                          kv_lens, kv_indices, num_rows, heads, kv_heads, scale,
-                                          threads);
-  }
-  if (head_dim == 128) {
-    return decode_attention_avx512<T, 128>(q, q_stride, k_cache, v_cache, out, rows, kv_starts,
-                                           kv_lens, kv_indices, num_rows, heads, kv_heads, scale,
-                                           threads);
-  }
+  if (a.head_dim == 64) return attend_rows_avx512<T, 64>(a);
+  if (a.head_dim == 128) return attend_rows_avx512<T, 128>(a);
 #endif
-  decode_attention_portable(q, q_stride, k_cache, v_cache, out, rows, kv_starts, kv_lens,
-                            kv_indices, num_rows, heads, kv_heads, head_dim, scale, threads);
+  attend_rows_portable(a);
 }
 
 }  // namespace
 
-// C entry points, one per storage type: _f32 (float) and _bf16 (bfloat16 as uint16_t).
-#define BRAID_DECODE_ATTENTION(SUFFIX, T)                                                       \
+// C entry points, one per storage type: _f32 (float) and _bf16 (bfloat16 as uint16_t). With
+// the last two groups of arguments of rope_store_attend: RoPE and the store of every token
+// first, then (past the barrier that ends the first loop) the decode rows' attention, which
+// reads the slots just stored.
+#define BRAID_ROPE_ARGS(T)                                                                    \
+  T *qkv, const int64_t *positions, const float *cos, const float *sin, T *k_cache,          \
+      T *v_cache, const int64_t *slots, int64_t tokens, int64_t heads, int64_t kv_heads,     \
+      int64_t head_dim
+#define BRAID_ROWS_ARGS                                                                        \
+  const int64_t *rows, const int64_t *kv_starts, const int64_t *kv_lens,                     \
+      const int64_t *kv_indices, int64_t num_rows
+#define BRAID_ATTENTION_ENTRIES(SUFFIX, T)                                                     \
+  extern "C" void rope_store_kv_##SUFFIX(BRAID_ROPE_ARGS(T), int threads) {                  \
+    const RopeStore<T> r{qkv,    positions, cos,      sin,     k_cache, v_cache,              \
+                         slots,  tokens,    heads,    kv_heads, head_dim};                     \
+    const int64_t work = tokens * (heads + 2 * kv_heads) * head_dim;                           \
+    _Pragma("omp parallel num_threads(threads) if (work >= kMinParallelWork)")                \
+    rope_store_rows(r);                                                                        \
+  }                                                                                            \
   extern "C" void decode_attention_##SUFFIX(                                                   \
       const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, T* out,                \
-      const int64_t* rows, const int64_t* kv_starts, const int64_t* kv_lens,                   \
-      const int64_t* kv_indices, int64_t num_rows, int64_t heads, int64_t kv_heads,            \
-      int64_t head_dim, float scale, int threads) {                                            \
-    decode_attention<T>(q, q_stride, k_cache, v_cache, out, rows, kv_starts, kv_lens,          \
-                        kv_indices, num_rows, heads, kv_heads, head_dim, scale, threads);      \
+      BRAID_ROWS_ARGS, int64_t heads, int64_t kv_heads, int64_t head_dim, float scale,         \
+      int threads) {                                                                           \
+    const DecodeRows<T> a{q,         q_stride,   k_cache, v_cache, out,      rows,             \
+                          kv_starts, kv_lens,    kv_indices, num_rows, heads, kv_heads,        \
+                          head_dim,  scale};                                                   \
+    _Pragma("omp parallel num_threads(threads)") attend_rows(a);                              \
+  }                                                                                            \
+  extern "C" void rope_store_attend_##SUFFIX(BRAID_ROPE_ARGS(T), T* out, BRAID_ROWS_ARGS,     \
+                                             float scale, int threads) {                      \
+    const RopeStore<T> r{qkv,    positions, cos,      sin,     k_cache, v_cache,              \
+                         slots,  tokens,    heads,    kv_heads, head_dim};                     \
+    const DecodeRows<T> a{qkv,       (heads + 2 * kv_heads) * head_dim, k_cache, v_cache,     \
+                          out,       rows, kv_starts, kv_lens, kv_indices, num_rows, heads,    \
+                          kv_heads,  head_dim, scale};                                         \
+    _Pragma("omp parallel num_threads(threads)") {                                            \
+      rope_store_rows(r);                                                                      \
+      attend_rows(a);                                                                          \
+    }                                                                                          \
   }
 
-BRAID_DECODE_ATTENTION(f32, float)
-BRAID_DECODE_ATTENTION(bf16, bf16)
+BRAID_ATTENTION_ENTRIES(f32, float)
+BRAID_ATTENTION_ENTRIES(bf16, bf16)

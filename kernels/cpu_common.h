@@ -11,6 +11,9 @@ namespace braid {
 
 typedef uint16_t bf16;
 
+// Parallel regions this small cost more to fork than to run on one thread.
+constexpr int64_t kMinParallelWork = 1 << 14;
+
 inline float to_float(float x) { return x; }
 inline float to_float(bf16 x) {
   uint32_t bits = static_cast<uint32_t>(x) << 16;

@@ -18,6 +18,40 @@ if TYPE_CHECKING:
 _MIN_SHARED_PREFIX = 16
 
 
+def rope_and_attention(
+    qkv: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    kv: KVPool,
+    layer: int,
+    batch: ForwardBatch,
+    scale: float,
+    ops: LayerOps,
+) -> torch.Tensor:
+    """RoPE on the q and k heads of qkv [T, (H + 2 Hkv) * D] (in place), k and v stored into
+    the batch's new slots of this layer's pool, then paged_attention. Returns [T, H * D].
+
+    A batch of decodes only, on the CPU kernels, does it all in one call."""
+    head_dim = kv.k[layer].shape[-1]
+    by_row = ops.rope_store_attend
+    if by_row is not None and batch.all_decodes and batch.decode_shared_len < _MIN_SHARED_PREFIX:
+        out = torch.empty(qkv.shape[0], num_heads, head_dim, dtype=qkv.dtype)
+        by_row(
+            qkv, num_heads, num_kv_heads, batch.positions, cos, sin, kv.k[layer], kv.v[layer],
+            batch.out_slots, out, batch.decode_rows, batch.decode_kv_starts,
+            batch.decode_kv_lens, batch.kv_indices, scale,
+        )  # fmt: skip
+        return out.flatten(1)
+    ops.rope_store_kv(
+        qkv, num_heads, num_kv_heads, batch.positions, cos, sin, kv.k[layer], kv.v[layer],
+        batch.out_slots,
+    )  # fmt: skip
+    q = qkv.view(qkv.shape[0], -1, head_dim)[:, :num_heads]  # (T, H, D), tokens strided
+    return paged_attention(q, kv, layer, batch, scale, ops)
+
+
 def paged_attention(
     q: torch.Tensor, kv: KVPool, layer: int, batch: ForwardBatch, scale: float, ops: LayerOps
 ) -> torch.Tensor:
@@ -72,7 +106,7 @@ def _kernel_attention(
     through the extend kernel's mask."""
     k_cache, v_cache = kv.k[layer], kv.v[layer]
     qo_indptr, kv_indptr = batch.indptr
-    if batch.decode_rows.numel() == len(batch.extend_lens):
+    if batch.all_decodes:
         out = kernels.decode_attention(q, k_cache, v_cache, kv_indptr, batch.kv_indices, scale)
     else:
         out = kernels.extend_attention(

@@ -78,6 +78,11 @@ class ForwardBatch:
         ]
         return torch.cat([b.flatten() for b in blocks]).to(self.input_ids.device)
 
+    @property
+    def all_decodes(self) -> bool:
+        """Every sequence has one new token and no draft tree."""
+        return self.decode_rows.numel() == len(self.extend_lens)
+
     @cached_property
     def plain_extends(self) -> list[tuple[int, int, int, int, bool]]:
         """(first row, new tokens, first slot in kv_indices, context, short) of each sequence

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from runtime.attention import paged_attention
+from runtime.attention import rope_and_attention
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_cache import KVPool
 from runtime.models.config import ModelConfig
@@ -35,7 +35,7 @@ class RMSNorm(nn.Module):
 
 class Rotary(nn.Module):
     """cos/sin tables for every position (float32, [max_position, head_dim / 2]), applied in
-    the half-split (non-interleaved) layout by LayerOps.rope_store_kv."""
+    the half-split (non-interleaved) layout by runtime.attention.rope_and_attention."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -82,24 +82,15 @@ class Attention(nn.Module):
         self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool, rotary: Rotary, ops: LayerOps
     ) -> torch.Tensor:
         qkv = self.qkv_proj(x)  # (T, (H + 2 Hkv) * D)
-        heads = qkv.view(qkv.shape[0], -1, self.head_dim)  # (T, H + 2 Hkv, D)
         if self.qk_norm:
+            heads = qkv.view(qkv.shape[0], -1, self.head_dim)  # (T, H + 2 Hkv, D)
             q, k = heads[:, : self.num_heads], heads[:, self.num_heads : -self.num_kv_heads]
             q.copy_(self.q_norm(q, TORCH_OPS))
             k.copy_(self.k_norm(k, TORCH_OPS))
-        # q and k rotated in place, k and v written into this layer's slots.
-        ops.rope_store_kv(
-            qkv,
-            self.num_heads,
-            self.num_kv_heads,
-            batch.positions,
-            rotary.cos,
-            rotary.sin,
-            kv.k[self.layer],
-            kv.v[self.layer],
-            batch.out_slots,
-        )
-        out = paged_attention(heads[:, : self.num_heads], kv, self.layer, batch, self.scale, ops)
+        out = rope_and_attention(
+            qkv, self.num_heads, self.num_kv_heads, rotary.cos, rotary.sin, kv, self.layer,
+            batch, self.scale, ops,
+        )  # fmt: skip
         return self.o_proj(out)
 
 

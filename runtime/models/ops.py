@@ -24,6 +24,9 @@ class LayerOps:
     # kernels.cpu.CpuKernels.decode_attention (attends rows one by one: decodes, and the
     # tokens of short extends), or None: runtime.attention's torch paths.
     decode_attention: Callable[..., None] | None = None
+    # kernels.cpu.CpuKernels.rope_store_attend (rope_store_kv and decode_attention in one
+    # call, for batches of decodes only), or None.
+    rope_store_attend: Callable[..., None] | None = None
     # Attention through the Triton kernels (kernels.decode_attention / extend_attention)
     # instead of the torch paths.
     triton_attention: bool = False
@@ -44,6 +47,7 @@ def layer_ops(device: torch.device, dtype: torch.dtype, cpu_kernels: bool = True
             lib.silu_mul,
             lib.rope_store_kv,
             decode_attention=lib.decode_attention,
+            rope_store_attend=lib.rope_store_attend,
             name="cpu-kernels",
         )
     return TORCH_OPS

@@ -126,6 +126,48 @@ def test_decode_attention(attention_lib, threads, dtype, heads, kv_heads, head_d
     assert bool((out[others] == 7.0).all())
 
 
+@DTYPES
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(6, 2, 64), (4, 2, 16)], ids=["d64", "d16"])
+def test_rope_store_attend_is_rope_store_then_attention(
+    attention_lib, threads, dtype, heads, kv_heads, head_dim
+):
+    """One call for both: every new token is rotated and stored before the decode rows attend,
+    so a row sees its own new slot; rows 1, 2 and 5-8 only get RoPE and the store."""
+    tokens, lengths, rows = 10, [1, 7, 70, 33], torch.tensor([0, 3, 4, 9])
+    qkv = randn(tokens, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
+    angles = torch.arange(128)[:, None] * 0.37 ** torch.arange(head_dim // 2)[None, :]
+    cos, sin = angles.cos(), angles.sin()
+    positions = torch.randperm(128, generator=torch.Generator().manual_seed(3))[:tokens]
+    caches = [randn(200, kv_heads, head_dim, dtype=dtype, seed=s) for s in (5, 6)]
+    # Each decode row's table ends with the slot its token is stored in.
+    slots = torch.randperm(200, generator=torch.Generator().manual_seed(4))[:tokens]
+    others = torch.randperm(200, generator=torch.Generator().manual_seed(7))
+    others = others[~torch.isin(others, slots)]
+    tables, used = [], 0
+    for row, n in zip(rows.tolist(), lengths, strict=True):
+        tables.append(torch.cat([others[used : used + n - 1], slots[row : row + 1]]))
+        used += n - 1
+    indices = torch.cat(tables)
+    starts = torch.tensor([0, *lengths[:-1]]).cumsum(0)
+    ref_qkv, ref_caches = qkv.clone(), [c.clone() for c in caches]
+    out = torch.full((tokens, heads, head_dim), 7.0, dtype=dtype)
+    attention_lib.rope_store_attend(
+        qkv, heads, kv_heads, positions, cos, sin, *caches, slots,
+        out, rows, starts, torch.tensor(lengths), indices, 0.3,
+    )  # fmt: skip
+    reference.rope_store_kv(ref_qkv, heads, kv_heads, positions, cos, sin, *ref_caches, slots)
+    q = ref_qkv.view(tokens, -1, head_dim)[:, :heads]
+    indptr = torch.tensor([0, *lengths]).cumsum(0)
+    want = reference.decode_attention(q[rows], *ref_caches, indptr, indices, 0.3)
+    torch.testing.assert_close(qkv, ref_qkv, **TOL[dtype])
+    for got, ref in zip(caches, ref_caches, strict=True):
+        torch.testing.assert_close(got, ref, **TOL[dtype])
+    torch.testing.assert_close(out[rows], want, **TOL[dtype])
+    untouched = torch.ones(tokens, dtype=torch.bool)
+    untouched[rows] = False
+    assert bool((out[untouched] == 7.0).all())
+
+
 @pytest.mark.parametrize("head_dim", [16, 64])
 def test_results_do_not_depend_on_the_thread_count(attention_lib, head_dim):
     """Each row is computed by one thread whole: the same bits with 1 or 2 threads."""
