@@ -87,10 +87,10 @@ class ModelRunner:
             num_lp = hi - lo
             if num_lp:
                 targets = torch.tensor(r.prompt_ids[lo + 1 : hi + 1], device=logits.device)
-                logp = torch.log_softmax(logits[offset : offset + num_lp], dim=-1)
+                logp = torch.log_softmax(logits[offset : offset + num_lp].float(), dim=-1)
                 results[i].prompt_logprobs = logp.gather(1, targets[:, None])[:, 0].tolist()
             if batch.draft(i) is not None:
-                results[i].draft_logits = logits[offset : offset + len(rows[i])]
+                results[i].draft_logits = logits[offset : offset + len(rows[i])].float()
             elif batch.samples(i):
                 sample_rows.append(offset + num_lp)
                 sampled.append(i)
@@ -130,7 +130,7 @@ class ModelRunner:
     ) -> None:
         want_logprobs = [i for i, r in enumerate(reqs) if r.params.wants_logprobs]
         if want_logprobs:
-            logp = torch.log_softmax(logits[want_logprobs], dim=-1)
+            logp = torch.log_softmax(logits[want_logprobs].float(), dim=-1)
             for row, i in enumerate(want_logprobs):
                 results[i].logprob = float(logp[row, tokens[i]])
                 k = reqs[i].params.top_logprobs

@@ -46,6 +46,7 @@ def sample(logits: torch.Tensor, reqs: list[Request], grammar_vocab_size: int) -
         if bitmask is not None:
             logits = apply_bitmask(logits, bitmask)
         return _argmax(logits).tolist()
+    logits = logits.float()
     device = logits.device
     temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
     top_k = torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device)
@@ -98,10 +99,10 @@ def sampling_probs(logits: torch.Tensor, r: Request, grammar_vocab_size: int) ->
 def _penalised_and_masks(
     logits: torch.Tensor, reqs: list[Request], grammar_vocab_size: int
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """logits with penalties and min_tokens applied (a copy when any applies), and the
-    grammars' bitmask rows (None when no request is constrained)."""
+    """logits with penalties and min_tokens applied (a float32 copy when any applies), and
+    the grammars' bitmask rows (None when no request is constrained)."""
     if any(r.params.has_penalties or len(r.output_ids) < r.params.min_tokens for r in reqs):
-        logits = logits.clone()
+        logits = logits.to(torch.float32, copy=True)
         for row, r in enumerate(reqs):
             _apply_penalties(logits[row], r)
     bitmask = None

@@ -270,6 +270,38 @@ def test_prompt_logprobs_across_prefill_chunks(tiny_model_path, hf):
     engine.shutdown()
 
 
+def test_bfloat16_logits_are_scored_in_float32(tiny_model_path):
+    """The model hands back logits in its dtype; logprobs are taken in float32 from them (in
+    bfloat16 they would be off by ~1e-2), and penalties and sampling convert them too."""
+    from runtime.forward_batch import ForwardBatch
+
+    engine = Engine(model=str(tiny_model_path), device="cpu", dtype="bfloat16", max_kv_tokens=512)
+    try:
+        ids = engine.encode("Score every token of this prompt, please, from the fourth")
+        params = SamplingParams(
+            temperature=0, max_tokens=1, logprobs=True, prompt_logprobs_from=3, ignore_eos=True
+        )
+        out = engine.generate(ids, params)
+        slots = engine.kv.allocate(len(ids))
+        try:  # the same prefill, run by hand: the same bfloat16 logits
+            batch = ForwardBatch.build([ids], [slots], logits_rows=[list(range(len(ids)))])
+            logits = engine.model(batch, engine.kv)
+        finally:
+            engine.kv.free(slots)
+        assert logits.dtype == torch.bfloat16
+        ref = torch.log_softmax(logits.float(), -1)
+        expected = [float(ref[p - 1, ids[p]]) for p in range(3, len(ids))]
+        assert out.meta["prompt_logprobs"] == pytest.approx(expected, abs=1e-5)
+        assert out.token_ids == [int(ref[-1].argmax())]
+        assert out.meta["logprobs"][0] == pytest.approx(float(ref[-1].max()), abs=1e-5)
+        sampled = SamplingParams(
+            temperature=0.8, seed=5, max_tokens=6, repetition_penalty=1.3, ignore_eos=True
+        )
+        assert engine.generate(ids, sampled).token_ids == engine.generate(ids, sampled).token_ids
+    finally:
+        engine.shutdown()
+
+
 def test_n_samples_share_the_prompt(tiny_engine):
     params = SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True, n=4, seed=11)
     outs = tiny_engine.generate("Pick a word:", params)
