@@ -119,10 +119,6 @@ def _cpu_signature() -> str:
         return platform.processor()
 
 
-def _ptr(t: torch.Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
-
-
 class CpuKernels:
     """Typed entry points over the library, with the signatures of their twins in
     kernels.reference (decode_attention excepted: it writes the rows of a hybrid batch), and
@@ -155,7 +151,14 @@ class CpuKernels:
         rows, dim = residual.shape
         out = torch.empty_like(residual)
         self._fn("add_rms_norm", residual.dtype)(
-            _ptr(x), _ptr(residual), _ptr(weight), _ptr(out), rows, dim, eps, _threads()
+            None if x is None else x.data_ptr(),
+            residual.data_ptr(),
+            weight.data_ptr(),
+            out.data_ptr(),
+            rows,
+            dim,
+            eps,
+            _threads(),
         )
         return out
 
@@ -164,7 +167,9 @@ class CpuKernels:
         _check(gate_up.dtype, data=[gate_up])
         rows, dim = gate_up.shape[0], gate_up.shape[1] // 2
         out = gate_up.new_empty(rows, dim)
-        self._fn("silu_mul", gate_up.dtype)(_ptr(gate_up), _ptr(out), rows, dim, _threads())
+        self._fn("silu_mul", gate_up.dtype)(
+            gate_up.data_ptr(), out.data_ptr(), rows, dim, _threads()
+        )
         return out
 
     def rope_store_kv(
@@ -185,13 +190,13 @@ class CpuKernels:
         _check(torch.float32, data=[cos, sin])
         head_dim = k_cache.shape[-1]
         self._fn("rope_store_kv", qkv.dtype)(
-            _ptr(qkv),
-            _ptr(positions),
-            _ptr(cos),
-            _ptr(sin),
-            _ptr(k_cache),
-            _ptr(v_cache),
-            _ptr(slots),
+            qkv.data_ptr(),
+            positions.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            slots.data_ptr(),
             qkv.shape[0],
             num_heads,
             num_kv_heads,
@@ -223,22 +228,22 @@ class CpuKernels:
         _check(qkv.dtype, data=[], index=[rows, kv_starts, kv_lens, kv_indices])
         _check(torch.float32, data=[cos, sin])
         self._fn("rope_store_attend", qkv.dtype)(
-            _ptr(qkv),
-            _ptr(positions),
-            _ptr(cos),
-            _ptr(sin),
-            _ptr(k_cache),
-            _ptr(v_cache),
-            _ptr(slots),
+            qkv.data_ptr(),
+            positions.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            slots.data_ptr(),
             qkv.shape[0],
             num_heads,
             num_kv_heads,
             k_cache.shape[-1],
-            _ptr(out),
-            _ptr(rows),
-            _ptr(kv_starts),
-            _ptr(kv_lens),
-            _ptr(kv_indices),
+            out.data_ptr(),
+            rows.data_ptr(),
+            kv_starts.data_ptr(),
+            kv_lens.data_ptr(),
+            kv_indices.data_ptr(),
             rows.numel(),
             scale,
             _threads(),
@@ -265,15 +270,15 @@ class CpuKernels:
         if q.device.type != "cpu" or q.stride(2) != 1 or q.stride(1) != head_dim:
             raise ValueError("decode_attention: q's heads must be packed [H, D] per token")
         self._fn("decode_attention", q.dtype)(
-            _ptr(q),
+            q.data_ptr(),
             q.stride(0),
-            _ptr(k_cache),
-            _ptr(v_cache),
-            _ptr(out),
-            _ptr(rows),
-            _ptr(kv_starts),
-            _ptr(kv_lens),
-            _ptr(kv_indices),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            out.data_ptr(),
+            rows.data_ptr(),
+            kv_starts.data_ptr(),
+            kv_lens.data_ptr(),
+            kv_indices.data_ptr(),
             rows.numel(),
             num_heads,
             k_cache.shape[1],
@@ -290,7 +295,7 @@ class CpuKernels:
         _check(x.dtype, data=[])
         out = torch.empty(x.shape[0], dtype=torch.int64)
         self._fn("argmax_rows", x.dtype)(
-            _ptr(x), x.stride(0), x.shape[0], x.shape[1], _ptr(out), _threads()
+            x.data_ptr(), x.stride(0), x.shape[0], x.shape[1], out.data_ptr(), _threads()
         )
         return out
 
