@@ -18,10 +18,6 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
 #include "cpu_common.h"
 
 namespace {
@@ -214,13 +210,6 @@ void attend_rows_portable(const DecodeRows<T>& a) {
 // of their vectors together, and each KV head's weighted sum of V keeps the accumulators of
 // its query heads in registers.
 #if defined(__AVX512F__)
-
-// 16 lanes of float32 from float32 or bfloat16 storage.
-inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
-inline __m512 load16(const bf16* x) {
-  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
-}
 
 // Lane j of the result is the sum of v[j]'s 16 lanes: a tree of shuffles and adds, three
 // instructions per sum where summing each vector alone takes eight.

@@ -6,6 +6,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace braid {
 
@@ -58,5 +61,14 @@ inline float exp_approx(float x) {
   std::memcpy(&scale, &bits, 4);
   return p * scale;
 }
+
+#if defined(__AVX512F__)
+// 16 lanes of float32 from float32 or bfloat16 storage.
+inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
+inline __m512 load16(const bf16* x) {
+  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+#endif
 
 }  // namespace braid

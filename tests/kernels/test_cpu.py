@@ -23,18 +23,18 @@ def lib() -> cpu.CpuKernels:
     return kernels
 
 
-# Decode attention has a path per vector unit: each is built here and checked, whichever this
-# CPU would pick. The flags turn off what the next path up needs.
-ATTENTION_PATHS = {
+# Decode attention and argmax have a path per vector unit: each is built here and checked,
+# whichever this CPU would pick. The flags turn off what the next path up needs.
+PATHS = {
     "native": (),
     "avx512-no-bf16-dot": ("-mno-avx512bf16",),
     "portable": ("-mno-avx512f",),
 }
 
 
-@pytest.fixture(scope="module", params=list(ATTENTION_PATHS))
-def attention_lib(request) -> cpu.CpuKernels:
-    flags = ATTENTION_PATHS[request.param]
+@pytest.fixture(scope="module", params=list(PATHS))
+def path_lib(request) -> cpu.CpuKernels:
+    flags = PATHS[request.param]
     if flags and platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("the other paths are x86 ones")
     kernels = cpu.load(extra_flags=flags)
@@ -102,7 +102,7 @@ def test_rope_store_kv(lib, threads, dtype):
     [(4, 2, 16), (6, 1, 64), (3, 3, 8), (6, 2, 128)],
     ids=["gqa", "mqa-d64", "mha-d8", "gqa-d128"],
 )
-def test_decode_attention(attention_lib, threads, dtype, heads, kv_heads, head_dim):
+def test_decode_attention(path_lib, threads, dtype, heads, kv_heads, head_dim):
     """Decode rows of a hybrid batch: some rows of q are not decodes and stay untouched; q is
     a strided view of qkv, as the model passes it."""
     lengths = [1, 7, 70, 33]
@@ -115,7 +115,7 @@ def test_decode_attention(attention_lib, threads, dtype, heads, kv_heads, head_d
     indices = torch.randperm(200, generator=torch.Generator().manual_seed(3))[: sum(lengths)]
     starts = torch.tensor([0, *lengths[:-1]]).cumsum(0)
     out = torch.full((tokens, heads, head_dim), 7.0, dtype=dtype)
-    attention_lib.decode_attention(
+    path_lib.decode_attention(
         q, k_cache, v_cache, out, rows, starts, torch.tensor(lengths), indices, 0.3
     )
     indptr = torch.tensor([0, *lengths]).cumsum(0)
@@ -129,7 +129,7 @@ def test_decode_attention(attention_lib, threads, dtype, heads, kv_heads, head_d
 @DTYPES
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(6, 2, 64), (4, 2, 16)], ids=["d64", "d16"])
 def test_rope_store_attend_is_rope_store_then_attention(
-    attention_lib, threads, dtype, heads, kv_heads, head_dim
+    path_lib, threads, dtype, heads, kv_heads, head_dim
 ):
     """One call for both: every new token is rotated and stored before the decode rows attend,
     so a row sees its own new slot; rows 1, 2 and 5-8 only get RoPE and the store."""
@@ -151,7 +151,7 @@ def test_rope_store_attend_is_rope_store_then_attention(
     starts = torch.tensor([0, *lengths[:-1]]).cumsum(0)
     ref_qkv, ref_caches = qkv.clone(), [c.clone() for c in caches]
     out = torch.full((tokens, heads, head_dim), 7.0, dtype=dtype)
-    attention_lib.rope_store_attend(
+    path_lib.rope_store_attend(
         qkv, heads, kv_heads, positions, cos, sin, *caches, slots,
         out, rows, starts, torch.tensor(lengths), indices, 0.3,
     )  # fmt: skip
@@ -169,7 +169,7 @@ def test_rope_store_attend_is_rope_store_then_attention(
 
 
 @pytest.mark.parametrize("head_dim", [16, 64])
-def test_results_do_not_depend_on_the_thread_count(attention_lib, head_dim):
+def test_results_do_not_depend_on_the_thread_count(path_lib, head_dim):
     """Each row is computed by one thread whole: the same bits with 1 or 2 threads."""
     q = randn(64, 4, head_dim)
     k_cache, v_cache = randn(512, 2, head_dim, seed=1), randn(512, 2, head_dim, seed=2)
@@ -181,7 +181,7 @@ def test_results_do_not_depend_on_the_thread_count(attention_lib, head_dim):
     for n in (1, 2):
         torch.set_num_threads(n)
         out = torch.empty_like(q)
-        attention_lib.decode_attention(
+        path_lib.decode_attention(
             q, k_cache, v_cache, out, torch.arange(64), starts, lengths, indices, 0.25
         )
         outs.append(out)
@@ -190,20 +190,23 @@ def test_results_do_not_depend_on_the_thread_count(attention_lib, head_dim):
 
 
 @DTYPES
-def test_argmax_matches_torch(lib, threads, dtype):
+def test_argmax_matches_torch(path_lib, threads, dtype):
     """Ties (the first index wins), -inf rows, NaN (its first index wins, as in torch), the
     maximum in the last partial chunk, and rows strided as a slice of wider logits."""
-    wide = randn(9, 1000, dtype=dtype) * 3
+    wide = randn(11, 1000, dtype=dtype) * 3
     wide[1, [17, 500]] = 50.0  # a tie
+    wide[9, [30, 69]] = 55.0  # a tie whose later index sits in an earlier lane
     wide[2, :] = float("-inf")
     wide[3, [40, 700]] = float("nan")
     wide[4, 997] = 80.0  # in the last, partial chunk of the row
     wide[5, 0] = 90.0
     wide[6, 999] = float("inf")
-    for x in (wide, wide[:, :997]):
-        torch.testing.assert_close(lib.argmax(x), x.argmax(dim=-1), atol=0, rtol=0)
+    wide[7, 990] = float("nan")  # a NaN only in the tail
+    wide[8, [70, 975]] = 60.0  # a tie between a lane and the tail
+    for x in (wide, wide[:, :997], wide[:, :40], wide[:, :9]):
+        torch.testing.assert_close(path_lib.argmax(x), x.argmax(dim=-1), atol=0, rtol=0)
     with pytest.raises(ValueError, match="unit column stride"):
-        lib.argmax(wide.t())
+        path_lib.argmax(wide.t())
 
 
 def test_bad_inputs_are_refused_by_name(lib):
