@@ -45,7 +45,9 @@ def integer_regex(lo: int | None, hi: int | None) -> str | None:
             parts.append("-" + natural_range(bottom, top))
     if hi is None or hi >= 0:
         parts.append(natural_range(max(lo or 0, 0), hi))
-    return parts[0] if len(parts) == 1 else f"({parts[0]}|{parts[1]})"
+        if lo is None or lo <= 0:
+            parts.append("-0")  # -0 is 0: the negatives above start at -1
+    return parts[0] if len(parts) == 1 else "(" + "|".join(parts) + ")"
 
 
 def number_regex(lo: float | None, hi: float | None, lo_excl: bool, hi_excl: bool) -> str | None:
@@ -67,9 +69,12 @@ def number_regex(lo: float | None, hi: float | None, lo_excl: bool, hi_excl: boo
         pos = _magnitudes(p_lo, p_lo_excl, hi, hi_excl)
         if pos is not None:
             parts.append(pos)
+    zero_inside = hi is None or hi > 0 or (hi == 0 and not hi_excl)
+    if lo == 0 and not lo_excl and zero_inside:
+        parts.append(r"-0(\.0+)?")  # -0 is 0: the negatives above start below it
     if not parts:
         return None
-    return parts[0] if len(parts) == 1 else f"({parts[0]}|{parts[1]})"
+    return parts[0] if len(parts) == 1 else "(" + "|".join(parts) + ")"
 
 
 def _magnitudes(a: Decimal, a_excl: bool, b: Decimal | None, b_excl: bool) -> str | None:

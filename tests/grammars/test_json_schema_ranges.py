@@ -70,6 +70,17 @@ def test_number_bounds_are_exact(lo, hi, lo_excl, hi_excl, texts):
         assert matched == inside, (text, lo, lo_excl, hi, hi_excl, regex)
 
 
+def test_negative_zero_is_zero():
+    """JSON's -0 equals 0: inside a range that holds 0, outside one that excludes it."""
+    for lo, lo_excl, inside in [(0.0, False, True), (0.0, True, False), (-1.0, False, True)]:
+        regex = number_regex(lo, None, lo_excl, False)
+        assert bool(re.fullmatch(regex, "-0")) == inside
+        assert bool(re.fullmatch(regex, "-0.00")) == inside
+    assert re.fullmatch(integer_regex(0, 5), "-0")
+    assert re.fullmatch(integer_regex(None, None), "-0")
+    assert not re.fullmatch(integer_regex(1, 5), "-0")
+
+
 def test_fractional_bounds_of_a_real_schema():
     regex = number_regex(0.1, None, False, False)  # "cpus": {"minimum": 0.1}
     assert [
