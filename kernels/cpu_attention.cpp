@@ -274,14 +274,14 @@ struct QueryHead<bf16, D> {
 };
 #endif
 
-// scale * (q . k[a]) for 16 K rows into out[a]: -inf for a >= n (those rows repeat row
-// n - 1), so that the softmax runs over whole vectors.
+// scale * (q . K) for the head at `offset` of 16 K rows into out[a]: -inf for a >= n (those
+// rows repeat row n - 1), so that the softmax runs over whole vectors.
 template <typename T, int D>
-inline void score16(const QueryHead<T, D>& q, const T* const* k, int n, float scale,
-                    float* out) {
+inline void score16(const QueryHead<T, D>& q, const T* const* rows, int64_t offset, int n,
+                    float scale, float* out) {
   __m512 dots[16];
 #pragma GCC unroll 16
-  for (int a = 0; a < 16; ++a) dots[a] = q.dot(k[a]);
+  for (int a = 0; a < 16; ++a) dots[a] = q.dot(rows[a] + offset);
   const __m512 s = _mm512_mul_ps(sum_lanes16(dots), _mm512_set1_ps(scale));
   const __mmask16 real = static_cast<__mmask16>((1u << n) - 1);
   _mm512_storeu_ps(out, _mm512_mask_blend_ps(real, _mm512_set1_ps(-INFINITY), s));
@@ -380,14 +380,11 @@ void attend_rows_avx512(const DecodeRows<T>& a) {
       for (int64_t l = l0; l < l0 + n; ++l) {
         prefetch_bytes(a.v_cache + slot[l] * kv_row, row_bytes, false);
       }
-      for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
-        const T* k[16];
-        for (int j = 0; j < 16; ++j) {
-          k[j] = a.k_cache + slot[l0 + std::min(j, n - 1)] * kv_row + kvh * D;
-        }
-        for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-          score16(QueryHead<T, D>(q_row + h * D), k, n, a.scale, scores.data() + h * padded + l0);
-        }
+      const T* k[16];
+      for (int j = 0; j < 16; ++j) k[j] = a.k_cache + slot[l0 + std::min(j, n - 1)] * kv_row;
+      for (int64_t h = 0; h < heads; ++h) {
+        score16(QueryHead<T, D>(q_row + h * D), k, h / group * D, n, a.scale,
+                scores.data() + h * padded + l0);
       }
     }
     for (int64_t h = 0; h < heads; ++h) {
