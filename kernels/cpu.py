@@ -186,23 +186,10 @@ class CpuKernels:
     ) -> None:
         """Rotate the q and k heads of qkv [T, (H + 2 Hkv) * D] in place at `positions` (cos/sin
         tables [P, D / 2], float32), then write k and v into `slots` of the pool [S, Hkv, D]."""
-        _check(qkv.dtype, data=[qkv, k_cache, v_cache], index=[positions, slots])
-        _check(torch.float32, data=[cos, sin])
-        head_dim = k_cache.shape[-1]
-        self._fn("rope_store_kv", qkv.dtype)(
-            qkv.data_ptr(),
-            positions.data_ptr(),
-            cos.data_ptr(),
-            sin.data_ptr(),
-            k_cache.data_ptr(),
-            v_cache.data_ptr(),
-            slots.data_ptr(),
-            qkv.shape[0],
-            num_heads,
-            num_kv_heads,
-            head_dim,
-            _threads(),
+        args = _rope_args(
+            qkv, num_heads, num_kv_heads, positions, cos, sin, k_cache, v_cache, slots
         )
+        self._fn("rope_store_kv", qkv.dtype)(*args, _threads())
 
     def rope_store_attend(
         self,
@@ -224,29 +211,13 @@ class CpuKernels:
     ) -> None:
         """rope_store_kv, then decode_attention of the q heads of qkv for `rows`, in one call
         and one parallel region (every token is stored before any row attends)."""
-        _check(qkv.dtype, data=[qkv, k_cache, v_cache, out], index=[positions, slots])
-        _check(qkv.dtype, data=[], index=[rows, kv_starts, kv_lens, kv_indices])
-        _check(torch.float32, data=[cos, sin])
+        args = _rope_args(
+            qkv, num_heads, num_kv_heads, positions, cos, sin, k_cache, v_cache, slots
+        )
+        _check(qkv.dtype, data=[out])
+        rows_args = _rows_args(rows, kv_starts, kv_lens, kv_indices)
         self._fn("rope_store_attend", qkv.dtype)(
-            qkv.data_ptr(),
-            positions.data_ptr(),
-            cos.data_ptr(),
-            sin.data_ptr(),
-            k_cache.data_ptr(),
-            v_cache.data_ptr(),
-            slots.data_ptr(),
-            qkv.shape[0],
-            num_heads,
-            num_kv_heads,
-            k_cache.shape[-1],
-            out.data_ptr(),
-            rows.data_ptr(),
-            kv_starts.data_ptr(),
-            kv_lens.data_ptr(),
-            kv_indices.data_ptr(),
-            rows.numel(),
-            scale,
-            _threads(),
+            *args, out.data_ptr(), *rows_args, scale, _threads()
         )
 
     def decode_attention(
@@ -265,7 +236,7 @@ class CpuKernels:
         heads packed) over the slots kv_indices[kv_starts[i]:kv_starts[i] + kv_lens[i]] of the
         pool [S, Hkv, D], written into out[rows[i]] ([T, H, D], contiguous); other rows of out
         are left alone. As kernels.reference.decode_attention on those rows."""
-        _check(q.dtype, data=[k_cache, v_cache, out], index=[rows, kv_starts, kv_lens, kv_indices])
+        _check(q.dtype, data=[k_cache, v_cache, out])
         tokens, num_heads, head_dim = q.shape
         if q.device.type != "cpu" or q.stride(2) != 1 or q.stride(1) != head_dim:
             raise ValueError("decode_attention: q's heads must be packed [H, D] per token")
@@ -275,11 +246,7 @@ class CpuKernels:
             k_cache.data_ptr(),
             v_cache.data_ptr(),
             out.data_ptr(),
-            rows.data_ptr(),
-            kv_starts.data_ptr(),
-            kv_lens.data_ptr(),
-            kv_indices.data_ptr(),
-            rows.numel(),
+            *_rows_args(rows, kv_starts, kv_lens, kv_indices),
             num_heads,
             k_cache.shape[1],
             head_dim,
@@ -300,6 +267,21 @@ class CpuKernels:
         return out
 
 
+def _rope_args(qkv, num_heads, num_kv_heads, positions, cos, sin, k_cache, v_cache, slots):
+    """rope_store_kv's arguments as the C entry points take them, checked."""
+    _check(qkv.dtype, data=[qkv, k_cache, v_cache], index=[positions, slots])
+    _check(torch.float32, data=[cos, sin])
+    ptrs = [t.data_ptr() for t in (qkv, positions, cos, sin, k_cache, v_cache, slots)]
+    return (*ptrs, qkv.shape[0], num_heads, num_kv_heads, k_cache.shape[-1])
+
+
+def _rows_args(rows, kv_starts, kv_lens, kv_indices):
+    """The decode rows' arguments as the C entry points take them, checked."""
+    _check_index([rows, kv_starts, kv_lens, kv_indices])
+    ptrs = [t.data_ptr() for t in (rows, kv_starts, kv_lens, kv_indices)]
+    return (*ptrs, rows.numel())
+
+
 def _threads() -> int:
     return torch.get_num_threads()
 
@@ -315,6 +297,10 @@ def _check(
     for t in data:
         if t is not None and not (t.dtype == dtype and t.is_cpu and t.is_contiguous()):
             raise _refused(t, dtype)
+    _check_index(index)
+
+
+def _check_index(index: list[torch.Tensor]) -> None:
     for t in index:
         if not (t.dtype == torch.int64 and t.is_cpu and t.is_contiguous()):
             raise _refused(t, torch.int64)
