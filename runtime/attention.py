@@ -35,10 +35,10 @@ def rope_and_attention(
 
     A batch of decodes only, on the CPU kernels, does it all in one call."""
     head_dim = kv.k[layer].shape[-1]
-    by_row = ops.rope_store_attend
-    if by_row is not None and batch.all_decodes and batch.decode_shared_len < _MIN_SHARED_PREFIX:
+    fused = ops.rope_store_attend
+    if fused is not None and batch.all_decodes and _decodes_by_row(batch):
         out = torch.empty(qkv.shape[0], num_heads, head_dim, dtype=qkv.dtype)
-        by_row(
+        fused(
             qkv, num_heads, num_kv_heads, batch.positions, cos, sin, kv.k[layer], kv.v[layer],
             batch.out_slots, out, batch.decode_rows, batch.decode_kv_starts,
             batch.decode_kv_lens, batch.kv_indices, scale,
@@ -50,6 +50,12 @@ def rope_and_attention(
     )  # fmt: skip
     q = qkv.view(qkv.shape[0], -1, head_dim)[:, :num_heads]  # (T, H, D), tokens strided
     return paged_attention(q, kv, layer, batch, scale, ops)
+
+
+def _decodes_by_row(batch: ForwardBatch) -> bool:
+    """Whether the CPU kernels attend the decode rows one by one, or the torch path scores
+    their shared prefix once."""
+    return batch.decode_shared_len < _MIN_SHARED_PREFIX
 
 
 def paged_attention(
@@ -72,7 +78,7 @@ def paged_attention(
             batch.short_kv_lens, batch.kv_indices, scale,
         )  # fmt: skip
     if batch.decode_rows.numel():
-        if by_row is not None and batch.decode_shared_len < _MIN_SHARED_PREFIX:
+        if by_row is not None and _decodes_by_row(batch):
             by_row(
                 q, k_cache, v_cache, out, batch.decode_rows, batch.decode_kv_starts,
                 batch.decode_kv_lens, batch.kv_indices, scale,
