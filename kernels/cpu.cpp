@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "cpu_common.h"
 
@@ -23,42 +24,107 @@ namespace {
 using namespace braid;
 
 
+// One row of add_rms_norm: with x, h += x (rounded as torch's add), then
+// out = weight * norm(h).
+template <typename T>
+void add_rms_norm_row(const T* x, T* h, const T* weight, T* out, int64_t dim, float eps) {
+  if (x != nullptr) {
+    for (int64_t i = 0; i < dim; ++i) h[i] = from_float<T>(to_float(h[i]) + to_float(x[i]));
+  }
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < dim; ++i) sum += to_float(h[i]) * to_float(h[i]);
+  const float inv = 1.0f / std::sqrt(sum / static_cast<float>(dim) + eps);
+  for (int64_t i = 0; i < dim; ++i) {
+    out[i] = from_float<T>(to_float(weight[i]) * to_float(from_float<T>(to_float(h[i]) * inv)));
+  }
+}
+
+// One row of silu_mul: g holds the gate, then the up projection; out = silu(gate) * up.
+template <typename T>
+void silu_mul_row(const T* g, T* out, int64_t dim) {
+  const T* u = g + dim;
+#pragma omp simd
+  for (int64_t i = 0; i < dim; ++i) {
+    const float a = to_float(g[i]);
+    const float s = to_float(from_float<T>(a / (1.0f + exp_approx(-a))));
+    out[i] = from_float<T>(s * to_float(u[i]));
+  }
+}
+
+#if defined(__AVX512F__)
+// The same rows over whole vectors, for rows of whole vectors in float32, or in bfloat16 where
+// vcvtneps2bf16 rounds 16 lanes in one instruction (without it the compiler's loops above
+// are faster). Against those loops, 2 threads: 64 x 576 norm 7.1 -> 4.4 us in bfloat16,
+// 4.8 -> 3.4 in float32; 64 x 1536 SiLU 18.9 -> 14.2 us, 10.1 -> 9.0.
+template <typename T>
+inline bool vector_rows(int64_t dim) {
+#if defined(__AVX512BF16__)
+  return dim % 16 == 0;
+#else
+  return std::is_same<T, float>::value && dim % 16 == 0;
+#endif
+}
+
+template <typename T>
+void add_rms_norm_row_avx512(const T* x, T* h, const T* weight, T* out, int64_t dim,
+                             float eps) {
+  __m512 squares = _mm512_setzero_ps();
+  for (int64_t i = 0; i < dim; i += 16) {
+    __m512 v = load16(h + i);
+    if (x != nullptr) {
+      v = round16<T>(_mm512_add_ps(v, load16(x + i)));
+      store16(h + i, v);
+    }
+    squares = _mm512_fmadd_ps(v, v, squares);
+  }
+  const float sum = _mm512_reduce_add_ps(squares);
+  const __m512 inv = _mm512_set1_ps(1.0f / std::sqrt(sum / static_cast<float>(dim) + eps));
+  for (int64_t i = 0; i < dim; i += 16) {
+    store16(out + i, _mm512_mul_ps(load16(weight + i), round16<T>(_mm512_mul_ps(load16(h + i), inv))));
+  }
+}
+
+template <typename T>
+void silu_mul_row_avx512(const T* g, T* out, int64_t dim) {
+  const T* u = g + dim;
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (int64_t i = 0; i < dim; i += 16) {
+    const __m512 a = load16(g + i);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), a));
+    const __m512 s = round16<T>(_mm512_div_ps(a, _mm512_add_ps(one, e)));
+    store16(out + i, _mm512_mul_ps(s, load16(u + i)));
+  }
+}
+#endif
+
 template <typename T>
 void add_rms_norm(const T* x, T* residual, const T* weight, T* out, int64_t rows, int64_t dim,
                   float eps, int threads) {
-  // With x: residual += x (rounded as torch's add), then out = weight * norm(residual).
 #pragma omp parallel for num_threads(threads) if (rows * dim >= kMinParallelWork)
   for (int64_t r = 0; r < rows; ++r) {
-    T* h = residual + r * dim;
-    if (x != nullptr) {
-      const T* xr = x + r * dim;
-      for (int64_t i = 0; i < dim; ++i) h[i] = from_float<T>(to_float(h[i]) + to_float(xr[i]));
+    const T* xr = x == nullptr ? nullptr : x + r * dim;
+#if defined(__AVX512F__)
+    if (vector_rows<T>(dim)) {
+      add_rms_norm_row_avx512(xr, residual + r * dim, weight, out + r * dim, dim, eps);
+      continue;
     }
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t i = 0; i < dim; ++i) sum += to_float(h[i]) * to_float(h[i]);
-    float inv = 1.0f / std::sqrt(sum / static_cast<float>(dim) + eps);
-    T* o = out + r * dim;
-    for (int64_t i = 0; i < dim; ++i) {
-      o[i] = from_float<T>(to_float(weight[i]) * to_float(from_float<T>(to_float(h[i]) * inv)));
-    }
+#endif
+    add_rms_norm_row(xr, residual + r * dim, weight, out + r * dim, dim, eps);
   }
 }
 
 template <typename T>
 void silu_mul(const T* gate_up, T* out, int64_t rows, int64_t dim, int threads) {
-  // gate_up rows are [gate (dim) | up (dim)]; out = silu(gate) * up.
 #pragma omp parallel for num_threads(threads) if (rows * dim >= kMinParallelWork)
   for (int64_t r = 0; r < rows; ++r) {
-    const T* g = gate_up + r * 2 * dim;
-    const T* u = g + dim;
-    T* o = out + r * dim;
-#pragma omp simd
-    for (int64_t i = 0; i < dim; ++i) {
-      float a = to_float(g[i]);
-      float s = to_float(from_float<T>(a / (1.0f + exp_approx(-a))));
-      o[i] = from_float<T>(s * to_float(u[i]));
+#if defined(__AVX512F__)
+    if (vector_rows<T>(dim)) {
+      silu_mul_row_avx512(gate_up + r * 2 * dim, out + r * dim, dim);
+      continue;
     }
+#endif
+    silu_mul_row(gate_up + r * 2 * dim, out + r * dim, dim);
   }
 }
 

@@ -287,18 +287,6 @@ inline void score16(const QueryHead<T, D>& q, const T* const* rows, int64_t offs
   _mm512_storeu_ps(out, _mm512_mask_blend_ps(real, _mm512_set1_ps(-INFINITY), s));
 }
 
-// 16 float32 lanes stored as float32, or rounded to bfloat16 as from_float does.
-inline void store16(float* out, __m512 x) { _mm512_storeu_ps(out, x); }
-inline void store16(bf16* out, __m512 x) {
-  const __m512i bits = _mm512_castps_si512(x);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
-  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  rounded = _mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7fc00000));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
-                      _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
-}
-
 // out[g] = sum over l of p[g * p_stride + l] * V row l, for G query heads of one KV head.
 template <typename T, int D, int G>
 void weighted_v(const float* p, int64_t p_stride, const T* v_head, const int64_t* slot,

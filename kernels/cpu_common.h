@@ -69,6 +69,55 @@ inline __m512 load16(const bf16* x) {
   const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
 }
+
+// 16 lanes rounded to the storage type as from_float rounds them, kept as float32.
+template <typename T>
+inline __m512 round16(__m512 x);
+template <>
+inline __m512 round16<float>(__m512 x) {
+  return x;
+}
+#if defined(__AVX512BF16__)
+// vcvtneps2bf16 rounds to nearest even as from_float does, but reads float32 denormals
+// (below 1.2e-38) as zero: there they round to 0 instead of the nearest bfloat16 denormal.
+inline __m256i to_bf16_bits(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x); }
+#else
+inline __m256i to_bf16_bits(__m512 x) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  rounded = _mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7fc00000));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+}
+#endif
+template <>
+inline __m512 round16<bf16>(__m512 x) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(to_bf16_bits(x)), 16));
+}
+
+// 16 float32 lanes stored as float32, or rounded to bfloat16 as from_float does.
+inline void store16(float* out, __m512 x) { _mm512_storeu_ps(out, x); }
+inline void store16(bf16* out, __m512 x) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), to_bf16_bits(x));
+}
+
+// exp_approx over 16 lanes: the same clamps and polynomial, 2^n applied by vscalefps.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.7f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
 #endif
 
 }  // namespace braid

@@ -23,8 +23,8 @@ def lib() -> cpu.CpuKernels:
     return kernels
 
 
-# Decode attention and argmax have a path per vector unit: each is built here and checked,
-# whichever this CPU would pick. The flags turn off what the next path up needs.
+# Every kernel but RoPE has a path per vector unit: each is built here and checked, whichever
+# this CPU would pick. The flags turn off what the next path up needs.
 PATHS = {
     "native": (),
     "avx512-no-bf16-dot": ("-mno-avx512bf16",),
@@ -54,24 +54,31 @@ def randn(*shape, dtype=torch.float32, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
 
+# Rows of whole vectors take the vector paths; others the loops every path has.
+DIMS = pytest.mark.parametrize("dim", [96, 100])
+
+
 @DTYPES
+@DIMS
 @pytest.mark.parametrize("with_residual", [False, True], ids=["norm", "add-norm"])
-def test_add_rms_norm(lib, threads, dtype, with_residual):
-    x, weight = randn(37, 96, dtype=dtype), randn(96, dtype=dtype, seed=1)
-    residual = randn(37, 96, dtype=dtype, seed=2) * 3
+def test_add_rms_norm(path_lib, threads, dtype, dim, with_residual):
+    x, weight = randn(37, dim, dtype=dtype), randn(dim, dtype=dtype, seed=1)
+    residual = randn(37, dim, dtype=dtype, seed=2) * 3
     ref_residual = residual.clone()
-    got = lib.add_rms_norm(x if with_residual else None, residual, weight, 1e-5)
+    got = path_lib.add_rms_norm(x if with_residual else None, residual, weight, 1e-5)
     want = reference.add_rms_norm(x if with_residual else None, ref_residual, weight, 1e-5)
     torch.testing.assert_close(residual, ref_residual, atol=0, rtol=0)  # the add rounds alike
     torch.testing.assert_close(got, want, **TOL[dtype])
 
 
 @DTYPES
-def test_silu_mul(lib, threads, dtype):
+@DIMS
+def test_silu_mul(path_lib, threads, dtype, dim):
     # Large magnitudes too: exp's clamps and the tails of silu.
-    gate_up = torch.cat([randn(40, 256, dtype=dtype) * 4, randn(40, 256, dtype=dtype, seed=1)], 0)
+    gate_up = torch.cat([randn(40, dim, dtype=dtype) * 4, randn(40, dim, dtype=dtype, seed=1)], 1)
     gate_up[0, :8] = torch.tensor([-200.0, -90.0, -30.0, -1e-3, 0.0, 1e-3, 30.0, 200.0])
-    torch.testing.assert_close(lib.silu_mul(gate_up), reference.silu_mul(gate_up), **TOL[dtype])
+    got = path_lib.silu_mul(gate_up)
+    torch.testing.assert_close(got, reference.silu_mul(gate_up), **TOL[dtype])
 
 
 @DTYPES
