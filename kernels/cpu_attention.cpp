@@ -98,6 +98,19 @@ void rope_store_rows(const RopeStore<T>& r) {
     for (int64_t h = 0; h < r.heads + r.kv_heads; ++h) {
       T* x1 = x + h * r.head_dim;
       T* x2 = x1 + half;
+#if defined(__AVX512F__)
+      // bfloat16's rounding is what costs: 64 tokens of SmolLM2's 12 q/k heads, with the
+      // store, 15.6 -> 7.5 us on one thread. In float32 the loop below is as fast.
+      if (std::is_same<T, bf16>::value && vector_rows<T>(half)) {
+        for (int64_t i = 0; i < half; i += 16) {
+          const __m512 a = load16(x1 + i), b = load16(x2 + i);
+          const __m512 ci = _mm512_loadu_ps(c + i), si = _mm512_loadu_ps(s + i);
+          store16(x1 + i, _mm512_fmsub_ps(a, ci, _mm512_mul_ps(b, si)));
+          store16(x2 + i, _mm512_fmadd_ps(b, ci, _mm512_mul_ps(a, si)));
+        }
+        continue;
+      }
+#endif
 #pragma omp simd
       for (int64_t i = 0; i < half; ++i) {
         float a = to_float(x1[i]), b = to_float(x2[i]);

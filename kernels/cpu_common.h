@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -100,6 +101,18 @@ inline __m512 round16<bf16>(__m512 x) {
 inline void store16(float* out, __m512 x) { _mm512_storeu_ps(out, x); }
 inline void store16(bf16* out, __m512 x) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), to_bf16_bits(x));
+}
+
+// Whether rows of n elements go through the explicit 16-lane paths: rows of whole vectors,
+// in float32, or in bfloat16 where vcvtneps2bf16 rounds 16 lanes in one instruction (without
+// it, the compiler's 8-lane loops over from_float are faster).
+template <typename T>
+inline bool vector_rows(int64_t n) {
+#if defined(__AVX512BF16__)
+  return n % 16 == 0;
+#else
+  return std::is_same<T, float>::value && n % 16 == 0;
+#endif
 }
 
 // exp_approx over 16 lanes: the same clamps and polynomial, 2^n applied by vscalefps.

@@ -23,8 +23,8 @@ def lib() -> cpu.CpuKernels:
     return kernels
 
 
-# Every kernel but RoPE has a path per vector unit: each is built here and checked, whichever
-# this CPU would pick. The flags turn off what the next path up needs.
+# The kernels have a path per vector unit: each is built here and checked, whichever this CPU
+# would pick. The flags turn off what the next path up needs.
 PATHS = {
     "native": (),
     "avx512-no-bf16-dot": ("-mno-avx512bf16",),
@@ -82,8 +82,9 @@ def test_silu_mul(path_lib, threads, dtype, dim):
 
 
 @DTYPES
-def test_rope_store_kv(lib, threads, dtype):
-    heads, kv_heads, head_dim, tokens = 6, 2, 32, 11
+@pytest.mark.parametrize("head_dim", [32, 40])  # halves of a whole vector, and not
+def test_rope_store_kv(path_lib, threads, dtype, head_dim):
+    heads, kv_heads, tokens = 6, 2, 11
     qkv = randn(tokens, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
     angles = torch.arange(64)[:, None] * 0.37 ** torch.arange(head_dim // 2)[None, :]
     cos, sin = angles.cos() * 1.1, angles.sin() * 1.1  # a scaled table, as yarn's
@@ -91,7 +92,7 @@ def test_rope_store_kv(lib, threads, dtype):
     slots = torch.randperm(40, generator=torch.Generator().manual_seed(4))[:tokens]
     caches = [randn(40, kv_heads, head_dim, dtype=dtype, seed=s) for s in (5, 6)]
     ref_qkv, ref_caches = qkv.clone(), [c.clone() for c in caches]
-    lib.rope_store_kv(qkv, heads, kv_heads, positions, cos, sin, *caches, slots)
+    path_lib.rope_store_kv(qkv, heads, kv_heads, positions, cos, sin, *caches, slots)
     reference.rope_store_kv(ref_qkv, heads, kv_heads, positions, cos, sin, *ref_caches, slots)
     torch.testing.assert_close(qkv, ref_qkv, **TOL[dtype])
     for got, want in zip(caches, ref_caches, strict=True):
