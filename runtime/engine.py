@@ -539,7 +539,8 @@ class Engine:
         if r.first_token_time is None:
             r.first_token_time = now
             self._stats.observe("ttft_s", now - r.arrival)
-        self._stats.add(jump_forward_tokens=len(tokens) - len(logprobs))
+        if len(tokens) > len(logprobs):
+            self._stats.add(jump_forward_tokens=len(tokens) - len(logprobs))
         r.output_ids.extend(tokens)
         if r.params.wants_logprobs:
             forced = [(0.0, {})] * (len(tokens) - len(logprobs))

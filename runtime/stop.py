@@ -81,6 +81,8 @@ class StopMatcher:
 
     def add(self, delta: str) -> str:
         """Append new text; return the part that is now safe to stream."""
+        if not self.stop_strings and not self.regexes:
+            return delta  # nothing to match or hold back, nothing to keep
         search_from = max(len(self.text) - self.holdback, 0)
         start = len(self.text)
         self.text += delta
