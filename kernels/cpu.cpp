@@ -70,7 +70,8 @@ void add_rms_norm_row_avx512(const T* x, T* h, const T* weight, T* out, int64_t 
   const float sum = _mm512_reduce_add_ps(squares);
   const __m512 inv = _mm512_set1_ps(1.0f / std::sqrt(sum / static_cast<float>(dim) + eps));
   for (int64_t i = 0; i < dim; i += 16) {
-    store16(out + i, _mm512_mul_ps(load16(weight + i), round16<T>(_mm512_mul_ps(load16(h + i), inv))));
+    const __m512 normed = round16<T>(_mm512_mul_ps(load16(h + i), inv));
+    store16(out + i, _mm512_mul_ps(load16(weight + i), normed));
   }
 }
 
