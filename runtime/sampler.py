@@ -39,7 +39,7 @@ def sample(logits: torch.Tensor, reqs: list[Request], grammar_vocab_size: int) -
     bitmask rows (it may differ from V, the model's vocabulary, either way)."""
     logits, bitmask = _penalised_and_masks(logits, reqs, grammar_vocab_size)
     params = [r.params for r in reqs]
-    if not logits.is_cuda and all(p.temperature == 0 for p in params):
+    if all(p.temperature == 0 for p in params):
         # All greedy: the argmax is all the reference would compute that we use (logprobs are
         # the runner's job), and skipping it saves two [B, V] temporaries and the per-row
         # parameter tensors.
@@ -67,10 +67,10 @@ def sample(logits: torch.Tensor, reqs: list[Request], grammar_vocab_size: int) -
 
 
 def _argmax(logits: torch.Tensor) -> torch.Tensor:
-    """The greedy tokens of logits [B, V]: the CPU kernel where it is built (torch's argmax
-    over a vocabulary is ~11x slower in float32, more in bfloat16; both take the first index
-    on ties)."""
-    lib = cpu.load()
+    """The greedy tokens of logits [B, V]: on the CPU the kernel where it is built (torch's
+    argmax over a vocabulary is ~11x slower in float32, more in bfloat16; both take the first
+    index on ties)."""
+    lib = cpu.load() if logits.is_cpu else None
     if lib is not None and lib.supports(logits.dtype) and logits.stride(-1) == 1:
         return lib.argmax(logits)
     return logits.argmax(dim=-1)
