@@ -11,6 +11,8 @@ from importlib import import_module
 _EXPORTS = {
     "GrammarCompiler": "grammars.compiler",
     "compile": "grammars.compiler",
+    "CharPattern": "grammars.char_regex",
+    "CharRegex": "grammars.char_regex",
     "Choices": "grammars.constraints",
     "Constraint": "grammars.constraints",
     "Ebnf": "grammars.constraints",

@@ -14,6 +14,8 @@ a repeated structure (list items, object members) costs a lookup.
 
 from __future__ import annotations
 
+import io
+import pickle
 from collections import OrderedDict
 from functools import lru_cache
 
@@ -45,7 +47,16 @@ class EbnfGrammar(Grammar):
         self.text = text
         self.vocab = vocab
         table = parser.parser.parser._parse_table
-        self._states = table.states
+        # lark's table as plain values (its Shift marker does not survive pickling): per
+        # state, a symbol -> the state to shift to (an int), or the rule to reduce by
+        # (its length, its head's name).
+        self._states = {
+            state: {
+                name: arg if kind is Shift else (len(arg.expansion), arg.origin.name)
+                for name, (kind, arg) in actions.items()
+            }
+            for state, actions in table.states.items()
+        }
         self._end_state = table.end_states["start"]
         names = [t.name for t in parser.terminals]
         self._term_id = {name: i for i, name in enumerate(names)}
@@ -72,6 +83,25 @@ class EbnfGrammar(Grammar):
     def matcher(self) -> EbnfMatcher:
         return EbnfMatcher(self)
 
+    # The compile worker builds grammars (lark's tables and the terminals' automata can take
+    # seconds); one travels back without the vocabulary and its trie, which the receiving
+    # process already holds.
+
+    def dumps(self) -> bytes:
+        shared = {id(self.vocab): "vocab", id(self.trie): "trie"}
+        out = io.BytesIO()
+        pickler = pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL)
+        pickler.persistent_id = lambda obj: shared.get(id(obj))
+        pickler.dump(self)
+        return out.getvalue()
+
+    @staticmethod
+    def loads(data: bytes, vocab: TokenVocabulary) -> EbnfGrammar:
+        shared = {"vocab": vocab, "trie": _token_trie(vocab)}
+        unpickler = pickle.Unpickler(io.BytesIO(data))
+        unpickler.persistent_load = shared.__getitem__
+        return unpickler.load()
+
     # ---- the parser ---------------------------------------------------------------------
 
     def _feed(self, stack: Stack, terminal: int | str) -> Stack | None:
@@ -82,13 +112,13 @@ class EbnfGrammar(Grammar):
         name = terminal if isinstance(terminal, str) else self._names[terminal]
         result = None
         while (action := self._states[stack[-1]].get(name)) is not None:
-            kind, arg = action
-            if kind is Shift:
-                result = stack + (arg,)
+            if isinstance(action, int):
+                result = stack + (action,)
                 break
-            if arg.expansion:
-                stack = stack[: -len(arg.expansion)]
-            stack = stack + (self._states[stack[-1]][arg.origin.name][1],)
+            length, head = action
+            if length:
+                stack = stack[:-length]
+            stack = stack + (self._states[stack[-1]][head],)
             if name == "$END" and stack[-1] == self._end_state:
                 result = stack
                 break

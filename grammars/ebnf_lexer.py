@@ -16,12 +16,13 @@ from dataclasses import dataclass
 import interegular
 from interegular.fsm import anything_else
 
+from grammars.char_regex import automaton
+
 # lark's common.ESCAPED_STRING matches lazily up to a quote not preceded by an odd run of
 # backslashes, with a lookbehind interegular cannot build; this is the same language.
 _LARK_ESCAPED_STRING = '".*?(?<!\\\\)(\\\\\\\\)*?"'
 _ESCAPED_STRING = r'"([^"\\\n]|\\[^\n])*"'
 _LAZY = re.compile(r"(?<!\\)[*+?}]\?")
-_LOOKAROUND = re.compile(r"(?<!\\)\(\?<?[=!]")
 
 # Lexer states are plain tuples so that they hash fast and cache well:
 # (candidates: tuple[(terminal, fsm state)], pending bytes of a character, fresh, restart)
@@ -46,31 +47,14 @@ class Terminal:
 def build_terminal(name: str, regex: str, priority: int, literal: bool) -> Terminal:
     if regex == _LARK_ESCAPED_STRING:
         regex = _ESCAPED_STRING
-    if _LOOKAROUND.search(regex):
-        raise ValueError(
-            f"EBNF terminal {name}: /{regex}/ uses a lookaround; lookarounds and "
-            "backreferences are not supported"
-        )
     try:
-        fsm = interegular.parse_pattern(regex).to_fsm().reduce()
-    except Exception as e:  # interegular raises several kinds for syntax it lacks
+        fsm, live = automaton(regex)
+    except ValueError as e:
         raise ValueError(
-            f"EBNF terminal {name}: regex /{regex}/ cannot be turned into an automaton "
-            f"({type(e).__name__}: {e}); lookarounds and backreferences are not supported"
+            f"EBNF terminal {name}: regex /{regex}/ cannot be turned into an automaton ({e}); "
+            "lookarounds and backreferences are not supported"
         ) from None
-    return Terminal(name, fsm, _live_states(fsm), priority, literal, bool(_LAZY.search(regex)))
-
-
-def _live_states(fsm: interegular.FSM) -> frozenset:
-    live = set(fsm.finals)
-    changed = True
-    while changed:
-        changed = False
-        for state, moves in fsm.map.items():
-            if state not in live and any(nxt in live for nxt in moves.values()):
-                live.add(state)
-                changed = True
-    return frozenset(live)
+    return Terminal(name, fsm, live, priority, literal, bool(_LAZY.search(regex)))
 
 
 class Lexer:

@@ -88,7 +88,8 @@ def sample(
     left by the previous step, renormalised. Temperature 0 is greedy: the lowest-index argmax
     over the allowed tokens, whose logprob is the log-softmax of the masked raw logits
     (temperature 1, no filters). A sampled row's logprob is that of its token under the
-    final, filtered and renormalised distribution.
+    final, filtered and renormalised distribution. A row that allows no token (masked, or
+    all -inf) gets token -1 and logprob -inf.
 
     top_k <= 0 or >= V, top_p >= 1 and min_p <= 0 switch a filter off. top-k and top-p cut
     at a probability value, so a token tied with the last one kept is kept too: ties at the
@@ -101,10 +102,6 @@ def sample(
     logits = logits.float()
     if bitmask is not None:
         logits = apply_bitmask(logits, bitmask)
-        dead = torch.isneginf(logits).all(-1)
-        if bool(dead.any()):
-            row = int(dead.nonzero()[0])
-            raise ValueError(f"sample: row {row} allows no token (bitmask, or -inf logits)")
     chosen = logits.argmax(dim=-1)
     chosen_lp = logits.gather(1, chosen.unsqueeze(1)).squeeze(1) - logits.logsumexp(dim=-1)
     rows = (temperature != 0).nonzero().squeeze(1)
@@ -113,6 +110,8 @@ def sample(
             logits[rows], temperature[rows], top_k[rows], top_p[rows], min_p[rows], seeds[rows]
         )
         chosen[rows], chosen_lp[rows] = ids, lp
+    dead = torch.isneginf(logits.gather(1, chosen.unsqueeze(1)).squeeze(1))
+    chosen[dead], chosen_lp[dead] = -1, float("-inf")  # rows that allow no token
     return chosen, chosen_lp
 
 

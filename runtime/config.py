@@ -3,60 +3,95 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def _setting(default, help: str):
+    """A config field and its meaning (`braid serve --help` prints it)."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
 class EngineConfig:
-    model: str | None = None  # an HF model directory; None: the embedded default model
-    device: str = "auto"  # "auto": cuda when available, else cpu
-    # "auto": bfloat16 on cuda and on CPUs with native bf16 matmuls (2x faster decode than
-    # float32 there, measured on AVX512-BF16), float32 on other CPUs.
-    dtype: str = "auto"
-    max_kv_tokens: int | None = None  # KV pool size in tokens; overrides kv_cache_gb
-    kv_cache_gb: float | None = None  # KV pool size in GB; None: kv_memory_fraction
-    # Share of available host memory (cpu) or free device memory (cuda) for the KV pool.
-    kv_memory_fraction: float = 0.2
-    prefix_cache: bool = True  # share KV of common prefixes through the radix cache
-    max_running_requests: int = 256
-    max_batch_tokens: int = 2048  # new tokens (prefill chunks + decode tokens) per step
-    chunk_size: int = 512  # longest prefill piece of one request in one step
-    # "hybrid": decode tokens and prefill chunks share each forward (split-fuse);
-    # "chunked": prefill-only and decode-only steps alternate.
-    prefill_mode: str = "hybrid"
-    # "lpm": longest cached prefix first; "fcfs": arrival order (both after priority).
-    schedule_policy: str = "lpm"
-    # Constrained requests: compiling a grammar runs in a worker process bounded by these
-    # limits (a schema that would hang or exhaust memory fails its request instead).
-    grammar_compile_timeout_s: float = 30.0
-    grammar_compile_memory_mb: int = 2048
-    # A lazy automaton (a regex too large for an index) makes states as outputs reach them;
-    # past this budget it starts over empty, and an output that alone needs more fails.
-    grammar_state_memory_mb: int = 128
-    # CPU: run norms, the activation, RoPE and decode attention in the C++ kernels
-    # (kernels/cpu.cpp, built once with the system compiler; torch ops when none is found).
-    cpu_kernels: bool = True
-    # CUDA: decode steps of up to this many requests replay captured CUDA graphs (one per
-    # batch size bucket, runtime/cuda_graphs.py); 0 runs every step eagerly.
-    cuda_graph_max_batch: int = 128
-    # Append the text a grammar forces (e.g. a JSON key) without a forward per token.
-    jump_forward: bool = True
-    # Speculative decoding (runtime/spec): "none"; "ngram" drafts continuations found in the
-    # request's own prompt and output; "draft" runs `draft_model`, a smaller model sharing
-    # the tokenizer (an HF directory), or "self" / "self:K" for the target's first K layers
-    # and its head (K defaults to a quarter of the layers).
-    spec_method: str = "none"
-    draft_model: str | None = None
-    # Draft tokens per step (the longest path of the tree); 0: adaptive per request from its
-    # running acceptance rate and the measured cost of a verification token.
-    spec_draft_length: int = 0
-    # Most candidate continuations (leaves of the draft tree) the n-gram proposer verifies in
-    # one step; the draft model proposes one chain.
-    spec_tree_width: int = 4
+    model: str | None = _setting(
+        None, "an HF model directory; None: the embedded default model (SmolLM2-135M-Instruct)"
+    )
+    device: str = _setting("auto", "auto (cuda when available, else cpu), cpu, cuda or cuda:N")
+    dtype: str = _setting(
+        "auto",
+        "auto, float32, bfloat16 or float16; auto: bfloat16 on cuda and on CPUs with native "
+        "bf16 matmuls (AVX512-BF16 or AMX), float32 on other CPUs",
+    )
+    max_kv_tokens: int | None = _setting(
+        None, "KV pool size in tokens; overrides kv_cache_gb and kv_memory_fraction"
+    )
+    kv_cache_gb: float | None = _setting(
+        None, "KV pool size in GB; None: kv_memory_fraction of the memory available"
+    )
+    kv_memory_fraction: float = _setting(
+        0.2, "share of available host memory (cpu) or free device memory (cuda) for the KV pool"
+    )
+    prefix_cache: bool = _setting(True, "share the KV of common prefixes through the radix cache")
+    max_running_requests: int = _setting(256, "sequences decoded together at most")
+    max_batch_tokens: int = _setting(
+        2048, "new tokens (prefill chunks + decode tokens) per forward step"
+    )
+    chunk_size: int = _setting(512, "longest prefill piece of one request in one step")
+    prefill_mode: str = _setting(
+        "hybrid",
+        "hybrid: decode tokens and prefill chunks share each forward (split-fuse); "
+        "chunked: prefill-only and decode-only steps alternate",
+    )
+    schedule_policy: str = _setting(
+        "lpm", "lpm: longest cached prefix first; fcfs: arrival order (both after priority)"
+    )
+    # Constraints and stop regexes compile in worker processes bounded by these limits (a
+    # schema that would hang or exhaust memory fails its request instead).
+    grammar_compile_timeout_s: float = _setting(
+        30.0, "a constraint or stop regex compiling longer fails its request"
+    )
+    grammar_compile_memory_mb: int = _setting(2048, "memory limit of each compile worker process")
+    grammar_compile_workers: int = _setting(
+        2, "compile worker processes: a slow compile holds up one of them, not all"
+    )
+    grammar_state_memory_mb: int = _setting(
+        128,
+        "states a lazy automaton (a regex too large for an index) may make; past it, it "
+        "starts over empty, and an output that alone needs more fails",
+    )
+    cpu_kernels: bool = _setting(
+        True,
+        "CPU: run norms, the activation, RoPE and decode attention in the C++ kernels "
+        "(built once with the system compiler; torch ops when none is found)",
+    )
+    cuda_graph_max_batch: int = _setting(
+        128, "CUDA: decode steps of up to this many requests replay captured graphs; 0: eager"
+    )
+    jump_forward: bool = _setting(
+        True, "append the text a grammar forces (a JSON key, say) without a forward per token"
+    )
+    spec_method: str = _setting(
+        "none",
+        "speculative decoding: none; ngram (drafts from the request's own prompt and "
+        "output); draft (runs draft_model)",
+    )
+    draft_model: str | None = _setting(
+        None,
+        "with spec_method draft: a smaller model sharing the tokenizer (an HF directory), or "
+        "self / self:K for the target's first K layers and its head (K: a quarter)",
+    )
+    spec_draft_length: int = _setting(
+        0,
+        "draft tokens per step (the longest path of the tree); 0: adaptive per request from "
+        "its acceptance rate and the measured cost of a verification token",
+    )
+    spec_tree_width: int = _setting(
+        4, "most candidate continuations (draft tree leaves) the n-gram proposer verifies a step"
+    )
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -89,11 +124,13 @@ class EngineConfig:
         if (
             self.grammar_compile_timeout_s <= 0
             or self.grammar_compile_memory_mb < 64
+            or self.grammar_compile_workers < 1
             or self.grammar_state_memory_mb < 1
         ):
             raise ValueError(
                 "EngineConfig: grammar_compile_timeout_s must be > 0, "
-                "grammar_compile_memory_mb >= 64 and grammar_state_memory_mb >= 1"
+                "grammar_compile_memory_mb >= 64, grammar_compile_workers >= 1 and "
+                "grammar_state_memory_mb >= 1"
             )
         if self.spec_method not in ("none", "ngram", "draft"):
             raise ValueError(

@@ -1,24 +1,39 @@
 """GrammarService: the engine's side of constrained decoding.
 
-It compiles constraints off the engine thread (bounded in time and memory by the
-grammars compiler's worker) and turns the text a grammar forces into tokens (jump-forward).
+It compiles constraints and stop regexes off the engine thread (bounded in time and memory
+by the grammars compiler's workers) and turns the text a grammar forces into tokens
+(jump-forward).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
-from grammars.constraints import Constraint
+from grammars.char_regex import CharPattern, CharRegex
+from grammars.compiler import Compiled, Job
 from grammars.matcher import Grammar, Matcher
 from grammars.vocabulary import TokenVocabulary, build_vocabulary
 from runtime.config import EngineConfig
+from runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from runtime.request import Request
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a request's parameters compile to before it can run."""
+
+    grammar: Grammar | None  # None without a constraint
+    stop_regexes: tuple[CharRegex, ...]
 
 
 class GrammarService:
@@ -39,7 +54,22 @@ class GrammarService:
                 self._vocab = build_vocabulary(self.tokenizer, self.eos_token_ids)
             return self._vocab
 
-    def compile(self, constraint: Constraint) -> Future[Grammar]:
+    def prepare(self, params: SamplingParams) -> Future[Prepared]:
+        """The request's grammar and stop regex automata, compiled in the workers; the
+        future raises ValueError for a bad or too costly one (a bad schema raises now)."""
+        jobs: list[Job] = [CharPattern(p) for p in params.stop_regexes]
+        constraint = params.constraint
+        if constraint is not None:
+            jobs.insert(0, constraint)
+        futures = [self.compile(job) for job in jobs]
+
+        def combine(done: list) -> Prepared:
+            grammar = done.pop(0) if constraint is not None else None
+            return Prepared(grammar, tuple(done))
+
+        return _gather(futures, combine)
+
+    def compile(self, job: Job) -> Future[Compiled]:
         from grammars.compiler import GrammarCompiler
 
         vocab = self.vocab
@@ -50,8 +80,9 @@ class GrammarService:
                     timeout_s=self.config.grammar_compile_timeout_s,
                     max_memory_mb=self.config.grammar_compile_memory_mb,
                     max_state_mb=self.config.grammar_state_memory_mb,
+                    workers=self.config.grammar_compile_workers,
                 )
-            return self._compiler.submit(constraint)
+            return self._compiler.submit(job)
 
     def close(self) -> None:
         with self._lock:
@@ -99,6 +130,32 @@ class GrammarService:
         if not ids or any(b is None for b in spelled) or b"".join(spelled) != data:
             return None
         return ids
+
+
+def _gather(futures: list[Future], combine: Callable[[list], T]) -> Future[T]:
+    """A future of `combine(results)` once every future is done, or of the first error."""
+    out: Future[T] = Future()
+    if not futures:
+        out.set_result(combine([]))
+        return out
+    remaining = len(futures)
+    lock = threading.Lock()
+
+    def settle(_: Future) -> None:
+        nonlocal remaining
+        with lock:
+            remaining -= 1
+            if remaining:
+                return
+        errors = [f.exception() for f in futures if f.exception() is not None]
+        if errors:
+            out.set_exception(errors[0])
+        else:
+            out.set_result(combine([f.result() for f in futures]))
+
+    for f in futures:
+        f.add_done_callback(settle)
+    return out
 
 
 def _accept_all(matcher: Matcher, tokens: list[int]) -> bool:

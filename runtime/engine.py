@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import functools
 import itertools
 import logging
 import random
@@ -18,9 +19,9 @@ from concurrent.futures import Future
 
 import torch
 
-from grammars.matcher import Grammar, MatcherError
+from grammars.matcher import MatcherError
 from runtime.config import EngineConfig
-from runtime.constrained import GrammarService
+from runtime.constrained import GrammarService, Prepared
 from runtime.cuda_graphs import DecodeGraphs
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.kv_cache import KVPool
@@ -140,11 +141,11 @@ class Engine:
         many = isinstance(prompt, list) and prompt and not isinstance(prompt[0], int)
         prompts = prompt if many else [prompt]
         id_lists = [self.encode(p) for p in prompts]  # validate all before submitting any
-        grammar = self._compile(params).result()  # raises for a bad constraint
+        prepared = self.prepare(params).result()  # raises for a bad constraint
         groups = []
         for ids in id_lists:
             collectors = [_Collector() for _ in range(params.n)]
-            self._submit_n(ids, params, [c.add for c in collectors], priority, grammar)
+            self._submit_n(ids, params, [c.add for c in collectors], priority, prepared)
             groups.append(collectors)
         outs = [[c.result() for c in group] for group in groups]
         outs = [group if params.n > 1 else group[0] for group in outs]
@@ -158,26 +159,26 @@ class Engine:
         joined, which lets the caller fix token boundaries by passing ids.
         """
         leaves = self._tree_leaves(root)
-        grammars = [self._compile(params) for _, params in leaves]
-        grammars = [g.result() for g in grammars]  # all compile, or none is submitted
+        prepared = [self.prepare(params) for _, params in leaves]
+        prepared = [p.result() for p in prepared]  # all compile, or none is submitted
         collectors = [_Collector() for _ in leaves]
-        for (ids, params), c, g in zip(leaves, collectors, grammars, strict=True):
-            self._submit_n(ids, params, [c.add], priority, g)
+        for (ids, params), c, p in zip(leaves, collectors, prepared, strict=True):
+            self._submit_n(ids, params, [c.add], priority, p)
         return [c.result() for c in collectors]
 
     async def agenerate_tree(self, root: TreeNode, priority: int = 0) -> list[GenerateOutput]:
         """`generate_tree` for asyncio callers: waits without blocking the event loop."""
         loop = asyncio.get_running_loop()
         leaves = self._tree_leaves(root)
-        grammars = await asyncio.gather(
-            *(asyncio.wrap_future(self._compile(params)) for _, params in leaves)
+        prepared = await asyncio.gather(
+            *(asyncio.wrap_future(self.prepare(params)) for _, params in leaves)
         )
         done = [loop.create_future() for _ in leaves]
         collectors = [_Collector(lambda f=f: loop.call_soon_threadsafe(_settle, f)) for f in done]
         rids = [
             rid
-            for (ids, params), c, g in zip(leaves, collectors, grammars, strict=True)
-            for rid in self._submit_n(ids, params, [c.add], priority, g)
+            for (ids, params), c, p in zip(leaves, collectors, prepared, strict=True)
+            for rid in self._submit_n(ids, params, [c.add], priority, p)
         ]
         try:
             await asyncio.gather(*done)
@@ -222,13 +223,13 @@ class Engine:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[StreamChunk] = asyncio.Queue()
         ids = self.encode(prompt)
-        grammar = await asyncio.wrap_future(self._compile(params))
+        prepared = await asyncio.wrap_future(self.prepare(params))
         [rid] = self._submit_n(
             ids,
             params,
             [lambda c: loop.call_soon_threadsafe(queue.put_nowait, c)],
             priority,
-            grammar,
+            prepared,
         )
         finished = False
         try:
@@ -254,8 +255,8 @@ class Engine:
         if params.n != 1:
             raise ValueError("submit() takes n=1")
         ids = self.encode(prompt)
-        grammar = self._compile(params).result()
-        return self._submit_n(ids, params, [emit], priority, grammar)[0]
+        prepared = self.prepare(params).result()
+        return self._submit_n(ids, params, [emit], priority, prepared)[0]
 
     def abort(self, rid: int) -> None:
         """Stop a request; it ends with finish_reason "abort" and its KV is freed."""
@@ -298,6 +299,13 @@ class Engine:
     def encode(self, prompt: Prompt) -> list[int]:
         """Token ids of a prompt, checked against the vocabulary and the context length."""
         if isinstance(prompt, str):
+            longest = self.context_length * self._longest_token_chars
+            if len(prompt) > longest:  # refused without paying to tokenize it
+                raise ValueError(
+                    f"prompt has {len(prompt)} characters; no token spells more than "
+                    f"{self._longest_token_chars}, so it cannot fit the model's context of "
+                    f"{self.context_length} tokens"
+                )
             ids = self.tokenizer.encode(prompt) if prompt else []
         else:
             ids = list(prompt)
@@ -319,17 +327,24 @@ class Engine:
             )
         return ids
 
-    # ---- submission ------------------------------------------------------------------
+    def prepare(self, params: SamplingParams) -> Future[Prepared]:
+        """Check the params against the model (raises ValueError now) and compile their
+        constraint and stop regexes off the caller's and the engine's threads, in the bounded
+        compile workers; the future raises ValueError for a bad or too costly one. Results
+        are cached, so a server may prepare before it answers and submit afterwards."""
+        vocab = self.model_config.vocab_size
+        bad = [t for t in params.stop_token_ids or () if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"stop_token_ids must be in [0, {vocab}); got {bad[:5]}")
+        return self.grammars.prepare(params)
 
-    def _compile(self, params: SamplingParams) -> Future[Grammar | None]:
-        """The request's compiled constraint (None without one), compiled off the engine
-        thread; the future raises ValueError for a bad or too costly constraint."""
-        constraint = params.constraint
-        if constraint is None:
-            done: Future[Grammar | None] = Future()
-            done.set_result(None)
-            return done
-        return self.grammars.compile(constraint)
+    @functools.cached_property
+    def _longest_token_chars(self) -> int:
+        """An upper bound on the characters one token stands for: the longest token string
+        (byte-level and sentencepiece token strings are at least as long as their text)."""
+        return max(len(t) for t in self.tokenizer.get_vocab())
+
+    # ---- submission ------------------------------------------------------------------
 
     def _submit_n(
         self,
@@ -337,7 +352,7 @@ class Engine:
         params: SamplingParams,
         emits: list[Callable[[StreamChunk], None]],
         priority: int,
-        grammar: Grammar | None = None,
+        prepared: Prepared,
     ) -> list[int]:
         base_seed = params.seed if params.seed is not None else random.getrandbits(62)
         stop_ids = set(params.stop_token_ids or ())
@@ -351,11 +366,11 @@ class Engine:
                 seed=base_seed + i,
                 emit=emit,
                 detokenizer=IncrementalDetokenizer(self.tokenizer, ids),
-                stop_matcher=StopMatcher(params.stop_strings, params.stop_regexes),
+                stop_matcher=StopMatcher(params.stop_strings, prepared.stop_regexes),
                 stop_ids=frozenset(stop_ids),
                 max_new_tokens=min(params.max_tokens, self.context_length - len(ids)),
                 priority=priority,
-                matcher=grammar.matcher() if grammar is not None else None,
+                matcher=prepared.grammar.matcher() if prepared.grammar is not None else None,
             )
             for i, emit in enumerate(emits)
         ]
@@ -384,34 +399,61 @@ class Engine:
                 inbox, self._inbox = self._inbox, []
                 stopping = self._stopping
             for op, arg in inbox:
-                self._handle(op, arg)
+                try:
+                    self._handle(op, arg)
+                except Exception as e:  # a bug met by one request: it alone fails
+                    log.exception("engine: %s failed", op)
+                    if op == "add" and arg.rid in self._live:
+                        self._finish(arg, "abort", error=f"engine failed to admit it: {e!r}")
             if stopping:
                 for r in list(self._live.values()):
                     self._finish(r, "abort", error="the engine was shut down")
                 return
-            batch = None
+            worked = self._step() or worked
+
+    def _step(self) -> bool:
+        """Schedule, run and process one batch; False when nothing could run."""
+        try:
+            batch = self.scheduler.schedule()
+        except Exception as e:  # the scheduler's own state is broken: no request to blame
+            log.exception("engine: scheduling failed")
+            for r in list(self._live.values()):
+                self._finish(r, "abort", error=f"engine step failed: {e!r}")
+            return False
+        for r in self.scheduler.out_of_kv:
+            self._finish(r, "length")
+        self.scheduler.out_of_kv.clear()
+        if batch is None:
+            self._fail_unschedulable()
+            return False
+        started = time.perf_counter()
+        try:
+            results = self.runner.run(batch)
+        except Exception:
+            log.exception("engine step failed; running its requests one at a time")
+            batch, results = self._run_alone(batch)
+        else:
+            if self.speculator is not None and all(r.is_decoding for r in batch.requests):
+                if self.device.type == "cuda":  # a step that only verifies never waited
+                    torch.cuda.synchronize(self.device)
+                self.speculator.observe_step(sum(batch.num_new), time.perf_counter() - started)
+        self._process(batch, results)
+        return True
+
+    def _run_alone(self, batch: Batch) -> tuple[Batch, list[StepResult]]:
+        """After a step raised: each request's share of it run on its own, so that only a
+        request whose own share raises fails, and the others go on. (Re-running is safe: a
+        forward rewrites the same KV slots with the same values, and sampling is seeded by
+        request and step.)"""
+        kept, results = [], []
+        for i, r in enumerate(batch.requests):
             try:
-                batch = self.scheduler.schedule()
-                for r in self.scheduler.out_of_kv:
-                    self._finish(r, "length")
-                self.scheduler.out_of_kv.clear()
-                if batch is None:
-                    self._fail_unschedulable()
-                    continue
-                started = time.perf_counter()
-                results = self.runner.run(batch)
-                if self.speculator is not None and all(r.is_decoding for r in batch.requests):
-                    if self.device.type == "cuda":  # a step that only verifies never waited
-                        torch.cuda.synchronize(self.device)
-                    self.speculator.observe_step(sum(batch.num_new), time.perf_counter() - started)
-                self._process(batch, results)
-                worked = True
-            except Exception as e:  # a bug or a device error: fail this batch, keep serving
-                log.exception("engine step failed")
-                victims = batch.requests if batch else list(self._live.values())
-                for r in victims:
-                    if r.rid in self._live:
-                        self._finish(r, "abort", error=f"engine step failed: {e!r}")
+                results += self.runner.run(batch.subset([i]))
+                kept.append(i)
+            except Exception as e:
+                log.exception("request %d: its step failed alone too; failing it", r.rid)
+                self._finish(r, "abort", error=f"engine step failed: {e!r}")
+        return batch.subset(kept), results
 
     def _handle(self, op: str, arg: object) -> None:
         if op == "add":
@@ -427,7 +469,7 @@ class Engine:
                 try:
                     forced = self.grammars.forced_tokens(arg, None)
                 except MatcherError as e:
-                    self._finish(arg, "abort", error=str(e))
+                    self._finish(arg, "abort", error=str(e), request_error=True)
                     return
                 self._add_tokens(arg, forced, [], time.monotonic())
         elif op == "abort" and arg in self._live:
@@ -452,18 +494,23 @@ class Engine:
             decode_tokens=num_decodes,
         )
         for i, (r, n, res) in enumerate(zip(batch.requests, num_known, results, strict=True)):
-            prefilled = not r.is_decoding
-            r.num_computed += n
-            r.prompt_logprobs.extend(res.prompt_logprobs)
-            if res.draft_logits is not None:
-                self._verify(r, batch.drafts[i], res.draft_logits, now)
-            elif res.token is not None:
-                self._add_sampled(r, res, now)
-            elif r.num_uncomputed == 0:  # prompt logprobs only (max_tokens=0)
-                self._finish(r, "length")
-            if prefilled and r.finish_reason is None:
-                # Others may be waiting for this prefix: cache it now, not at the finish.
-                self.scheduler.cache_prefill_progress(r)
+            try:
+                prefilled = not r.is_decoding
+                r.num_computed += n
+                r.prompt_logprobs.extend(res.prompt_logprobs)
+                if res.draft_logits is not None:
+                    self._verify(r, batch.drafts[i], res.draft_logits, now)
+                elif res.token is not None:
+                    self._add_sampled(r, res, now)
+                elif r.num_uncomputed == 0:  # prompt logprobs only (max_tokens=0)
+                    self._finish(r, "length")
+                if prefilled and r.finish_reason is None:
+                    # Others may be waiting for this prefix: cache it now, not at the finish.
+                    self.scheduler.cache_prefill_progress(r)
+            except Exception as e:  # a bug met by this request: it alone fails
+                log.exception("request %d: processing its step failed", r.rid)
+                if r.rid in self._live:
+                    self._finish(r, "abort", error=f"engine step failed: {e!r}")
 
     def _verify(self, r: Request, tree: DraftTree, logits: torch.Tensor, now: float) -> None:
         """Decode along the draft tree: at each node draw the target's token as decoding would
@@ -505,6 +552,9 @@ class Engine:
         self.speculator.record(r, tree, len(kept))
 
     def _add_sampled(self, r: Request, res: StepResult, now: float) -> None:
+        if res.token < 0:  # the sampler found no allowed token
+            self._finish(r, "abort", error=_no_token_error(r), request_error=True)
+            return
         tokens, logprobs = [res.token], [(res.logprob, res.top_logprobs)]
         if r.matcher is not None:
             if r.grammar_error is None and res.token not in r.stop_ids:
@@ -518,7 +568,7 @@ class Engine:
                 except MatcherError as e:
                     r.grammar_error = str(e)
             if r.grammar_error is not None:  # whatever was sampled, r's output stops here
-                self._finish(r, "abort", error=r.grammar_error)
+                self._finish(r, "abort", error=r.grammar_error, request_error=True)
                 return
             if tokens[0] != res.token:
                 logprobs = []
@@ -568,6 +618,7 @@ class Engine:
         text: str = "",
         tokens: list[int] | None = None,
         error: str | None = None,
+        request_error: bool = False,
     ) -> None:
         """Count the request, release its KV, then send its last chunk: a caller woken by it,
         or a `stats()` reader that sees it gone from the scheduler, sees the counters and the
@@ -596,7 +647,7 @@ class Engine:
             meta["top_logprobs"] = r.output_top_logprobs
         if r.params.prompt_logprobs_from is not None:
             meta["prompt_logprobs"] = r.prompt_logprobs
-        self._emit(r, StreamChunk(text, tokens or [], reason, error, meta))
+        self._emit(r, StreamChunk(text, tokens or [], reason, error, request_error, meta))
 
     def _emit(self, r: Request, chunk: StreamChunk) -> bool:
         """Hand a chunk to the request's consumer; a consumer that fails (say, its event loop
@@ -607,6 +658,16 @@ class Engine:
         except Exception:
             log.warning("request %d: its consumer raised; aborting it", r.rid, exc_info=True)
             return False
+
+
+def _no_token_error(r: Request) -> str:
+    at = len(r.output_ids)
+    if r.matcher is not None and at < r.params.min_tokens:
+        return (
+            f"no token may follow output token {at}: the constraint allows only tokens that "
+            f"min_tokens={r.params.min_tokens} holds back (EOS and stop_token_ids)"
+        )
+    return f"no token may follow output token {at}: every token is masked or has logit -inf"
 
 
 def _release_free_heap() -> None:
@@ -642,6 +703,7 @@ class _Collector:
         self.token_ids: list[int] = []
         self.finish_reason: str | None = None
         self.error: str | None = None
+        self.request_error = False
         self.meta: dict = {}
         self._done = threading.Event()
         self._on_done = on_done
@@ -651,6 +713,7 @@ class _Collector:
         self.token_ids.extend(chunk.token_ids)
         if chunk.finish_reason is not None:
             self.finish_reason, self.error = chunk.finish_reason, chunk.error
+            self.request_error = chunk.request_error
             self.meta = chunk.meta or {}
             self._done.set()
             if self._on_done is not None:
@@ -659,5 +722,5 @@ class _Collector:
     def result(self) -> GenerateOutput:
         self._done.wait()
         if self.error:
-            raise RuntimeError(self.error)
+            raise (ValueError if self.request_error else RuntimeError)(self.error)
         return GenerateOutput("".join(self.text), self.token_ids, self.finish_reason, self.meta)

@@ -31,6 +31,8 @@ class KVPool:
         if num_slots < 1:
             raise ValueError(f"KV pool needs at least one slot, got {num_slots}")
         self.num_slots = num_slots
+        self.dtype = dtype
+        self.num_bytes = num_slots * self.bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
         self.scratch_slot = num_slots
         shape = (num_slots + 1, num_kv_heads, head_dim)
         # torch.empty: on the CPU untouched pages are not resident until a slot is written.

@@ -20,7 +20,8 @@ ACCEPT_SALT = 0x2545F4914F6CDD1D
 
 @dataclass
 class StepResult:
-    token: int | None = None  # the sampled token, when the request's feed completed
+    # The sampled token, when the request's feed completed; -1 when no token was allowed.
+    token: int | None = None
     logprob: float = 0.0  # its logprob under the model's distribution (temperature 1)
     top_logprobs: dict[int, float] = field(default_factory=dict)
     prompt_logprobs: list[float] = field(default_factory=list)  # for the fed prompt tokens
@@ -128,7 +129,10 @@ class ModelRunner:
     def _add_logprobs(
         self, logits: torch.Tensor, reqs: list, results: list[StepResult], tokens: list[int]
     ) -> None:
-        want_logprobs = [i for i, r in enumerate(reqs) if r.params.wants_logprobs]
+        # A row that allowed no token (-1) has nothing to report: its request fails.
+        want_logprobs = [
+            i for i, r in enumerate(reqs) if r.params.wants_logprobs and tokens[i] >= 0
+        ]
         if want_logprobs:
             logp = torch.log_softmax(logits[want_logprobs].float(), dim=-1)
             for row, i in enumerate(want_logprobs):

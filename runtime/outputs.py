@@ -21,4 +21,7 @@ class StreamChunk:
     token_ids: list[int]  # the new tokens since the previous chunk
     finish_reason: str | None = None  # set on the last chunk
     error: str | None = None  # why the engine gave up on the request (finish_reason "abort")
+    # The request's own parameters caused `error` (its constraint and min_tokens left no
+    # token, say): the client's mistake, not the engine's (a 400, not a 500, over HTTP).
+    request_error: bool = False
     meta: dict | None = None  # on the last chunk: token counts, logprobs (see GenerateOutput)

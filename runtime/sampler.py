@@ -33,7 +33,9 @@ def step_seed(request_seed: int, step: int) -> int:
 
 
 def sample(logits: torch.Tensor, reqs: list[Request], grammar_vocab_size: int) -> list[int]:
-    """One token per row of logits [B, V] (row b belongs to reqs[b]).
+    """One token per row of logits [B, V] (row b belongs to reqs[b]); -1 for a row that
+    allows no token (its grammar, min_tokens and stop ids leave none, or its logits are all
+    -inf): the engine fails that request alone.
 
     `grammar_vocab_size` is the tokenizer's size, which sets the width of the grammars'
     bitmask rows (it may differ from V, the model's vocabulary, either way)."""
@@ -45,7 +47,9 @@ def sample(logits: torch.Tensor, reqs: list[Request], grammar_vocab_size: int) -
         # parameter tensors.
         if bitmask is not None:
             logits = apply_bitmask(logits, bitmask)
-        return _argmax(logits).tolist()
+        ids = _argmax(logits)
+        picked = logits.gather(1, ids[:, None])[:, 0]
+        return ids.masked_fill(torch.isneginf(picked), -1).tolist()
     logits = logits.float()
     device = logits.device
     temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
@@ -55,15 +59,9 @@ def sample(logits: torch.Tensor, reqs: list[Request], grammar_vocab_size: int) -
     seeds = torch.tensor(
         [step_seed(r.seed, len(r.output_ids)) for r in reqs], dtype=torch.int64, device=device
     )
-    if logits.is_cuda:  # the fused kernel; it returns -1 for a row that allows no token
-        ids = kernels.sample(logits, bitmask, temperature, top_k, top_p, min_p, seeds)[0].tolist()
-        if -1 in ids:
-            raise ValueError(
-                f"sample: row {ids.index(-1)} allows no token (bitmask, or -inf logits)"
-            )
-        return ids
-    ids, _ = reference_sample(logits, bitmask, temperature, top_k, top_p, min_p, seeds)
-    return ids.tolist()
+    # The fused kernel on CUDA, its twin elsewhere; both give -1 for a row allowing no token.
+    fn = kernels.sample if logits.is_cuda else reference_sample
+    return fn(logits, bitmask, temperature, top_k, top_p, min_p, seeds)[0].tolist()
 
 
 def _argmax(logits: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 
 from grammars.constraints import Choices, Constraint, Ebnf, JsonSchema, Regex
-from runtime.stop import compile_stop_regex
+from runtime.stop import check_stop_regex
 
 _CONSTRAINTS = ("regex", "json_schema", "choices", "grammar")
 
@@ -73,7 +73,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         if any(s == "" for s in self.stop_strings):
             raise ValueError("SamplingParams: stop strings must not be empty")
         for pattern in self.stop_regexes:
-            compile_stop_regex(pattern)  # raises ValueError naming a bad pattern
+            check_stop_regex(pattern)
         given = [k for k in _CONSTRAINTS if getattr(self, k) is not None]
         if len(given) > 1:
             raise ValueError(f"SamplingParams: give at most one constraint, got {given}")

@@ -35,6 +35,14 @@ class Batch:
     def draft(self, i: int) -> DraftTree | None:
         return self.drafts[i] if i < len(self.drafts) else None
 
+    def subset(self, indices: list[int]) -> Batch:
+        """The batch of these requests only, each feeding what it feeds here."""
+        return Batch(
+            [self.requests[i] for i in indices],
+            [self.num_new[i] for i in indices],
+            [self.draft(i) for i in indices] if self.drafts else [],
+        )
+
     def num_known(self, i: int) -> int:
         """Tokens of request i's own sequence fed this step (the rest are draft tokens)."""
         draft = self.draft(i)

@@ -3,61 +3,21 @@ leaks them."""
 
 from __future__ import annotations
 
-import functools
 import re
+from collections.abc import Sequence
 
-import interegular
-
-_LOOKAROUND = re.compile(r"\(\?(=|!|<=|<!)")
-
-
-class StopRegex:
-    """A stop regex as a character automaton (interegular's FSM).
-
-    Python's `re` says whether text matches but not whether it could still grow into a
-    match; the automaton says both, so the stream holds back exactly the tails that might
-    become a stop and no more.
-    """
-
-    def __init__(self, pattern: str) -> None:
-        try:
-            re.compile(pattern)
-        except re.error as e:
-            raise ValueError(f"SamplingParams: stop_regex {pattern!r} is invalid: {e}") from None
-        try:
-            if _LOOKAROUND.search(pattern):
-                raise ValueError("lookarounds")
-            fsm = interegular.parse_pattern(pattern).to_fsm()
-        except (
-            ValueError,
-            interegular.patterns.Unsupported,
-            interegular.patterns.InvalidSyntax,
-        ) as e:
-            raise ValueError(
-                f"SamplingParams: stop_regex {pattern!r}: not supported: {e}"
-            ) from None
-        if fsm.initial in fsm.finals:
-            raise ValueError(f"SamplingParams: stop_regex {pattern!r} matches the empty string")
-        self._fsm = fsm
-        self._live = frozenset(s for s in fsm.states if fsm.islive(s))
-
-    @property
-    def initial(self) -> int:
-        return self._fsm.initial
-
-    def step(self, state: int, char: str) -> int | None:
-        """The state after `char`, or None when no match can follow."""
-        nxt = self._fsm.map[state].get(self._fsm.alphabet[char])
-        return nxt if nxt in self._live else None
-
-    def accepts(self, state: int) -> bool:
-        return state in self._fsm.finals
+from grammars.char_regex import CharRegex, check_pattern
 
 
-@functools.lru_cache(maxsize=256)
-def compile_stop_regex(pattern: str) -> StopRegex:
-    """The compiled stop regex (cached: parameters are validated where they are made)."""
-    return StopRegex(pattern)
+def check_stop_regex(pattern: str) -> None:
+    """Raise ValueError naming what is wrong with a stop regex; cheap (the automaton is
+    built later, off the request path, by the grammar compiler)."""
+    try:
+        check_pattern(pattern)
+    except ValueError as e:
+        raise ValueError(f"SamplingParams: stop_regex {pattern!r} is {e}") from None
+    if re.fullmatch(pattern, ""):
+        raise ValueError(f"SamplingParams: stop_regex {pattern!r} matches the empty string")
 
 
 class StopMatcher:
@@ -68,10 +28,12 @@ class StopMatcher:
     by a later token.
     """
 
-    def __init__(self, stop_strings: tuple[str, ...], stop_regexes: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, stop_strings: tuple[str, ...], stop_regexes: Sequence[CharRegex] = ()
+    ) -> None:
         self.stop_strings = stop_strings
         self.holdback = max((len(s) for s in stop_strings), default=1) - 1
-        self.regexes = [compile_stop_regex(p) for p in stop_regexes]
+        self.regexes = stop_regexes
         # Per regex: start position -> automaton state of the partial matches still alive,
         # the earliest start kept per state (later starts in the same state add nothing).
         self._partials: list[dict[int, int]] = [{} for _ in self.regexes]

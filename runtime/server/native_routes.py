@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-import uuid
 from collections.abc import Iterable
 
 import msgspec
@@ -26,13 +25,19 @@ async def generate(request: Request) -> Response:
     svc: Service = request.app.state.service
     req = convert(decode_object(await request.body()), GenerateRequest)
     prompts, batch = req.prompts()
-    jobs: list[tuple[list[int], SamplingParams]] = []
+    given_rids = req.rids(len(prompts))
+    svc.check_room(len(prompts))
+    prepared: list[tuple[list[int], SamplingParams]] = []
     for i, prompt in enumerate(prompts):
-        ids = svc.encode(prompt)
-        params = req.params(i, len(ids))
-        await svc.check_constraint(params)
+        ids = await svc.encode(prompt)
+        prepared.append((ids, req.params(i, len(ids))))
+    svc.check_room(sum(params.n for _, params in prepared))  # before the samples expand
+    jobs: list[tuple[list[int], SamplingParams]] = []
+    rids: list[str] = []
+    for (ids, params), rid in zip(prepared, given_rids, strict=True):
+        await svc.check_params(params)
         jobs += [(ids, p) for p in samples(params)]
-    rids = _rids(req, len(jobs))
+        rids += [rid] if params.n == 1 else [f"{rid}-{j}" for j in range(params.n)]
     start = time.monotonic()
 
     def result(i: int, text: str, out_ids: list[int], finish: str | None, meta: dict) -> dict:
@@ -67,13 +72,6 @@ async def generate(request: Request) -> Response:
     outs = await unless_disconnected(request, svc.collect_all(jobs))
     results = [result(i, o.text, o.token_ids, o.finish_reason, o.meta) for i, o in enumerate(outs)]
     return JSONResponse(results if batch or len(results) > 1 else results[0])
-
-
-def _rids(req: GenerateRequest, n: int) -> list[str]:
-    if req.rid is None:
-        return [uuid.uuid4().hex for _ in range(n)]
-    rids = [req.rid] if isinstance(req.rid, str) else req.rid
-    return rids if len(rids) == n else [f"{rids[0]}-{i}" for i in range(n)]
 
 
 def _finish_reason(reason: str, meta: dict) -> dict:
@@ -153,7 +151,8 @@ async def health_generate(request: Request) -> Response:
     """Healthy when the engine generates a token."""
     svc: Service = request.app.state.service
     params = SamplingParams(max_tokens=1, temperature=0)
-    await unless_disconnected(request, svc.collect_all([(svc.encode("ok"), params)]))
+    ids = await svc.encode("ok")
+    await unless_disconnected(request, svc.collect_all([(ids, params)]))
     return Response(status_code=200)
 
 

@@ -40,7 +40,9 @@ async def completions(request: Request) -> Response:
     obj = decode_object(await request.body())
     req, params = openai_request(obj, CompletionRequest, svc.engine.context_length)
     prompts = _prompts(req.prompt)
-    prompt_ids = [await svc.prepare(p, params) for p in prompts]
+    svc.check_room(len(prompts) * params.n)  # before anything is tokenized or expanded
+    prompt_ids = [await svc.encode(p) for p in prompts]
+    await svc.check_params(params)
     jobs = [(ids, p) for ids in prompt_ids for p in samples(params)]
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": svc.model_name}
     prefix = [svc.engine.tokenizer.decode(ids) if req.echo else "" for ids in prompt_ids]
@@ -109,16 +111,9 @@ async def chat_completions(request: Request) -> Response:
     svc: Service = request.app.state.service
     obj = decode_object(await request.body())
     req, params = openai_request(obj, ChatCompletionRequest, svc.engine.context_length)
-    try:
-        prompt = svc.engine.tokenizer.apply_chat_template(
-            [m.as_dict() for m in req.messages],
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-        )
-    except Exception as e:  # the template refused the conversation (say, a system message)
-        raise BadRequest(f"the model's chat template cannot render these messages: {e}") from e
-    ids = await svc.prepare(prompt, params)
+    svc.check_room(params.n)
+    ids = await svc.encode(await svc.render_chat([m.as_dict() for m in req.messages]))
+    await svc.check_params(params)
     jobs = [(ids, p) for p in samples(params)]
     head = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",

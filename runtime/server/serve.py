@@ -5,19 +5,35 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 from pathlib import Path
 
 from runtime.config import EngineConfig
+from runtime.server.app import DEFAULT_MAX_REQUEST_BYTES
+
+log = logging.getLogger("braid.serve")
 
 # EngineConfig field types (annotations are strings) -> argparse types.
 _TYPES = {"int": int, "float": float, "str": str}
+API_KEY_ENV = "BRAID_API_KEY"
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    serve = commands.add_parser("serve", help="serve a model over HTTP (OpenAI and SGLang APIs)")
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
-    serve.add_argument("--port", type=int, default=30000)
-    serve.add_argument("--api-key", help="require `Authorization: Bearer KEY` on every route")
+    serve = commands.add_parser(
+        "serve",
+        help="serve a model over HTTP (OpenAI and SGLang APIs)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (loopback)")
+    serve.add_argument("--port", type=int, default=30000, help="port to listen on")
+    key = serve.add_mutually_exclusive_group()
+    key.add_argument(
+        "--api-key",
+        help="require `Authorization: Bearer KEY` on every route but /health and /metrics "
+        f"(visible to local users in the process list: prefer ${API_KEY_ENV} or "
+        "--api-key-file)",
+    )
+    key.add_argument("--api-key-file", help="read the API key from this file")
     serve.add_argument("--served-model-name", help="the model's name in the APIs")
     serve.add_argument(
         "--max-queued-requests",
@@ -25,16 +41,38 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         default=1024,
         help="sequences held beyond --max-running-requests before answering 503",
     )
-    serve.add_argument("--log-level", default="warning")
+    serve.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        help="largest request body accepted; larger ones get a 413",
+    )
+    serve.add_argument("--log-level", default="info", help="debug, info, warning or error")
+    serve.add_argument("--access-log", action="store_true", help="log every request")
     engine = serve.add_argument_group("engine (EngineConfig)")
     for field in dataclasses.fields(EngineConfig):
         flag = "--" + field.name.replace("_", "-")
+        meaning = field.metadata["help"]
         if field.type == "bool":
-            engine.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default)
+            engine.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=field.default, help=meaning
+            )
         else:
             kind = _TYPES[field.type.removesuffix(" | None")]
-            engine.add_argument(flag, type=kind, default=field.default)
+            engine.add_argument(flag, type=kind, default=field.default, help=meaning)
     serve.set_defaults(run=run)
+
+
+def api_key(args: argparse.Namespace) -> str | None:
+    """--api-key, else the file --api-key-file names, else $BRAID_API_KEY, else none."""
+    if args.api_key:
+        return args.api_key
+    if args.api_key_file:
+        key = Path(args.api_key_file).read_text().strip()
+        if not key:
+            raise ValueError(f"--api-key-file {args.api_key_file} is empty")
+        return key
+    return os.environ.get(API_KEY_ENV) or None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,17 +82,40 @@ def run(args: argparse.Namespace) -> int:
     from runtime.server.app import create_app
 
     logging.getLogger().setLevel(args.log_level.upper())
+    key = api_key(args)
     config = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)}
     engine = Engine(**config)
     name = args.served_model_name or (Path(args.model).name if args.model else "default")
     app = create_app(
         engine,
         model_name=name,
-        api_key=args.api_key,
+        api_key=key,
         max_queued_requests=args.max_queued_requests,
+        max_request_bytes=args.max_request_bytes,
         owns_engine=True,
+    )
+    kv = engine.kv
+    log.info(
+        "serving %s (%s) on http://%s:%d: %s on %s, context %d tokens, KV pool %d tokens "
+        "(%.2f GB), API key %s",
+        name,
+        app.state.service.model_path,
+        args.host,
+        args.port,
+        str(kv.dtype).removeprefix("torch."),
+        engine.device,
+        engine.context_length,
+        kv.num_slots,
+        kv.num_bytes / 1024**3,
+        "required" if key else "off",
     )
     # On SIGTERM uvicorn stops accepting connections, lets in-flight responses finish
     # (streams included), then runs the app's shutdown, which stops the engine.
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=args.access_log,
+    )
     return 0

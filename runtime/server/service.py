@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TypeVar
 
@@ -45,6 +46,9 @@ class Service:
             self.chat_template: ChatTemplate | None = ChatTemplate.from_tokenizer(engine.tokenizer)
         except ValueError:  # the tokenizer has none
             self.chat_template = None
+        # Tokenizing and rendering a request's text cost time in proportion to it: they run
+        # here, off the event loop (the tokenizer releases the GIL while it works).
+        self._prep = ThreadPoolExecutor(max_workers=2, thread_name_prefix="braid-prepare")
 
     @contextmanager
     def admit(self, num_sequences: int, checked: bool = False):
@@ -59,37 +63,55 @@ class Service:
             self.num_active -= num_sequences
 
     def check_room(self, num_sequences: int) -> None:
+        """A 400 for a request that could never be held, a 503 while the server is full:
+        called before a request's prompts are tokenized or its samples expanded."""
+        if num_sequences > self.capacity:
+            raise BadRequest(
+                f"the request asks for {num_sequences} sequences (prompts x n); the server "
+                f"holds at most {self.capacity} (max_running_requests + max_queued_requests)"
+            )
         if self.num_active + num_sequences > self.capacity:
             raise Overloaded(
                 f"the server is at its queue limit ({self.capacity} sequences); retry later"
             )
 
-    async def prepare(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
-        """The prompt's token ids, after checking everything that would fail the request
-        (prompt too long, a bad constraint) so the client gets a 400, not a broken stream."""
-        ids = self.encode(prompt)
-        await self.check_constraint(params)
-        return ids
+    async def off_loop(self, fn: Callable[..., T], *args) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._prep, fn, *args)
 
-    def encode(self, prompt: str | list[int]) -> list[int]:
+    async def encode(self, prompt: str | list[int]) -> list[int]:
+        """The prompt's token ids, checked against the context and the KV pool."""
         try:
-            return self.engine.encode(prompt)
+            return await self.off_loop(self.engine.encode, prompt)
         except ValueError as e:
             raise BadRequest(str(e)) from None
 
-    async def check_constraint(self, params: SamplingParams) -> None:
-        """Compile the constraint now (the engine then finds it in the compile cache)."""
+    async def check_params(self, params: SamplingParams) -> None:
+        """Compile the constraint and stop regexes now, in the engine's bounded compile
+        workers (the engine then finds them in the compile cache)."""
         try:
-            constraint = params.constraint
-            if constraint is not None:
-                await asyncio.wrap_future(self.engine.grammars.compile(constraint))
+            await asyncio.wrap_future(self.engine.prepare(params))
         except ValueError as e:
             raise BadRequest(str(e)) from None
+
+    async def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """The conversation's prompt tokens through the model's chat template."""
+
+        def render() -> list[int]:
+            return self.engine.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+
+        try:
+            return await self.off_loop(render)
+        except Exception as e:  # the template refused the conversation (a system message...)
+            raise BadRequest(
+                f"the model's chat template cannot render these messages: {e}"
+            ) from None
 
     async def stream(self, ids: list[int], params: SamplingParams) -> AsyncIterator[StreamChunk]:
         """engine.stream for one sample per call (n is split into seeded samples by
-        `samples`), timed into the latency histograms; leaving early aborts it, and an
-        engine failure raises RuntimeError."""
+        `samples`), timed into the latency histograms; leaving early aborts it. A request
+        its own parameters failed raises BadRequest, an engine failure RuntimeError."""
         start = time.monotonic()
         first, num_tokens = None, 0
         async for chunk in self.engine.stream(ids, params):
@@ -103,7 +125,7 @@ class Service:
                 if first is not None and num_tokens > 1:
                     self.metrics.tpot.observe((end - first) / (num_tokens - 1))
             if chunk.error:
-                raise RuntimeError(chunk.error)
+                raise (BadRequest if chunk.request_error else RuntimeError)(chunk.error)
             yield chunk
 
     async def collect(self, ids: list[int], params: SamplingParams) -> GenerateOutput:

@@ -10,7 +10,7 @@ from starlette.responses import StreamingResponse
 from runtime.outputs import StreamChunk
 from runtime.sampling_params import SamplingParams
 from runtime.server.service import Service, merged
-from runtime.server.wire import error_body
+from runtime.server.wire import BadRequest, error_body
 
 DONE = b"data: [DONE]\n\n"
 
@@ -43,6 +43,8 @@ def event_stream(
                         yield event(obj)
                 if last is not None:
                     yield event(last(metas))
+            except BadRequest as e:  # the request's own parameters failed it midway
+                yield event(error_body(400, "invalid_request_error", str(e)))
             except Exception as e:
                 yield event(error_body(500, "server_error", str(e)))
             yield DONE

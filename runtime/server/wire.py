@@ -9,6 +9,7 @@ forbids unknown fields, so a misspelt parameter is a 400 rather than silently ig
 
 from __future__ import annotations
 
+import uuid
 from typing import Any, Literal
 
 import msgspec
@@ -183,6 +184,15 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if ids and all(isinstance(x, list) for x in ids):
             return ids, True
         return [ids], False
+
+    def rids(self, num_prompts: int) -> list[str]:
+        """One request id per prompt: given, or made up."""
+        if self.rid is None:
+            return [uuid.uuid4().hex for _ in range(num_prompts)]
+        rids = [self.rid] if isinstance(self.rid, str) else self.rid
+        if len(rids) != num_prompts:
+            raise BadRequest(f"rid: give one per prompt ({num_prompts}), got {len(rids)}")
+        return rids
 
     def params(self, i: int, num_prompt_tokens: int) -> SamplingParams:
         """The SamplingParams of batch item i, whose prompt has this many tokens."""

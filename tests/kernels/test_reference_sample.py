@@ -85,11 +85,15 @@ def test_never_samples_a_masked_token():
     assert allowed[torch.arange(64), ids].all()
 
 
-def test_all_masked_row_is_an_error():
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_row_allowing_nothing_gets_minus_one(temperature):
     allowed = torch.ones(3, 40, dtype=torch.bool)
     allowed[1] = False
-    with pytest.raises(ValueError, match="row 1 allows no token"):
-        sample(torch.randn(3, 40), pack(allowed), **params(3))
+    logits = torch.randn(3, 40)
+    logits[2] = float("-inf")  # all -inf without a mask: nothing to draw either
+    ids, lp = sample(logits, pack(allowed), **params(3, temperature=temperature))
+    assert ids.tolist()[1:] == [-1, -1] and lp[1:].isneginf().all()
+    assert ids[0] >= 0 and lp[0].isfinite()
 
 
 def test_top_k_one_is_greedy_and_top_k_stays_in_the_top():

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from grammars.char_regex import CharRegex
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.stop import StopMatcher
 
@@ -90,7 +91,7 @@ STOP_REGEXES = [r"[0-9]+\.", r"\n\n", r"a.*z", r"END|ab+c", r"(ab)+\n", r"[^a-z 
 def test_stop_regex_matches_re_at_any_piece_boundaries(pattern, text, cuts):
     bounds = sorted({0, len(text), *(min(c, len(text)) for c in cuts)})
     pieces = [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
-    m = StopMatcher((), (pattern,))
+    m = StopMatcher((), (CharRegex(pattern),))
     streamed = []
     for piece in pieces:
         if not m.stopped:
@@ -102,7 +103,7 @@ def test_stop_regex_matches_re_at_any_piece_boundaries(pattern, text, cuts):
 
 
 def test_partial_stop_regex_is_held_back_then_released():
-    m = StopMatcher((), (r"Q[0-9]+:",))
+    m = StopMatcher((), (CharRegex(r"Q[0-9]+:"),))
     assert m.add("hi Q") == "hi "  # "Q" could begin a match
     assert m.add("12") == ""
     assert m.add(" no") == "Q12 no"
@@ -111,7 +112,7 @@ def test_partial_stop_regex_is_held_back_then_released():
 
 
 def test_stop_string_and_regex_together():
-    m = StopMatcher(("END",), (r"a.*z",))
+    m = StopMatcher(("END",), (CharRegex(r"a.*z"),))
     assert feed(m, ["xxa", "bcE", "ND"]) == "xxabc"
 
 

@@ -1,0 +1,92 @@
+"""Regexes as character automata (interegular's FSM): whether text matches, and whether it
+could still grow into a match. EBNF terminals and stop regexes are read this way.
+
+Parsing a pattern is cheap and done where a request is validated (`check_pattern`); building
+its automaton can take seconds and gigabytes for counted repetitions (`a{20000}`), so it runs
+in the compile worker (grammars.compiler), under its time and memory limits.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+
+import interegular
+
+_LOOKAROUND = re.compile(r"(?<!\\)\(\?<?[=!]")
+
+
+@dataclass(frozen=True)
+class CharPattern:
+    """A compile job: the automaton of `pattern` over characters (a stop regex)."""
+
+    pattern: str
+
+
+def check_pattern(pattern: str) -> None:
+    """Raise ValueError naming what makes `pattern` unreadable as a character automaton:
+    Python syntax errors, lookarounds, and what interegular does not support (anchors,
+    backreferences). Cheap: no automaton is built."""
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        raise ValueError(f"invalid: {e}") from None
+    except RecursionError:
+        raise ValueError("invalid: nested too deeply") from None
+    if _LOOKAROUND.search(pattern):
+        raise ValueError("not supported: lookarounds")
+    try:
+        interegular.parse_pattern(pattern)
+    except RecursionError:
+        raise ValueError("not supported: nested too deeply") from None
+    except Exception as e:  # interegular raises several kinds for syntax it lacks
+        raise ValueError(f"not supported: {type(e).__name__}: {e}") from None
+
+
+def automaton(pattern: str) -> tuple[interegular.FSM, frozenset]:
+    """(the reduced automaton of `pattern`, its live states: those from which a final state
+    is reachable). Raises ValueError as `check_pattern` does."""
+    check_pattern(pattern)
+    try:
+        fsm = interegular.parse_pattern(pattern).to_fsm().reduce()
+    except RecursionError:
+        raise ValueError("not supported: nested too deeply") from None
+    except Exception as e:
+        raise ValueError(f"not supported: {type(e).__name__}: {e}") from None
+    return fsm, live_states(fsm)
+
+
+def live_states(fsm: interegular.FSM) -> frozenset:
+    """The states from which a final state is reachable (one backward search)."""
+    into: dict[int, list[int]] = defaultdict(list)
+    for state, moves in fsm.map.items():
+        for nxt in moves.values():
+            into[nxt].append(state)
+    live, frontier = set(fsm.finals), list(fsm.finals)
+    while frontier:
+        for before in into[frontier.pop()]:
+            if before not in live:
+                live.add(before)
+                frontier.append(before)
+    return frozenset(live)
+
+
+class CharRegex:
+    """A pattern's automaton, stepped one character at a time."""
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        self._fsm, self._live = automaton(pattern)
+
+    @property
+    def initial(self) -> int:
+        return self._fsm.initial
+
+    def step(self, state: int, char: str) -> int | None:
+        """The state after `char`, or None when no match can follow."""
+        nxt = self._fsm.map.get(state, {}).get(self._fsm.alphabet[char])
+        return nxt if nxt in self._live else None
+
+    def accepts(self, state: int) -> bool:
+        return state in self._fsm.finals
