@@ -7,7 +7,7 @@ share the task's prefix in the KV cache and decode concurrently.
 
 from __future__ import annotations
 
-from lang import assistant, gen, program, select, system, user
+from braid import assistant, gen, program, select, system, user
 
 TOOLS = {
     "calculator": "evaluates arithmetic expressions",

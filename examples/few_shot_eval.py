@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from interpreter import default_backend
-from lang import program, select
+from braid import program, select
+from braid.interpreter import default_backend
 
 SHOTS = [
     ("Which planet is known as the Red Planet?", "Mars"),

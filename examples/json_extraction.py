@@ -10,7 +10,7 @@ from typing import Annotated
 
 import msgspec
 
-from lang import assistant, gen, program, system, user
+from braid import assistant, gen, program, system, user
 
 # Bounds keep a small model from rambling inside a string until max_tokens.
 Name = Annotated[str, msgspec.Meta(max_length=30)]

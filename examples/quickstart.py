@@ -5,7 +5,7 @@ python examples/quickstart.py
 
 from __future__ import annotations
 
-from lang import assistant, gen, program, select, user
+from braid import assistant, gen, program, select, user
 
 
 @program

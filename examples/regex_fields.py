@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime
 
-from lang import assistant, gen, program, select, user
+from braid import assistant, gen, program, select, user
 
 INVOICE = """\
 ACME Hardware Supply -- INVOICE

@@ -46,17 +46,17 @@ def main() -> None:
 
 
 def _replies(job, vocab) -> Iterator[bytes]:
-    from grammars.char_regex import CharPattern, CharRegex
-    from grammars.constraints import Ebnf
+    from braid.grammars.char_regex import CharPattern, CharRegex
+    from braid.grammars.constraints import Ebnf
 
     if isinstance(job, CharPattern):
         yield pickle.dumps(CharRegex(job.pattern))
     elif isinstance(job, Ebnf):
-        from grammars.ebnf import EbnfGrammar
+        from braid.grammars.ebnf import EbnfGrammar
 
         yield EbnfGrammar(job.grammar, vocab).dumps()
     else:
-        from grammars.index_builder import constraint_regex
+        from braid.grammars.index_builder import constraint_regex
 
         # The regex first, then its index, so the parent keeps the regex when the index is
         # what runs out of time or memory.
@@ -69,7 +69,7 @@ def _index(pattern: str, vocab) -> bytes:
     """The pickled index, or pickled None: the lazy automaton takes the regex when it is too
     large for an index, or when building or pickling the index runs out of memory or past
     outlines' limits."""
-    from grammars.index_builder import IndexUnbuildable, build_index, fits_index
+    from braid.grammars.index_builder import IndexUnbuildable, build_index, fits_index
 
     if not fits_index(pattern):
         return pickle.dumps(None)

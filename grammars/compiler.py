@@ -27,13 +27,13 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from multiprocessing.connection import Connection
 
-from grammars.char_regex import CharPattern, CharRegex
-from grammars.constraints import Constraint, Ebnf
-from grammars.index_builder import IndexUnbuildable, build_index, constraint_regex, fits_index
-from grammars.lazy import STATE_MEMORY_MB, LazyRegexGrammar
-from grammars.matcher import Grammar
-from grammars.regex import RegexGrammar
-from grammars.vocabulary import TokenVocabulary
+from braid.grammars.char_regex import CharPattern, CharRegex
+from braid.grammars.constraints import Constraint, Ebnf
+from braid.grammars.index_builder import IndexUnbuildable, build_index, constraint_regex, fits_index
+from braid.grammars.lazy import STATE_MEMORY_MB, LazyRegexGrammar
+from braid.grammars.matcher import Grammar
+from braid.grammars.regex import RegexGrammar
+from braid.grammars.vocabulary import TokenVocabulary
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def _run_here(job: Job, vocab: TokenVocabulary):
     if isinstance(job, CharPattern):
         return CharRegex(job.pattern)
     if isinstance(job, Ebnf):
-        from grammars.ebnf import EbnfGrammar
+        from braid.grammars.ebnf import EbnfGrammar
 
         return EbnfGrammar(job.grammar, vocab)
     pattern = constraint_regex(job)
@@ -184,7 +184,7 @@ class _Worker:
         self.vocab = vocab
         self.max_memory_mb = max_memory_mb
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "grammars.compile_worker", str(max_memory_mb)],
+            [sys.executable, "-m", "braid.grammars.compile_worker", str(max_memory_mb)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
@@ -209,7 +209,7 @@ class _Worker:
         if isinstance(job, CharPattern):
             return pickle.loads(first)
         if isinstance(job, Ebnf):
-            from grammars.ebnf import EbnfGrammar
+            from braid.grammars.ebnf import EbnfGrammar
 
             return EbnfGrammar.loads(first, self.vocab)
         pattern = pickle.loads(first)

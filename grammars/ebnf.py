@@ -26,9 +26,9 @@ from lark.exceptions import LarkError
 from lark.lexer import PatternStr
 from lark.parsers.lalr_analysis import Shift
 
-from grammars.ebnf_lexer import CONTINUE, EMIT, Lexer, LexState, build_terminal
-from grammars.matcher import Grammar, Matcher, bitmask_words, set_bits
-from grammars.vocabulary import TokenVocabulary
+from braid.grammars.ebnf_lexer import CONTINUE, EMIT, Lexer, LexState, build_terminal
+from braid.grammars.matcher import Grammar, Matcher, bitmask_words, set_bits
+from braid.grammars.vocabulary import TokenVocabulary
 
 Stack = tuple[int, ...]
 Position = tuple[LexState, Stack]

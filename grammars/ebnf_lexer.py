@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import interegular
 from interegular.fsm import anything_else
 
-from grammars.char_regex import automaton
+from braid.grammars.char_regex import automaton
 
 # lark's common.ESCAPED_STRING matches lazily up to a quote not preceded by an odd run of
 # backslashes, with a lookbehind interegular cannot build; this is the same language.

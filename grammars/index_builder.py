@@ -14,8 +14,8 @@ from functools import lru_cache
 
 from outlines_core import Index, Vocabulary
 
-from grammars.constraints import Choices, JsonSchema, Regex
-from grammars.vocabulary import TokenVocabulary
+from braid.grammars.constraints import Choices, JsonSchema, Regex
+from braid.grammars.vocabulary import TokenVocabulary
 
 # Characters with a meaning in Python's or Rust's regex syntax (outlines-core parses with
 # Rust's, whose parser rejects some of Python's re.escape output, e.g. an escaped space).
@@ -37,7 +37,7 @@ def constraint_regex(constraint: Regex | JsonSchema | Choices) -> str:
         return constraint.pattern
     if isinstance(constraint, Choices):
         return "|".join(f"({escape(o)})" for o in constraint.options)
-    from grammars.json_schema import schema_to_regex
+    from braid.grammars.json_schema import schema_to_regex
 
     return schema_to_regex(json.loads(constraint.schema), constraint.whitespace, constraint.strict)
 

@@ -21,18 +21,18 @@ import re
 from decimal import Decimal
 from typing import Any
 
-from grammars.index_builder import escape
-from grammars.json_schema_not import (
+from braid.grammars.index_builder import escape
+from braid.grammars.json_schema_not import (
     excluded_values,
     forbidden_names,
     negated_condition,
     required_clauses,
 )
-from grammars.json_schema_oneof import exclusive_branches
-from grammars.json_schema_pattern import pattern_regex
-from grammars.json_schema_ranges import integer_regex, number_bounds, number_regex
-from grammars.json_schema_values import is_type, is_valid, json_equal
-from grammars.schema_errors import InvalidSchema, UnsupportedSchema
+from braid.grammars.json_schema_oneof import exclusive_branches
+from braid.grammars.json_schema_pattern import pattern_regex
+from braid.grammars.json_schema_ranges import integer_regex, number_bounds, number_regex
+from braid.grammars.json_schema_values import is_type, is_valid, json_equal
+from braid.grammars.schema_errors import InvalidSchema, UnsupportedSchema
 
 # $refs are followed this deep (recursion unrolls); deeper instances cannot be generated.
 # A regex past MAX_REGEX_CHARS is converted again one level shallower (down to MIN_DEPTH).

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grammars.json_schema_values import is_type
+from braid.grammars.json_schema_values import is_type
 
 # Keys a negated `required` may carry without changing what it says about objects.
 _BESIDE_REQUIRED = {"type", "title", "description", "$comment"}

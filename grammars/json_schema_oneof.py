@@ -26,10 +26,10 @@ from typing import Any
 
 import interegular
 
-from grammars.json_schema_not import forbidden_names, required_clauses
-from grammars.json_schema_ranges import number_bounds
-from grammars.json_schema_values import is_valid
-from grammars.schema_errors import UnsupportedSchema
+from braid.grammars.json_schema_not import forbidden_names, required_clauses
+from braid.grammars.json_schema_ranges import number_bounds
+from braid.grammars.json_schema_values import is_valid
+from braid.grammars.schema_errors import UnsupportedSchema
 
 # Keywords whose parts write what the facts below do not read (then/else add properties).
 _COMBINATORS = {"allOf", "anyOf", "oneOf", "$ref", "if"}

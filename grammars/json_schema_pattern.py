@@ -9,7 +9,7 @@ JSON must escape, `\\d`/`\\w` mean ASCII as in ECMA-262. Constructs a DFA cannot
 
 from __future__ import annotations
 
-from grammars.schema_errors import UnsupportedSchema
+from braid.grammars.schema_errors import UnsupportedSchema
 
 MAX_COUNT = 1000  # largest {n,m} bound accepted
 

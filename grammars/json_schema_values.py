@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from grammars.schema_errors import UnsupportedSchema
+from braid.grammars.schema_errors import UnsupportedSchema
 
 _UNCHECKED = {"dependencies", "dependentSchemas", "dependentRequired", "patternProperties",
               "propertyNames", "contains", "unevaluatedProperties", "unevaluatedItems",

@@ -4,19 +4,13 @@ compiler and called through ctypes.
 For regexes whose outlines index would be too large to build up front (a big JSON schema,
 long counted strings): here a DFA state and its token mask are made the first time they are
 reached, so compiling costs milliseconds whatever the size and each mask costs one walk of
-the vocabulary's byte trie the first time, then a copy. The build code mirrors
-kernels/cpu.py's (grammars imports nothing from the other packages).
+the vocabulary's byte trie the first time, then a copy.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
-import shutil
-import subprocess
-import tempfile
 import threading
 import weakref
 from functools import lru_cache
@@ -24,8 +18,9 @@ from pathlib import Path
 
 import torch
 
-from grammars.matcher import Grammar, Matcher, MatcherError, bitmask_words, set_bits
-from grammars.vocabulary import TokenVocabulary
+from braid import _native
+from braid.grammars.matcher import Grammar, Matcher, MatcherError, bitmask_words, set_bits
+from braid.grammars.vocabulary import TokenVocabulary
 
 log = logging.getLogger(__name__)
 
@@ -47,43 +42,18 @@ _SIGNATURES = {
     "lazy_forced": ([_P, _INT, ctypes.c_char_p, _INT, ctypes.POINTER(_INT)], _INT),
     "lazy_stats": ([_P, ctypes.POINTER(_I64)], None),
 }
-_lock = threading.Lock()
 
 
 @lru_cache(maxsize=1)
 def library() -> ctypes.CDLL:
-    """The built library (a few seconds the first time on a machine); OSError when there is
-    no C++ compiler or the build fails."""
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        raise OSError("lazy regex grammars need a C++ compiler (g++ or c++), none was found")
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256(
-        "\0".join([SOURCE.read_text(), version, " ".join(_FLAGS)]).encode()
-    ).hexdigest()[:16]
+    """The built library (a few seconds the first time on a machine); OSError naming what to
+    install when there is no C++ compiler, or why the build failed. There is no fallback:
+    without the library, constraints too large for an outlines index fail their request."""
     build_dir = Path.home() / ".cache" / "braid" / "grammars"
-    target = build_dir / f"braid_lazy_dfa_{key}.so"
-    with _lock:
-        if not target.is_file():
-            build_dir.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(suffix=".so", dir=build_dir)
-            os.close(fd)
-            try:
-                result = subprocess.run(
-                    [compiler, *_FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True
-                )
-                if result.returncode != 0:
-                    raise OSError(f"building {SOURCE.name} failed: {result.stderr[-2000:]}")
-                os.replace(tmp, target)  # concurrent builders never load a partial file
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-            log.info("built %s", target)
-    lib = ctypes.CDLL(str(target))
-    for name, (argtypes, restype) in _SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = argtypes, restype
-    return lib
+    try:
+        return _native.load(_native.build("lazy_dfa", [SOURCE], _FLAGS, build_dir), _SIGNATURES)
+    except OSError as e:
+        raise OSError(f"lazy regex grammars (grammars/lazy_dfa.cpp) are unavailable: {e}") from None
 
 
 def _error(lib: ctypes.CDLL) -> str:

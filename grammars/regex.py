@@ -14,8 +14,8 @@ import threading
 import torch
 from outlines_core import Guide, Index
 
-from grammars.matcher import Grammar, Matcher, bitmask_words, set_bits
-from grammars.vocabulary import TokenVocabulary
+from braid.grammars.matcher import Grammar, Matcher, bitmask_words, set_bits
+from braid.grammars.vocabulary import TokenVocabulary
 
 _MAX_FORCED_BYTES = 4096  # one jump's text; the rest comes with the next
 

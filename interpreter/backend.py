@@ -4,15 +4,15 @@ server, an OpenAI-compatible API) implement the same three members."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from interpreter.local_backend import LocalBackend
-from runtime.chat_template import ChatTemplate
-from runtime.engine import Engine
-from runtime.outputs import GenerateOutput
-from runtime.sampling_params import SamplingParams
+from braid.interpreter.local_backend import LocalBackend
+from braid.runtime.chat_template import ChatTemplate
+from braid.runtime.outputs import GenerateOutput
+from braid.runtime.sampling_params import SamplingParams
 
 
 class Backend(Protocol):
@@ -39,7 +39,11 @@ def set_default_backend(backend) -> None:
     one."""
     global _default
     with _default_lock:
-        _default = LocalBackend(backend) if isinstance(backend, Engine) else backend
+        # Only a loaded engine module can have made an Engine: remote-only programs never
+        # import it (nor torch).
+        engine = sys.modules.get("braid.runtime.engine")
+        is_engine = engine is not None and isinstance(backend, engine.Engine)
+        _default = LocalBackend(backend) if is_engine else backend
 
 
 def default_backend() -> Backend:
@@ -47,5 +51,7 @@ def default_backend() -> Backend:
     global _default
     with _default_lock:
         if _default is None:
+            from braid.runtime.engine import Engine
+
             _default = LocalBackend(Engine())
         return _default

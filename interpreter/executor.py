@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from functools import singledispatchmethod
 from typing import Any
 
-from interpreter.backend import Backend
-from interpreter.choices import METHODS, needs_unconditional
-from interpreter.event_loop import interpreter_loop
-from interpreter.ir import Gen, Role, RoleBegin, RoleEnd, Select
+from braid.interpreter.backend import Backend
+from braid.interpreter.choices import METHODS, needs_unconditional
+from braid.interpreter.event_loop import interpreter_loop
+from braid.interpreter.ir import Gen, Role, RoleBegin, RoleEnd, Select
 
 
 class ProgramError(RuntimeError):

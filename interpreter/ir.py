@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.sampling_params import SamplingParams
+from braid.runtime.sampling_params import SamplingParams
 
 
 class _NotText:

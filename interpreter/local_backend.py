@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import cached_property
+from typing import TYPE_CHECKING
 
-from runtime.chat_template import ChatTemplate
-from runtime.engine import Engine
-from runtime.outputs import GenerateOutput
-from runtime.sampling_params import SamplingParams
+from braid.runtime.chat_template import ChatTemplate
+from braid.runtime.outputs import GenerateOutput
+from braid.runtime.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # the engine (and torch) load only when a LocalBackend is made
+    from braid.runtime.engine import Engine
 
 
 class LocalBackend:

@@ -15,10 +15,10 @@ import json
 import re
 from collections.abc import Callable
 
-from interpreter.http import HttpClient
-from runtime.chat_template import ROLES, ChatTemplate
-from runtime.outputs import GenerateOutput
-from runtime.sampling_params import SamplingParams
+from braid.interpreter.http import HttpClient
+from braid.runtime.chat_template import ROLES, ChatTemplate
+from braid.runtime.outputs import GenerateOutput
+from braid.runtime.sampling_params import SamplingParams
 
 # Role markers for endpoints that take messages; NUL never occurs in program text.
 _MARKERS = ChatTemplate(

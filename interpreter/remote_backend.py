@@ -13,11 +13,11 @@ from functools import cached_property
 
 import msgspec
 
-from interpreter.http import HttpClient
-from runtime.chat_template import ChatTemplate
-from runtime.outputs import GenerateOutput
-from runtime.sampling_params import SamplingParams
-from runtime.server.wire import SAMPLING_FIELDS
+from braid.interpreter.http import HttpClient
+from braid.runtime.chat_template import ChatTemplate
+from braid.runtime.outputs import GenerateOutput
+from braid.runtime.sampling_params import SamplingParams
+from braid.runtime.server.wire import SAMPLING_FIELDS
 
 
 class RemoteBackend:

@@ -9,24 +9,18 @@ when there is no compiler or the build fails: callers then use the twins.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 import threading
-import time
 from pathlib import Path
 
 import torch
 
+from braid import _native
+
 log = logging.getLogger(__name__)
 
 # Compiled together into one library; the header is listed for the cache key.
-SOURCES = [Path(__file__).with_name(n) for n in ("cpu.cpp", "cpu_attention.cpp")]
-HEADERS = [Path(__file__).with_name("cpu_common.h")]
+SOURCES = [Path(__file__).with_name(n) for n in ("cpu.cpp", "cpu_attention.cpp", "cpu_common.h")]
 _FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fopenmp"]
 _FLAGS += ["-shared", "-fPIC", "-std=c++17"]
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
@@ -44,6 +38,12 @@ _ARGTYPES = {
     "rope_store_attend": [_P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64]
     + [_P, _P, _P, _P, _P, _I64, ctypes.c_float, _INT],
 }
+# Every entry point comes in one variant per dtype, named with its suffix.
+_SIGNATURES = {
+    f"{name}_{suffix}": (argtypes, None)
+    for name, argtypes in _ARGTYPES.items()
+    for suffix in _SUFFIX.values()
+}
 
 _lock = threading.Lock()
 _loaded: dict[tuple[Path, tuple[str, ...]], CpuKernels | None] = {}
@@ -56,67 +56,14 @@ def load(build_dir: Path | None = None, extra_flags: tuple[str, ...] = ()) -> Cp
     build_dir = build_dir or Path.home() / ".cache" / "braid" / "kernels"
     with _lock:
         if (build_dir, extra_flags) not in _loaded:
-            _loaded[build_dir, extra_flags] = _build_and_load(build_dir, [*_FLAGS, *extra_flags])
+            try:
+                path = _native.build("cpu", SOURCES, [*_FLAGS, *extra_flags], build_dir)
+                kernels = CpuKernels(_native.load(path, _SIGNATURES))
+            except OSError as e:
+                log.warning("CPU kernels unavailable (%s): the CPU path uses torch ops", e)
+                kernels = None
+            _loaded[build_dir, extra_flags] = kernels
         return _loaded[build_dir, extra_flags]
-
-
-def _build_and_load(build_dir: Path, flags: list[str]) -> CpuKernels | None:
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        log.warning("no C++ compiler found: the CPU path uses torch ops instead of its kernels")
-        return None
-    try:
-        path = _build(Path(compiler), build_dir, flags)
-        return CpuKernels(ctypes.CDLL(str(path)))
-    except (OSError, subprocess.SubprocessError) as e:
-        log.warning("CPU kernels unavailable (%s): the CPU path uses torch ops instead", e)
-        return None
-
-
-def _build(compiler: Path, build_dir: Path, flags: list[str]) -> Path:
-    version = subprocess.run(
-        [compiler, "--version"], capture_output=True, text=True, check=True
-    ).stdout
-    key = hashlib.sha256(
-        b"\0".join(
-            s.encode()
-            for s in [*(p.read_text() for p in SOURCES + HEADERS), version, " ".join(flags)]
-            + [_cpu_signature()]
-        )
-    ).hexdigest()[:16]
-    target = build_dir / f"braid_cpu_{key}.so"
-    if target.is_file():
-        return target
-    build_dir.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    # Built under a temporary name and renamed into place: concurrent builders (bench
-    # subprocesses, test workers) never load a half-written library.
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=build_dir)
-    os.close(fd)
-    try:
-        result = subprocess.run(
-            [compiler, *flags, *map(str, SOURCES), "-o", tmp], capture_output=True, text=True
-        )
-        if result.returncode != 0:
-            raise subprocess.SubprocessError(
-                f"{compiler.name} failed: {result.stderr.strip()[-2000:]}"
-            )
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    log.info("built CPU kernels %s in %.1f s", target, time.perf_counter() - start)
-    return target
-
-
-def _cpu_signature() -> str:
-    """What -march=native compiles for: the CPU's model and flags."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            lines = [x for x in f if x.startswith(("model name", "flags"))]
-        return "".join(sorted(set(lines)))
-    except OSError:
-        return platform.processor()
 
 
 class CpuKernels:
@@ -125,12 +72,11 @@ class CpuKernels:
     argmax, whose twin is torch.argmax."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
-        self._fns = {}
-        for name, argtypes in _ARGTYPES.items():
-            for suffix in _SUFFIX.values():
-                fn = getattr(lib, f"{name}_{suffix}")
-                fn.argtypes, fn.restype = argtypes, None
-                self._fns[name, suffix] = fn
+        self._fns = {
+            (name, suffix): getattr(lib, f"{name}_{suffix}")
+            for name in _ARGTYPES
+            for suffix in _SUFFIX.values()
+        }
 
     def supports(self, dtype: torch.dtype) -> bool:
         return dtype in _SUFFIX

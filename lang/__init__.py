@@ -1,28 +1,42 @@
-"""What users import: @program functions that mix text with gen, select, fork and roles."""
+"""braid: @program functions that mix text with gen, select, fork and chat roles, run on
+braid's own engine (the default) or on a server.
 
-from interpreter.backend import Backend, set_default_backend
-from interpreter.executor import ProgramError
-from interpreter.local_backend import LocalBackend
-from interpreter.openai_backend import OpenAIBackend
-from interpreter.remote_backend import RemoteBackend
-from lang.api import assistant, gen, select, system, user
-from lang.program import Program, program
-from lang.state import ForkList, ProgramState
+    from braid import program, gen, select, user, assistant
 
-__all__ = [
-    "Backend",
-    "ForkList",
-    "LocalBackend",
-    "OpenAIBackend",
-    "Program",
-    "ProgramError",
-    "ProgramState",
-    "RemoteBackend",
-    "assistant",
-    "gen",
-    "program",
-    "select",
-    "set_default_backend",
-    "system",
-    "user",
-]
+Names load on first use: `import braid` needs neither torch nor transformers until a
+program runs on the local engine.
+"""
+
+from typing import TYPE_CHECKING
+
+from braid._lazy import lazy_exports
+
+_EXPORTS = {
+    "Backend": "braid.interpreter.backend",
+    "set_default_backend": "braid.interpreter.backend",
+    "ProgramError": "braid.interpreter.executor",
+    "LocalBackend": "braid.interpreter.local_backend",
+    "OpenAIBackend": "braid.interpreter.openai_backend",
+    "RemoteBackend": "braid.interpreter.remote_backend",
+    "assistant": "braid.api",
+    "gen": "braid.api",
+    "select": "braid.api",
+    "system": "braid.api",
+    "user": "braid.api",
+    "Program": "braid.program",
+    "program": "braid.program",
+    "ForkList": "braid.state",
+    "ProgramState": "braid.state",
+}
+__getattr__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:  # for type checkers and editors; at run time the names load lazily
+    from braid.api import assistant, gen, select, system, user
+    from braid.interpreter.backend import Backend, set_default_backend
+    from braid.interpreter.executor import ProgramError
+    from braid.interpreter.local_backend import LocalBackend
+    from braid.interpreter.openai_backend import OpenAIBackend
+    from braid.interpreter.remote_backend import RemoteBackend
+    from braid.program import Program, program
+    from braid.state import ForkList, ProgramState

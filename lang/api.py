@@ -8,10 +8,10 @@ from typing import Any
 
 import msgspec
 
-from grammars.constraints import dtype_constraint
-from interpreter.choices import METHODS
-from interpreter.ir import Gen, Role, Select
-from runtime.sampling_params import SamplingParams
+from braid.grammars.constraints import dtype_constraint
+from braid.interpreter.choices import METHODS
+from braid.interpreter.ir import Gen, Role, Select
+from braid.runtime.sampling_params import SamplingParams
 
 _SAMPLING_FIELDS = frozenset(SamplingParams.__struct_fields__)
 _DTYPE_DECODERS: dict[type, Callable[[str], Any]] = {

@@ -12,10 +12,10 @@ from typing import Any
 
 from tqdm import tqdm
 
-from interpreter.backend import Backend, default_backend
-from interpreter.executor import StreamExecutor
-from lang.api import check_sampling
-from lang.state import ProgramState
+from braid.api import check_sampling
+from braid.interpreter.backend import Backend, default_backend
+from braid.interpreter.executor import StreamExecutor
+from braid.state import ProgramState
 
 # Program bodies of `arun` calls run here: a body blocks its thread while it reads a
 # variable, and the event loop that awaits it must not be that thread.

@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from interpreter.executor import StreamExecutor
-from interpreter.ir import Op, RoleBegin, RoleEnd
+from braid.interpreter.executor import StreamExecutor
+from braid.interpreter.ir import Op, RoleBegin, RoleEnd
 
 
 class ProgramState:

@@ -1,16 +1,27 @@
-"""The braid runtime: model loading, our model forward, paged KV cache, engine, CLI."""
+"""The braid runtime: model loading, our model forward, paged KV cache, engine, server, CLI.
 
-from runtime.config import EngineConfig
-from runtime.engine import Engine
-from runtime.outputs import GenerateOutput, StreamChunk
-from runtime.request_tree import TreeNode
-from runtime.sampling_params import SamplingParams
+`Engine` loads on first use (it needs torch); the types shared with the frontend and the
+remote backends (SamplingParams, outputs, TreeNode) import neither torch nor transformers.
+"""
 
-__all__ = [
-    "Engine",
-    "EngineConfig",
-    "GenerateOutput",
-    "SamplingParams",
-    "StreamChunk",
-    "TreeNode",
-]
+from typing import TYPE_CHECKING
+
+from braid._lazy import lazy_exports
+
+_EXPORTS = {
+    "EngineConfig": "braid.runtime.config",
+    "Engine": "braid.runtime.engine",
+    "GenerateOutput": "braid.runtime.outputs",
+    "StreamChunk": "braid.runtime.outputs",
+    "TreeNode": "braid.runtime.request_tree",
+    "SamplingParams": "braid.runtime.sampling_params",
+}
+__getattr__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from braid.runtime.config import EngineConfig
+    from braid.runtime.engine import Engine
+    from braid.runtime.outputs import GenerateOutput, StreamChunk
+    from braid.runtime.request_tree import TreeNode
+    from braid.runtime.sampling_params import SamplingParams

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runtime.tokenizer import adds_bos
+from braid.runtime.tokenizer import adds_bos
 
 # The roles a program can write messages in.
 ROLES = ("system", "user", "assistant")

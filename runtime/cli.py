@@ -7,18 +7,12 @@ import asyncio
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
 
-from runtime import bench
-from runtime.server import serve
+from braid.runtime import bench
+from braid.runtime.server import serve
 
 
-def main(
-    argv: list[str] | None = None,
-    extra_workloads: Sequence[Callable[[argparse._SubParsersAction], None]] = (),
-) -> int:
-    """`extra_workloads` register more `braid bench` workloads (the layers above the runtime
-    add theirs this way)."""
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="braid", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -38,7 +32,7 @@ def main(
     gen.add_argument("--stats", action="store_true", help="print load time and tokens/s")
     gen.set_defaults(run=_generate)
     serve.add_parser(commands)
-    bench.add_parser(commands, extra_workloads)
+    bench.add_parser(commands)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
@@ -50,7 +44,7 @@ def main(
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from runtime import Engine, SamplingParams
+    from braid.runtime import Engine, SamplingParams
 
     t0 = time.perf_counter()
     engine = Engine(model=args.model, device=args.device, dtype=args.dtype)

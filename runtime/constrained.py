@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
-from grammars.char_regex import CharPattern, CharRegex
-from grammars.compiler import Compiled, Job
-from grammars.matcher import Grammar, Matcher
-from grammars.vocabulary import TokenVocabulary, build_vocabulary
-from runtime.config import EngineConfig
-from runtime.sampling_params import SamplingParams
+from braid.grammars.char_regex import CharPattern, CharRegex
+from braid.grammars.compiler import Compiled, Job
+from braid.grammars.matcher import Grammar, Matcher
+from braid.grammars.vocabulary import TokenVocabulary, build_vocabulary
+from braid.runtime.config import EngineConfig
+from braid.runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from runtime.request import Request
+    from braid.runtime.request import Request
 
 T = TypeVar("T")
 
@@ -70,7 +70,7 @@ class GrammarService:
         return _gather(futures, combine)
 
     def compile(self, job: Job) -> Future[Compiled]:
-        from grammars.compiler import GrammarCompiler
+        from braid.grammars.compiler import GrammarCompiler
 
         vocab = self.vocab
         with self._lock:

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import torch
 
-from runtime.forward_batch import ForwardBatch
-from runtime.kv_cache import KVPool
-from runtime.models import LlamaForCausalLM
+from braid.runtime.attention.triton import TritonAttention, TritonMetadata
+from braid.runtime.forward_batch import ForwardBatch
+from braid.runtime.kv_cache import KVPool
+from braid.runtime.models import LlamaForCausalLM
 
 # Small steps of 8 above 16 keep the padding waste under ~30%.
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256)
@@ -90,37 +91,23 @@ class DecodeGraphs:
         return self.model(self.batches[size], self.kv)[:n]
 
     def _static_batch(self, size: int) -> ForwardBatch:
-        """A decode batch of `size` sequences over views of the static buffers. Only the
-        fields the Triton path reads are real; the CPU path's are empty."""
+        """A decode batch of `size` sequences over views of the static buffers, with the
+        Triton backend's metadata made of them (seq_lens stay unknown until a step: the
+        kernels read kv_indptr)."""
         device = self.tokens.device
-        rows = torch.arange(size, device=device)
-        empty = torch.empty(0, dtype=torch.int64, device=device)
         batch = ForwardBatch(
             input_ids=self.tokens[0, :size],
             positions=self.tokens[1, :size],
             out_slots=self.tokens[2, :size],
             kv_indices=self.kv_indices,
             extend_lens=[1] * size,
-            seq_lens=[0] * size,  # unknown until a step: the kernels read kv_indptr
-            logits_indices=rows,
-            decode_rows=rows,
-            decode_kv_starts=empty,
-            decode_kv_lens=empty,
-            decode_kv_index=empty.view(0, 0),
-            decode_kv_valid=torch.empty(0, 1, 1, 0, dtype=torch.bool, device=device),
-            short_rows=empty,
-            short_kv_starts=empty,
-            short_kv_lens=empty,
-            short=[False] * size,
-            decode_shared_len=0,
+            seq_lens=[0] * size,
+            logits_indices=torch.arange(size, device=device),
             tree_masks=[None] * size,
-            tree_rows=empty.view(0, 0),
-            tree_row_valid=torch.empty(0, 0, dtype=torch.bool, device=device),
-            tree_kv_index=empty.view(0, 0),
-            tree_kv_mask=torch.empty(0, 1, 1, 0, 0, dtype=torch.bool, device=device),
         )
         qo_indptr = torch.arange(size + 1, dtype=torch.int32, device=device)
-        batch.__dict__["indptr"] = (qo_indptr, self.kv_indptr[: size + 1])  # the cached property
+        meta = TritonMetadata(qo_indptr, self.kv_indptr[: size + 1], None, 1)
+        batch.prepared[TritonAttention.name] = meta
         return batch
 
     def _capture(self) -> None:

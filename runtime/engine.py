@@ -19,25 +19,25 @@ from concurrent.futures import Future
 
 import torch
 
-from grammars.matcher import MatcherError
-from runtime.config import EngineConfig
-from runtime.constrained import GrammarService, Prepared
-from runtime.cuda_graphs import DecodeGraphs
-from runtime.detokenizer import IncrementalDetokenizer
-from runtime.kv_cache import KVPool
-from runtime.model_loader import load_model, load_model_config, resolve_model_dir
-from runtime.model_runner import ModelRunner, StepResult
-from runtime.outputs import GenerateOutput, StreamChunk
-from runtime.radix_cache import RadixCache
-from runtime.request import Request
-from runtime.request_tree import TreeNode
-from runtime.sampling_params import SamplingParams
-from runtime.scheduler import Batch, Scheduler
-from runtime.scoring import score_tree
-from runtime.spec import DraftTree, Speculator, load_draft_proposer
-from runtime.stats import EngineStats
-from runtime.stop import StopMatcher
-from runtime.tokenizer import eos_token_ids, load_tokenizer
+from braid.runtime.config import EngineConfig
+from braid.runtime.constrained import GrammarService, Prepared
+from braid.runtime.cuda_graphs import DecodeGraphs
+from braid.runtime.detokenizer import IncrementalDetokenizer
+from braid.runtime.kv_cache import KVPool
+from braid.runtime.model_loader import load_model, load_model_config, resolve_model_dir
+from braid.runtime.model_runner import ModelRunner, StepResult
+from braid.runtime.output_processor import OutputProcessor
+from braid.runtime.outputs import GenerateOutput, StreamChunk
+from braid.runtime.radix_cache import RadixCache
+from braid.runtime.request import Request
+from braid.runtime.request_tree import TreeNode
+from braid.runtime.sampling_params import SamplingParams
+from braid.runtime.scheduler import Batch, Scheduler
+from braid.runtime.scoring import score_tree
+from braid.runtime.spec import Speculator, load_draft_proposer
+from braid.runtime.stats import EngineStats
+from braid.runtime.stop import StopMatcher
+from braid.runtime.tokenizer import eos_token_ids, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,6 @@ class Engine:
         self.context_length = mc.max_position_embeddings
         self._stats = EngineStats()
         self._rids = itertools.count()
-        self._live: dict[int, Request] = {}  # engine thread only
         self._inbox: list[tuple[str, object]] = []
         self._wake = threading.Condition()
         self._stopping = False
@@ -107,9 +106,12 @@ class Engine:
                     self.config, model_, self.tokenizer, self.runner.vocab_size, num_slots
                 )
             self.speculator = Speculator(
-                self.config, self._stats, self.grammars.forced_tokens, draft
+                self.config, self.kv, self._stats, self.grammars.forced_tokens, draft
             )
         self.scheduler = Scheduler(self.config, self.kv, self.cache, self._stats, self.speculator)
+        self.outputs = OutputProcessor(
+            self.scheduler, self.runner, self.grammars, self._stats, self.speculator
+        )
 
     @torch.no_grad()
     def _run(self, path, ready: threading.Event, failure: list[BaseException]) -> None:
@@ -403,11 +405,11 @@ class Engine:
                     self._handle(op, arg)
                 except Exception as e:  # a bug met by one request: it alone fails
                     log.exception("engine: %s failed", op)
-                    if op == "add" and arg.rid in self._live:
-                        self._finish(arg, "abort", error=f"engine failed to admit it: {e!r}")
+                    if op == "add":
+                        self.outputs.fail(arg, f"engine failed to admit it: {e!r}")
             if stopping:
-                for r in list(self._live.values()):
-                    self._finish(r, "abort", error="the engine was shut down")
+                for r in list(self.outputs.live.values()):
+                    self.outputs.fail(r, "the engine was shut down")
                 return
             worked = self._step() or worked
 
@@ -417,11 +419,11 @@ class Engine:
             batch = self.scheduler.schedule()
         except Exception as e:  # the scheduler's own state is broken: no request to blame
             log.exception("engine: scheduling failed")
-            for r in list(self._live.values()):
-                self._finish(r, "abort", error=f"engine step failed: {e!r}")
+            for r in list(self.outputs.live.values()):
+                self.outputs.fail(r, f"engine step failed: {e!r}")
             return False
         for r in self.scheduler.out_of_kv:
-            self._finish(r, "length")
+            self.outputs.finish(r, "length")
         self.scheduler.out_of_kv.clear()
         if batch is None:
             self._fail_unschedulable()
@@ -437,7 +439,7 @@ class Engine:
                 if self.device.type == "cuda":  # a step that only verifies never waited
                     torch.cuda.synchronize(self.device)
                 self.speculator.observe_step(sum(batch.num_new), time.perf_counter() - started)
-        self._process(batch, results)
+        self.outputs.process(batch, results)
         return True
 
     def _run_alone(self, batch: Batch) -> tuple[Batch, list[StepResult]]:
@@ -452,28 +454,14 @@ class Engine:
                 kept.append(i)
             except Exception as e:
                 log.exception("request %d: its step failed alone too; failing it", r.rid)
-                self._finish(r, "abort", error=f"engine step failed: {e!r}")
+                self.outputs.fail(r, f"engine step failed: {e!r}")
         return batch.subset(kept), results
 
     def _handle(self, op: str, arg: object) -> None:
         if op == "add":
-            self._live[arg.rid] = arg
-            self.scheduler.add(arg)
-            self._stats.add(prompt_tokens=len(arg.prompt_ids))
-            if (
-                arg.matcher is not None
-                and arg.max_new_tokens > 0
-                and arg.params.prompt_logprobs_from is None  # its logits come before output
-            ):
-                # Text the grammar forces at the start is fed with the prompt.
-                try:
-                    forced = self.grammars.forced_tokens(arg, None)
-                except MatcherError as e:
-                    self._finish(arg, "abort", error=str(e), request_error=True)
-                    return
-                self._add_tokens(arg, forced, [], time.monotonic())
-        elif op == "abort" and arg in self._live:
-            self._finish(self._live[arg], "abort")
+            self.outputs.admit(arg)
+        elif op == "abort" and arg in self.outputs.live:
+            self.outputs.finish(self.outputs.live[arg], "abort")
         elif op == "flush":
             self.cache.reset()
             arg.set()
@@ -482,192 +470,7 @@ class Engine:
         """Nothing could run although requests wait: with nothing running to free KV, the
         first waiting request cannot fit the pool even alone."""
         if self.scheduler.waiting and not self.scheduler.running:
-            self._finish(self.scheduler.waiting[0], "length")
-
-    def _process(self, batch: Batch, results: list[StepResult]) -> None:
-        now = time.monotonic()
-        num_decodes = sum(1 for r in batch.requests if r.is_decoding)
-        num_known = [batch.num_known(i) for i in range(len(batch.requests))]
-        self._stats.add(
-            forward_steps=1,
-            prefill_tokens_computed=sum(num_known) - num_decodes,
-            decode_tokens=num_decodes,
-        )
-        for i, (r, n, res) in enumerate(zip(batch.requests, num_known, results, strict=True)):
-            try:
-                prefilled = not r.is_decoding
-                r.num_computed += n
-                r.prompt_logprobs.extend(res.prompt_logprobs)
-                if res.draft_logits is not None:
-                    self._verify(r, batch.drafts[i], res.draft_logits, now)
-                elif res.token is not None:
-                    self._add_sampled(r, res, now)
-                elif r.num_uncomputed == 0:  # prompt logprobs only (max_tokens=0)
-                    self._finish(r, "length")
-                if prefilled and r.finish_reason is None:
-                    # Others may be waiting for this prefix: cache it now, not at the finish.
-                    self.scheduler.cache_prefill_progress(r)
-            except Exception as e:  # a bug met by this request: it alone fails
-                log.exception("request %d: processing its step failed", r.rid)
-                if r.rid in self._live:
-                    self._finish(r, "abort", error=f"engine step failed: {e!r}")
-
-    def _verify(self, r: Request, tree: DraftTree, logits: torch.Tensor, now: float) -> None:
-        """Decode along the draft tree: at each node draw the target's token as decoding would
-        (see runtime/spec/verify.py), append it (and any forced text) exactly as a decode step
-        does, then continue from the child holding those tokens, if the tree has one. The
-        nodes walked through keep their KV; the other nodes' slots go back to the pool, so
-        rejected tokens never reach the radix cache.
-
-        logits: [1 + len(tree), V], the root's row first, then node i's at row i + 1.
-        """
-        base, draft_slots = r.slots[: r.num_computed], r.slots[r.num_computed :]
-        kept: list[int] = []
-        node = -1
-        while True:
-            children = tree.children(node)
-            drafted = next(
-                ((t, tree.probs[c]) for t, c in children.items() if tree.probs[c] is not None),
-                None,
-            )
-            before = len(r.output_ids)
-            # A request finishing here frees its slots past num_computed: the unused nodes'.
-            self._add_sampled(r, self.runner.sample_node(logits[node + 1], r, drafted), now)
-            if r.finish_reason is not None:
-                break
-            appended = r.output_ids[before:]
-            path = tree.follow(node, appended)
-            # The followed nodes' KV is that of the tokens just appended, at their positions.
-            kept += path
-            unused = torch.ones(len(tree), dtype=torch.bool)
-            unused[kept] = False
-            r.slots = torch.cat([base, draft_slots[kept], draft_slots[unused]])
-            r.num_computed += len(path)
-            if len(path) < len(appended):
-                break
-            node = path[-1]
-        if r.finish_reason is None:
-            self.kv.free(r.slots[r.num_computed :])
-            r.slots = r.slots[: r.num_computed]
-        self.speculator.record(r, tree, len(kept))
-
-    def _add_sampled(self, r: Request, res: StepResult, now: float) -> None:
-        if res.token < 0:  # the sampler found no allowed token
-            self._finish(r, "abort", error=_no_token_error(r), request_error=True)
-            return
-        tokens, logprobs = [res.token], [(res.logprob, res.top_logprobs)]
-        if r.matcher is not None:
-            if r.grammar_error is None and res.token not in r.stop_ids:
-                try:
-                    if r.matcher.accept_token(res.token):
-                        # The sampled token may merge with the forced text that follows it:
-                        # the tokens replacing it carry no sampled logprob (0.0, forced).
-                        tokens = self.grammars.forced_tokens(r, res.token)
-                    else:
-                        r.grammar_error = f"token {res.token} is outside the grammar"
-                except MatcherError as e:
-                    r.grammar_error = str(e)
-            if r.grammar_error is not None:  # whatever was sampled, r's output stops here
-                self._finish(r, "abort", error=r.grammar_error, request_error=True)
-                return
-            if tokens[0] != res.token:
-                logprobs = []
-        self._add_tokens(r, tokens, logprobs, now)
-
-    def _add_tokens(
-        self,
-        r: Request,
-        tokens: list[int],
-        logprobs: list[tuple[float, dict[int, float]]],
-        now: float,
-    ) -> None:
-        """Append tokens to the output (the sampled one, then any a grammar forces), stream
-        their text, and finish the request when one of its stop conditions holds."""
-        if not tokens:
-            return
-        tokens = tokens[: r.max_new_tokens - len(r.output_ids)]
-        if r.first_token_time is None:
-            r.first_token_time = now
-            self._stats.observe("ttft_s", now - r.arrival)
-        if len(tokens) > len(logprobs):
-            self._stats.add(jump_forward_tokens=len(tokens) - len(logprobs))
-        r.output_ids.extend(tokens)
-        if r.params.wants_logprobs:
-            forced = [(0.0, {})] * (len(tokens) - len(logprobs))
-            for lp, top in logprobs + forced:
-                r.output_logprobs.append(lp)
-                r.output_top_logprobs.append(top)
-        last = tokens[-1]
-        if last in r.stop_ids:
-            self._finish(r, "stop", text=r.stop_matcher.flush(), tokens=tokens)
-            return
-        text = r.stop_matcher.add(r.detokenizer.add(tokens))
-        if r.stop_matcher.stopped:
-            self._finish(r, "stop", text=text, tokens=tokens)
-        elif r.matcher is not None and r.matcher.is_terminated():  # nothing may follow
-            self._finish(r, "stop", text=text + r.stop_matcher.flush(), tokens=tokens)
-        elif len(r.output_ids) >= r.max_new_tokens:
-            self._finish(r, "length", text=text + r.stop_matcher.flush(), tokens=tokens)
-        elif not self._emit(r, StreamChunk(text, tokens)):
-            self._finish(r, "abort")  # its consumer is gone
-
-    def _finish(
-        self,
-        r: Request,
-        reason: str,
-        text: str = "",
-        tokens: list[int] | None = None,
-        error: str | None = None,
-        request_error: bool = False,
-    ) -> None:
-        """Count the request, release its KV, then send its last chunk: a caller woken by it,
-        or a `stats()` reader that sees it gone from the scheduler, sees the counters and the
-        pool already settled."""
-        r.finish_reason = reason
-        now = time.monotonic()
-        if reason == "abort":
-            self._stats.add(requests_aborted=1)
-        else:
-            self._stats.add(requests_finished=1, cached_tokens=r.num_cached_prompt_tokens)
-            self._stats.observe("e2e_s", now - r.arrival)
-            if r.first_token_time is not None and len(r.output_ids) > 1:
-                self._stats.observe("tpot_s", (now - r.first_token_time) / (len(r.output_ids) - 1))
-        if self.speculator is not None:
-            self.speculator.release(r)
-        self.scheduler.finish(r)
-        self._live.pop(r.rid, None)
-        meta = {
-            "prompt_tokens": len(r.prompt_ids),
-            "cached_tokens": r.num_cached_prompt_tokens,
-            "completion_tokens": len(r.output_ids),
-            "preemptions": r.num_preemptions,
-        }
-        if r.params.wants_logprobs:
-            meta["logprobs"] = r.output_logprobs
-            meta["top_logprobs"] = r.output_top_logprobs
-        if r.params.prompt_logprobs_from is not None:
-            meta["prompt_logprobs"] = r.prompt_logprobs
-        self._emit(r, StreamChunk(text, tokens or [], reason, error, request_error, meta))
-
-    def _emit(self, r: Request, chunk: StreamChunk) -> bool:
-        """Hand a chunk to the request's consumer; a consumer that fails (say, its event loop
-        closed) loses its request, and the engine goes on."""
-        try:
-            r.emit(chunk)
-            return True
-        except Exception:
-            log.warning("request %d: its consumer raised; aborting it", r.rid, exc_info=True)
-            return False
-
-
-def _no_token_error(r: Request) -> str:
-    at = len(r.output_ids)
-    if r.matcher is not None and at < r.params.min_tokens:
-        return (
-            f"no token may follow output token {at}: the constraint allows only tokens that "
-            f"min_tokens={r.params.min_tokens} holds back (EOS and stop_token_ids)"
-        )
-    return f"no token may follow output token {at}: every token is masked or has logit -inf"
+            self.outputs.finish(self.scheduler.waiting[0], "length")
 
 
 def _release_free_heap() -> None:

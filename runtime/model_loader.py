@@ -10,9 +10,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers import AutoConfig
 
-from runtime.default_model import INSTALL_HINT, default_model_dir
-from runtime.models import LlamaForCausalLM, ModelConfig
-from runtime.models.ops import layer_ops
+from braid.runtime.default_model import INSTALL_HINT, default_model_dir
+from braid.runtime.models import LlamaForCausalLM, ModelConfig
+from braid.runtime.models.ops import layer_ops
 
 
 def resolve_model_dir(model: str | Path | None) -> Path:

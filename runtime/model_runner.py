@@ -6,13 +6,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from runtime.cuda_graphs import DecodeGraphs
-from runtime.forward_batch import ForwardBatch
-from runtime.kv_cache import KVPool
-from runtime.models import LlamaForCausalLM
-from runtime.sampler import sample, sampling_probs, step_seed
-from runtime.scheduler import Batch
-from runtime.spec.verify import rejection_sample
+from braid.runtime.cuda_graphs import DecodeGraphs
+from braid.runtime.forward_batch import ForwardBatch
+from braid.runtime.kv_cache import KVPool
+from braid.runtime.models import LlamaForCausalLM
+from braid.runtime.sampler import sample, sampling_probs, step_seed
+from braid.runtime.scheduler import Batch
+from braid.runtime.spec.verify import rejection_sample
 
 # The acceptance test's uniform comes from its own stream of the request's seed.
 ACCEPT_SALT = 0x2545F4914F6CDD1D
@@ -54,13 +54,9 @@ class ModelRunner:
             new_tokens.append(r.token_ids[start : start + known])
             slot_tables.append(r.slots[: start + n])
             parents.append(None)
-            if draft is not None:
-                # The known tokens form a chain; tree nodes hang below its last token.
-                new_tokens[-1] = new_tokens[-1] + draft.tokens
-                parents[-1] = list(range(-1, known - 1)) + [
-                    known - 1 if p < 0 else known + p for p in draft.parents
-                ]
-                rows.append(list(range(known - 1, n)))
+            if draft is not None:  # verified after the known tokens, all in this forward
+                new_tokens[-1], parents[-1], draft_rows = draft.feed(new_tokens[-1])
+                rows.append(draft_rows)
                 prompt_spans.append((start, start))
                 continue
             # Position p's logits predict token p + 1: prompt logprobs from `first` on need

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from runtime.kv_cache import KVPool
+from braid.runtime.kv_cache import KVPool
 
 
 class Node:

@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from grammars.matcher import Matcher
-from runtime.detokenizer import IncrementalDetokenizer
-from runtime.outputs import StreamChunk
-from runtime.radix_cache import Node
-from runtime.sampling_params import SamplingParams
+from braid.grammars.matcher import Matcher
+from braid.runtime.detokenizer import IncrementalDetokenizer
+from braid.runtime.outputs import StreamChunk
+from braid.runtime.radix_cache import Node
+from braid.runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from runtime.spec.speculator import SpecState
-from runtime.stop import StopMatcher
+    from braid.runtime.spec.speculator import SpecState
+from braid.runtime.stop import StopMatcher
 
 
 class Status(enum.Enum):

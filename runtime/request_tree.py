@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from runtime.sampling_params import SamplingParams
+from braid.runtime.sampling_params import SamplingParams
 
 
 @dataclass

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-import kernels
-from grammars.matcher import MatcherError, allocate_bitmask
-from kernels import cpu
-from kernels.reference import apply_bitmask, filtered_logprobs
-from kernels.reference import sample as reference_sample
+from braid import kernels
+from braid.grammars.matcher import MatcherError, allocate_bitmask
+from braid.kernels import cpu
+from braid.kernels.reference import apply_bitmask, filtered_logprobs
+from braid.kernels.reference import sample as reference_sample
 
 if TYPE_CHECKING:
-    from runtime.request import Request
+    from braid.runtime.request import Request
 
 _MASK63 = (1 << 63) - 1
 

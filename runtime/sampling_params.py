@@ -6,8 +6,8 @@ from typing import Any
 
 import msgspec
 
-from grammars.constraints import Choices, Constraint, Ebnf, JsonSchema, Regex
-from runtime.stop import check_stop_regex
+from braid.grammars.constraints import Choices, Constraint, Ebnf, JsonSchema, Regex
+from braid.runtime.stop import check_stop_regex
 
 _CONSTRAINTS = ("regex", "json_schema", "choices", "grammar")
 

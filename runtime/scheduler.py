@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from runtime.config import EngineConfig
-from runtime.kv_cache import KVPool
-from runtime.radix_cache import Node, RadixCache, common_prefix_length
-from runtime.request import Request, Status
-from runtime.spec.speculator import Speculator
-from runtime.spec.tree import DraftTree
-from runtime.stats import EngineStats
+from braid.runtime.config import EngineConfig
+from braid.runtime.kv_cache import KVPool
+from braid.runtime.radix_cache import Node, RadixCache, common_prefix_length
+from braid.runtime.request import Request, Status
+from braid.runtime.spec.speculator import Speculator
+from braid.runtime.spec.tree import DraftTree
+from braid.runtime.stats import EngineStats
 
 # A waiting request whose prompt shares at least this many not-yet-cached tokens with a
 # request that is prefilling now waits for that prefill to reach the cache instead of
@@ -149,25 +149,8 @@ class Scheduler:
         return decodes
 
     def _attach_drafts(self, batch: Batch, budget: int) -> None:
-        """Draft trees, within `budget` tokens, for the batch's requests that sample after
-        output tokens (decodes, and requests feeding text a grammar forced: that text is
-        verified with the draft for free), with KV slots for their nodes; a draft whose slots
-        cannot be had without preempting is dropped."""
-        if self.speculator is None or budget <= 0:
-            return
-        eligible = [i for i, r in enumerate(batch.requests) if r.output_ids and batch.samples(i)]
-        if not eligible:
-            return
-        batch.drafts = [None] * len(batch.requests)
-        trees = self.speculator.propose([batch.requests[i] for i in eligible], budget)
-        for i, tree in zip(eligible, trees, strict=True):
-            if tree is None or len(tree) > budget or not self._make_room(len(tree)):
-                continue
-            r = batch.requests[i]
-            r.slots = torch.cat([r.slots, self.kv.allocate(len(tree))])
-            batch.drafts[i] = tree
-            batch.num_new[i] += len(tree)
-            budget -= len(tree)
+        if self.speculator is not None:
+            self.speculator.attach(batch, budget, self._make_room)
 
     def _add_prefills(self, batch: Batch, budget: int) -> None:
         # Requests already part-way through their prefill continue first.

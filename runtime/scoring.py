@@ -6,10 +6,10 @@ same alignment, and a remote program selects exactly what a local one does.
 
 from __future__ import annotations
 
-from runtime.radix_cache import common_prefix_length
-from runtime.request_tree import TreeNode
-from runtime.sampling_params import SamplingParams
-from runtime.tokenizer import adds_bos
+from braid.runtime.radix_cache import common_prefix_length
+from braid.runtime.request_tree import TreeNode
+from braid.runtime.sampling_params import SamplingParams
+from braid.runtime.tokenizer import adds_bos
 
 
 def score_tree(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from grammars.char_regex import CharRegex, check_pattern
+from braid.grammars.char_regex import CharRegex, check_pattern
 
 
 def check_stop_regex(pattern: str) -> None:

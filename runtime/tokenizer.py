@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
+if TYPE_CHECKING:  # chat templates use adds_bos without importing transformers or torch
+    from transformers import PreTrainedTokenizerBase
 
-from runtime.models import ModelConfig
+    from braid.runtime.models import ModelConfig
 
 
 def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
     try:
         return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
@@ -25,6 +29,8 @@ def adds_bos(tokenizer: PreTrainedTokenizerBase) -> bool:
 def eos_token_ids(path: Path, config: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> set[int]:
     """EOS ids from the model config, generation_config.json (Llama 3 lists several) and the
     tokenizer: any of them ends a request."""
+    from transformers import GenerationConfig
+
     ids = set(config.eos_token_ids)
     if (path / "generation_config.json").is_file():
         eos = GenerationConfig.from_pretrained(path).eos_token_id

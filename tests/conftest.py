@@ -3,11 +3,17 @@ and for grammar tests its tokenizer, vocabulary and helpers that feed text throu
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
+import socket
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
+import httpx
 import torch
 
 # Without a GPU the Triton kernel tests run in triton's interpreter. triton reads the flag when
@@ -19,8 +25,8 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 import transformers  # noqa: E402
 
-import grammars  # noqa: E402
-from grammars.matcher import allowed_token_ids  # noqa: E402
+from braid import grammars  # noqa: E402
+from braid.grammars.matcher import allowed_token_ids  # noqa: E402
 
 TINY = dict(
     hidden_size=64,
@@ -35,13 +41,30 @@ TINY = dict(
 
 def wait_idle(engine, timeout: float = 60.0) -> None:
     """Aborts are processed by the engine thread: wait until it has nothing left."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def idle() -> bool:
         s = engine.stats()
-        if s["running_requests"] == 0 and s["waiting_requests"] == 0:
-            return
+        return s["running_requests"] == 0 and s["waiting_requests"] == 0
+
+    wait_for(idle, timeout, "the engine to be idle")
+
+
+def wait_for(condition, timeout: float = 60.0, what: str = "the condition") -> None:
+    """Poll `condition()` until it is true; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(0.01)
-    raise AssertionError(f"engine still busy: {engine.stats()}")
+
+
+async def async_wait_for(condition, timeout: float = 60.0, what: str = "the condition") -> None:
+    """`wait_for` inside an event loop: polls without blocking the loop."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(0.005)
 
 
 def assert_no_kv_leak(engine) -> None:
@@ -82,7 +105,7 @@ TINY_VARIANTS = {
 
 @pytest.fixture(scope="session")
 def default_model_path() -> Path:
-    from runtime.default_model import default_model_dir
+    from braid.runtime.default_model import default_model_dir
 
     return default_model_dir()
 
@@ -127,9 +150,27 @@ def tiny_model_copy(tiny_model_path, tmp_path) -> Path:
     return dst
 
 
+@pytest.fixture(scope="module")
+def engine(tiny_model_path):
+    """A tiny-model engine of the module's own: its counters and cache start clean."""
+    from braid.runtime import Engine
+
+    engine = Engine(model=str(tiny_model_path), device="cpu", dtype="float32", max_kv_tokens=4096)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(engine):
+    """A live server over the module's `engine`."""
+    server = LiveServer(engine)
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_model_path):
-    from runtime import Engine
+    from braid.runtime import Engine
 
     return Engine(model=str(tiny_model_path), device="cpu", dtype="float32", max_kv_tokens=4096)
 
@@ -209,3 +250,95 @@ def reference_logprobs(tiny_model_path):
         return [logits[i - 1, ids[i]].item() for i in range(start, len(ids))]
 
     return logprobs
+
+
+# ---- servers ----------------------------------------------------------------------------------
+
+
+async def stream_events(
+    http: httpx.AsyncClient, url: str, body: dict, on_event=None, leave_after: int = 0
+) -> list[str]:
+    """POST a streaming completion to `url` + /v1/completions and collect its SSE payloads
+    (`on_event()` after each); with `leave_after`, disconnect once that many arrived."""
+    events: list[str] = []
+    async with http.stream("POST", url + "/v1/completions", json=body) as r:
+        assert r.status_code == 200, await r.aread()
+        async for line in r.aiter_lines():
+            if line.startswith("data:"):
+                events.append(line[5:].strip())
+                if on_event is not None:
+                    on_event()
+                if len(events) == leave_after:
+                    break
+    return events
+
+
+class LiveServer:
+    """A real braid server on loopback: uvicorn in a background thread, serving an engine the
+    test also holds (so it can read the engine's counters and KV directly)."""
+
+    def __init__(self, engine, **app_options) -> None:
+        import uvicorn
+
+        from braid.runtime.server import create_app
+
+        app = create_app(engine, model_name="tiny", **app_options)
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="test-server", daemon=True)
+        self.thread.start()
+        wait_for(lambda: self.server.started or not self.thread.is_alive(), 30, "the server")
+        assert self.server.started, "the server did not start"
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+class ServeProcess:
+    """`braid serve` in a process of its own on a free loopback port, as users start it."""
+
+    def __init__(self, model: Path, *flags: str) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "braid.runtime.cli", "serve", "--model", str(model)]
+            + ["--port", str(port), "--device", "cpu", "--dtype", "float32"]
+            + ["--max-kv-tokens", "2048", "--log-level", "warning", *flags],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+        def healthy() -> bool:
+            assert self.process.poll() is None, self.process.stdout.read()
+            try:
+                return httpx.get(self.url + "/health").status_code == 200
+            except httpx.TransportError:
+                return False
+
+        try:
+            wait_for(healthy, 120, "braid serve to start")
+        except BaseException:
+            self.close()
+            raise
+
+    def post(self, path: str, body: dict) -> dict:
+        r = httpx.post(self.url + path, json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def __enter__(self) -> ServeProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

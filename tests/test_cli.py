@@ -11,7 +11,10 @@ import torch
 
 def braid(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "runtime.cli", *args], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "braid.runtime.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -21,7 +24,7 @@ def test_help_lists_commands():
 
 
 def test_generate_streams_the_engines_greedy_text(tiny_model_path, tiny_engine):
-    from runtime import SamplingParams
+    from braid.runtime import SamplingParams
 
     expected = tiny_engine.generate("Once upon", SamplingParams(temperature=0, max_tokens=12))
     out = braid(
@@ -70,6 +73,13 @@ def test_errors_are_one_line(tiny_model_path, args, message):
     out = braid("generate", "Hi", *args)
     assert out.returncode == 2
     assert message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_bench_help_lists_every_workload():
+    out = braid("bench", "--help")
+    assert out.returncode == 0, out.stderr
+    workloads = "decode fewshot batch chat grammar kernels serve spec programs".split()
+    assert [w for w in workloads if w not in out.stdout] == []
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the message shown where there is no GPU")

@@ -10,11 +10,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from runtime.attention import rope_and_attention
-from runtime.forward_batch import ForwardBatch
-from runtime.kv_cache import KVPool
-from runtime.models.config import ModelConfig
-from runtime.models.ops import TORCH_OPS, LayerOps
+from braid.runtime.forward_batch import ForwardBatch
+from braid.runtime.kv_cache import KVPool
+from braid.runtime.models.config import ModelConfig
+from braid.runtime.models.ops import TORCH_OPS, LayerOps
 
 
 class RMSNorm(nn.Module):
@@ -35,7 +34,7 @@ class RMSNorm(nn.Module):
 
 class Rotary(nn.Module):
     """cos/sin tables for every position (float32, [max_position, head_dim / 2]), applied in
-    the half-split (non-interleaved) layout by runtime.attention.rope_and_attention."""
+    the half-split (non-interleaved) layout by the attention backend (runtime/attention)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -87,9 +86,9 @@ class Attention(nn.Module):
             q, k = heads[:, : self.num_heads], heads[:, self.num_heads : -self.num_kv_heads]
             q.copy_(self.q_norm(q, TORCH_OPS))
             k.copy_(self.k_norm(k, TORCH_OPS))
-        out = rope_and_attention(
+        out = ops.attention.forward(
             qkv, self.num_heads, self.num_kv_heads, rotary.cos, rotary.sin, kv, self.layer,
-            batch, self.scale, ops,
+            batch, self.scale,
         )  # fmt: skip
         return self.o_proj(out)
 

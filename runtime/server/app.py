@@ -11,10 +11,10 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from runtime.engine import Engine
-from runtime.server import native_routes, openai_routes
-from runtime.server.service import ClientGone, Overloaded, Service
-from runtime.server.wire import error_body
+from braid.runtime.engine import Engine
+from braid.runtime.server import native_routes, openai_routes
+from braid.runtime.server.service import ClientGone, Overloaded, Service
+from braid.runtime.server.wire import error_body
 
 # Routes a load balancer or a scraper may call without the API key.
 _OPEN_PATHS = frozenset({"/health", "/metrics"})

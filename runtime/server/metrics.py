@@ -6,8 +6,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from runtime.engine import Engine
-from runtime.stats import EngineStats
+from braid.runtime.engine import Engine
+from braid.runtime.stats import EngineStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -13,12 +13,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from runtime.outputs import StreamChunk
-from runtime.sampling_params import SamplingParams
-from runtime.server.metrics import CONTENT_TYPE
-from runtime.server.service import Service, samples, unless_disconnected
-from runtime.server.sse import event_stream
-from runtime.server.wire import GenerateRequest, ScoreRequest, convert, decode_object
+from braid.runtime.outputs import StreamChunk
+from braid.runtime.sampling_params import SamplingParams
+from braid.runtime.server.metrics import CONTENT_TYPE
+from braid.runtime.server.service import Service, samples, unless_disconnected
+from braid.runtime.server.sse import event_stream
+from braid.runtime.server.wire import GenerateRequest, ScoreRequest, convert, decode_object
 
 
 async def generate(request: Request) -> Response:

@@ -11,10 +11,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from runtime.outputs import StreamChunk
-from runtime.server.service import Service, samples, unless_disconnected
-from runtime.server.sse import event_stream
-from runtime.server.wire import (
+from braid.runtime.outputs import StreamChunk
+from braid.runtime.server.service import Service, samples, unless_disconnected
+from braid.runtime.server.sse import event_stream
+from braid.runtime.server.wire import (
     BadRequest,
     ChatCompletionRequest,
     CompletionRequest,

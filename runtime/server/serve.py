@@ -8,8 +8,8 @@ import logging
 import os
 from pathlib import Path
 
-from runtime.config import EngineConfig
-from runtime.server.app import DEFAULT_MAX_REQUEST_BYTES
+from braid.runtime.config import EngineConfig
+from braid.runtime.server.app import DEFAULT_MAX_REQUEST_BYTES
 
 log = logging.getLogger("braid.serve")
 
@@ -78,8 +78,8 @@ def api_key(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from runtime.engine import Engine
-    from runtime.server.app import create_app
+    from braid.runtime.engine import Engine
+    from braid.runtime.server.app import create_app
 
     logging.getLogger().setLevel(args.log_level.upper())
     key = api_key(args)

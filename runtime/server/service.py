@@ -14,13 +14,13 @@ from typing import TypeVar
 import msgspec
 from starlette.requests import Request
 
-from runtime.chat_template import ChatTemplate
-from runtime.engine import Engine
-from runtime.model_loader import resolve_model_dir
-from runtime.outputs import GenerateOutput, StreamChunk
-from runtime.sampling_params import SamplingParams
-from runtime.server.metrics import Metrics
-from runtime.server.wire import BadRequest
+from braid.runtime.chat_template import ChatTemplate
+from braid.runtime.engine import Engine
+from braid.runtime.model_loader import resolve_model_dir
+from braid.runtime.outputs import GenerateOutput, StreamChunk
+from braid.runtime.sampling_params import SamplingParams
+from braid.runtime.server.metrics import Metrics
+from braid.runtime.server.wire import BadRequest
 
 T = TypeVar("T")
 

@@ -7,10 +7,10 @@ from collections.abc import Callable, Iterable
 import msgspec
 from starlette.responses import StreamingResponse
 
-from runtime.outputs import StreamChunk
-from runtime.sampling_params import SamplingParams
-from runtime.server.service import Service, merged
-from runtime.server.wire import BadRequest, error_body
+from braid.runtime.outputs import StreamChunk
+from braid.runtime.sampling_params import SamplingParams
+from braid.runtime.server.service import Service, merged
+from braid.runtime.server.wire import BadRequest, error_body
 
 DONE = b"data: [DONE]\n\n"
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from runtime.sampling_params import SamplingParams
+from braid.runtime.sampling_params import SamplingParams
 
 
 class BadRequest(ValueError):

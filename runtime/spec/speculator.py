@@ -1,8 +1,8 @@
 """Speculator: the engine's side of speculative decoding.
 
-Each step the scheduler asks it for draft trees for the decoding requests; the engine
-verifies them (see Engine._verify) and reports back what was accepted. Here live the
-per-request state, the choice of draft length, the grammar pruning of drafts, and the stats.
+Each step the scheduler asks it to attach draft trees to the batch's decoding requests, and
+output processing hands it each tree's logits to verify. Here live the per-request state,
+the choice of draft length, the grammar pruning of drafts, verification, and the stats.
 """
 
 from __future__ import annotations
@@ -13,16 +13,18 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from grammars.matcher import MatcherError
-from runtime.config import EngineConfig
-from runtime.spec.adaptive import MAX_ADAPTIVE_LENGTH, Acceptance, StepCost
-from runtime.spec.draft_model import DraftModelProposer
-from runtime.spec.ngram import NgramIndex
-from runtime.spec.tree import DraftTree
-from runtime.stats import EngineStats
+from braid.grammars.matcher import MatcherError
+from braid.runtime.config import EngineConfig
+from braid.runtime.kv_cache import KVPool
+from braid.runtime.spec.adaptive import MAX_ADAPTIVE_LENGTH, Acceptance, StepCost
+from braid.runtime.spec.draft_model import DraftModelProposer
+from braid.runtime.spec.ngram import NgramIndex
+from braid.runtime.spec.tree import DraftTree
+from braid.runtime.stats import EngineStats
 
 if TYPE_CHECKING:
-    from runtime.request import Request
+    from braid.runtime.request import Request
+    from braid.runtime.scheduler import Batch
 
 # A forced-token callable: the tokens that replace a just-accepted token plus whatever text
 # the grammar forces after it (GrammarService.forced_tokens).
@@ -76,13 +78,18 @@ class DraftMatcher:
 
 
 class Speculator:
+    """What the core calls: `attach` (the scheduler, for a step's batch), `verify` (output
+    processing, with the step's logits of each tree), `observe_step` and `release`."""
+
     def __init__(
         self,
         config: EngineConfig,
+        kv: KVPool,
         stats: EngineStats,
         forced: Forced,
         draft: DraftModelProposer | None = None,
     ) -> None:
+        self.kv = kv
         self.method = config.spec_method
         self.fixed_length = config.spec_draft_length
         self.width = config.spec_tree_width
@@ -90,6 +97,73 @@ class Speculator:
         self.forced = forced
         self.draft = draft
         self.cost = StepCost()
+
+    def attach(self, batch: Batch, budget: int, make_room: Callable[[int], bool]) -> None:
+        """Draft trees, within `budget` tokens, for the batch's requests that sample after
+        output tokens (decodes, and requests feeding text a grammar forced: that text is
+        verified with the draft for free), with KV slots for their nodes; a draft whose slots
+        `make_room` cannot free without preempting is dropped."""
+        if budget <= 0:
+            return
+        eligible = [i for i, r in enumerate(batch.requests) if r.output_ids and batch.samples(i)]
+        if not eligible:
+            return
+        batch.drafts = [None] * len(batch.requests)
+        trees = self.propose([batch.requests[i] for i in eligible], budget)
+        for i, tree in zip(eligible, trees, strict=True):
+            if tree is None or len(tree) > budget or not make_room(len(tree)):
+                continue
+            r = batch.requests[i]
+            r.slots = torch.cat([r.slots, self.kv.allocate(len(tree))])
+            batch.drafts[i] = tree
+            batch.num_new[i] += len(tree)
+            budget -= len(tree)
+
+    def verify(
+        self,
+        r: Request,
+        tree: DraftTree,
+        logits: torch.Tensor,
+        sample_node: Callable,
+        add_sampled: Callable,
+    ) -> None:
+        """Decode along the draft tree: at each node draw the target's token as decoding would
+        (`sample_node`, see verify.py), append it (and any forced text) exactly as a decode
+        step does (`add_sampled`), then continue from the child holding those tokens, if the
+        tree has one. The nodes walked through keep their KV; the other nodes' slots go back
+        to the pool, so rejected tokens never reach the radix cache.
+
+        logits: [1 + len(tree), V], the root's row first, then node i's at row i + 1.
+        """
+        base, draft_slots = r.slots[: r.num_computed], r.slots[r.num_computed :]
+        kept: list[int] = []
+        node = -1
+        while True:
+            children = tree.children(node)
+            drafted = next(
+                ((t, tree.probs[c]) for t, c in children.items() if tree.probs[c] is not None),
+                None,
+            )
+            before = len(r.output_ids)
+            # A request finishing here frees its slots past num_computed: the unused nodes'.
+            add_sampled(r, sample_node(logits[node + 1], r, drafted))
+            if r.finish_reason is not None:
+                break
+            appended = r.output_ids[before:]
+            path = tree.follow(node, appended)
+            # The followed nodes' KV is that of the tokens just appended, at their positions.
+            kept += path
+            unused = torch.ones(len(tree), dtype=torch.bool)
+            unused[kept] = False
+            r.slots = torch.cat([base, draft_slots[kept], draft_slots[unused]])
+            r.num_computed += len(path)
+            if len(path) < len(appended):
+                break
+            node = path[-1]
+        if r.finish_reason is None:
+            self.kv.free(r.slots[r.num_computed :])
+            r.slots = r.slots[: r.num_computed]
+        self.record(r, tree, len(kept))
 
     def propose(self, reqs: list[Request], budget: int) -> list[DraftTree | None]:
         """A draft tree (or None) per decoding request, at most `budget` tokens in all."""

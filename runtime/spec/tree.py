@@ -73,5 +73,14 @@ class DraftTree:
             node = child
         return path
 
+    def feed(self, known: list[int]) -> tuple[list[int], list[int], list[int]]:
+        """What the target feeds to verify the tree after a request's `known` new tokens:
+        (tokens, each one's parent among them (-1: the cached prefix's last token), the
+        offsets whose logits verification reads: the last known token's, then each node's).
+        The known tokens form a chain; the nodes hang below its last token."""
+        k = len(known)
+        parents = list(range(-1, k - 1)) + [k - 1 if p < 0 else k + p for p in self.parents]
+        return known + self.tokens, parents, list(range(k - 1, k + len(self.tokens)))
+
     def num_leaves(self) -> int:
         return sum(1 for i in range(len(self.tokens)) if not self._children[i + 1])

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels import reference
-from kernels.reference import uniform_noise
+from braid.kernels import reference
+from braid.kernels.reference import uniform_noise
 
 
 def rejection_sample(p: torch.Tensor, x: int, q: torch.Tensor, accept_seed: int, seed: int) -> int:

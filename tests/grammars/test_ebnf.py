@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import grammars
-from grammars.matcher import allowed_token_ids
+from braid import grammars
+from braid.grammars.matcher import allowed_token_ids
 
 JSON = r"""
 start: value

@@ -12,11 +12,11 @@ import re
 import jsonschema
 import pytest
 
-import grammars
-from grammars import json_schema
-from grammars.index_builder import fits_index
-from grammars.json_schema import _members, schema_to_regex
-from grammars.lazy import LazyRegexGrammar
+from braid import grammars
+from braid.grammars import json_schema
+from braid.grammars.index_builder import fits_index
+from braid.grammars.json_schema import _members, schema_to_regex
+from braid.grammars.lazy import LazyRegexGrammar
 
 
 @pytest.mark.parametrize("size", range(6))

@@ -12,9 +12,9 @@ import pytest
 import torch
 from conftest import assert_no_kv_leak
 
-import grammars
-from grammars.lazy import LazyRegexGrammar
-from grammars.matcher import MatcherError, allowed_token_ids
+from braid import grammars
+from braid.grammars.lazy import LazyRegexGrammar
+from braid.grammars.matcher import MatcherError, allowed_token_ids
 
 # Exponential DFA: a state remembers the last 17 characters, so a random a/b text reaches a
 # new state with almost every character.
@@ -64,7 +64,7 @@ def test_an_output_that_alone_outgrows_the_budget_fails(vocab):
 
 
 def test_the_engine_fails_only_the_request_whose_grammar_gives_out(tiny_model_path):
-    from runtime import Engine, SamplingParams
+    from braid.runtime import Engine, SamplingParams
 
     engine = Engine(
         model=str(tiny_model_path),

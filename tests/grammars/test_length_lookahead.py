@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import grammars
-from grammars.lazy import LazyRegexGrammar
-from grammars.matcher import allowed_token_ids
+from braid import grammars
+from braid.grammars.lazy import LazyRegexGrammar
+from braid.grammars.matcher import allowed_token_ids
 
 # (ECMA pattern, also Python's, anchored; minLength; maxLength or None)
 CASES = [

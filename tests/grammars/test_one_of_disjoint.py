@@ -10,26 +10,56 @@ import re
 import jsonschema
 import pytest
 
-from grammars.json_schema import UnsupportedSchema, schema_to_regex
+from braid.grammars.json_schema import UnsupportedSchema, schema_to_regex
 
 
 def one_of(a: dict, b: dict) -> dict:
     return {"oneOf": [a, b]}
 
 
+DRAFT7 = jsonschema.Draft7Validator
+
+
 @pytest.mark.parametrize(
-    "schema",
+    "schema, witnesses, validator",
     [
-        one_of({"type": "number", "exclusiveMaximum": 10}, {"type": "number", "minimum": 10}),
-        one_of({"type": "integer", "maximum": 3, "exclusiveMaximum": True}, {"minimum": 3}),
-        one_of({"type": "string", "maxLength": 2}, {"type": "string", "minLength": 3}),
-        one_of({"type": "string", "pattern": "^[0-9]+$"}, {"type": "string", "pattern": "x"}),
-        one_of({"type": "array", "maxItems": 1}, {"type": "array", "minItems": 2}),
+        (
+            one_of({"type": "number", "exclusiveMaximum": 10}, {"type": "number", "minimum": 10}),
+            [9.5, 10],
+            DRAFT7,
+        ),
+        (
+            one_of({"type": "integer", "maximum": 3, "exclusiveMaximum": True}, {"minimum": 3}),
+            [2, 3],
+            jsonschema.Draft4Validator,
+        ),
+        (
+            one_of({"type": "string", "maxLength": 2}, {"type": "string", "minLength": 3}),
+            ["ab", "abc"],
+            DRAFT7,
+        ),
+        (
+            one_of({"type": "string", "pattern": "^[0-9]+$"}, {"type": "string", "pattern": "x"}),
+            ["123", "axb"],
+            DRAFT7,
+        ),
+        (
+            one_of({"type": "array", "maxItems": 1}, {"type": "array", "minItems": 2}),
+            [[1], [1, 2]],
+            DRAFT7,
+        ),
     ],
     ids=["number-ranges", "draft4-exclusive", "string-lengths", "anchored-vs-unanchored", "items"],
 )
-def test_disjoint_branches_compile(schema):
-    assert schema_to_regex(schema) is not None
+def test_disjoint_branches_compile(schema, witnesses, validator):
+    """Not refused (schema_to_regex raises UnsupportedSchema when it cannot prove the
+    branches disjoint), and the regex writes a value of each branch: neither was dropped."""
+    regex = schema_to_regex(schema)
+    for branch, value in zip(schema["oneOf"], witnesses, strict=True):
+        # The witness belongs to its branch alone.
+        assert [validator(b).is_valid(value) for b in schema["oneOf"]].count(True) == 1
+        assert validator(branch).is_valid(value)
+        assert re.fullmatch(regex, json.dumps(value, ensure_ascii=False, separators=(",", ":")))
 
 
 @pytest.mark.parametrize(

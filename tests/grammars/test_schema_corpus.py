@@ -22,10 +22,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jsonschema.validators import validator_for
 
-import grammars
-from grammars.json_schema import schema_to_regex
-from grammars.matcher import allowed_token_ids
-from runtime.bench_grammar import CORPUS_DIR, feed, load_corpus, schema_features, serialize
+from braid import grammars
+from braid.grammars.json_schema import schema_to_regex
+from braid.grammars.matcher import allowed_token_ids
+from braid.runtime.bench.grammar import CORPUS_DIR, feed, load_corpus, schema_features, serialize
 
 CASES = {case.name: case for case in load_corpus(CORPUS_DIR)}
 COMPILED = [name for name, case in CASES.items() if case.expect == "compiled"]

@@ -6,7 +6,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-import grammars
+from braid import grammars
 
 TEXTS = ["Hello, world!", "  indented\n\ttabs", "café naïve", "数据 🙂 ok", '{"k": [1, 2.5]}']
 

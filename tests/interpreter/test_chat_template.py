@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from interpreter import ChatTemplate
+from braid.interpreter import ChatTemplate
 
 LLAMA3_LIKE = (
     "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>"

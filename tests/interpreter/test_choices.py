@@ -1,6 +1,10 @@
 """The select methods on hand-made logprobs."""
 
-from interpreter.choices import greedy, token_length_normalized, unconditional_likelihood_normalized
+from braid.interpreter.choices import (
+    greedy,
+    token_length_normalized,
+    unconditional_likelihood_normalized,
+)
 
 
 def test_token_length_normalized_is_the_mean():

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import pytest
+from conftest import async_wait_for, wait_for
 
-from interpreter import ChatTemplate, ProgramError
-from lang import gen, program, select, user
-from runtime.outputs import GenerateOutput
+from braid import gen, program, select, user
+from braid.interpreter import ChatTemplate, ProgramError
+from braid.runtime.outputs import GenerateOutput
 
 
 class ScriptedBackend:
@@ -28,8 +28,7 @@ class ScriptedBackend:
     async def generate(self, prompt, params, on_text):
         self.prompts.append(prompt)
         k = len(self.prompts)
-        while not self.release.is_set():
-            await asyncio.sleep(0.005)
+        await async_wait_for(self.release.is_set, what="the test to release the gens")
         if params.regex == "fail":
             raise ValueError("scripted failure")
         on_text(f"<reply #{k}")
@@ -39,13 +38,6 @@ class ScriptedBackend:
     async def score(self, prefix, continuations):
         self.scored.append((prefix, continuations))
         return [[-float(len(c))] for c in continuations]
-
-
-def _wait_for(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
 
 
 @pytest.fixture
@@ -67,7 +59,7 @@ def test_append_returns_before_the_gen_finishes(backend):
 
     state = p.run(stream=True, backend=backend)
     assert reached.wait(10)
-    _wait_for(lambda: backend.prompts)
+    wait_for(lambda: backend.prompts, what="the first gen to reach the backend")
     assert backend.prompts == ["Q: "]
     backend.release.set()
     assert "".join(state.text_iter()) == "Q: <reply #1> then <reply #2>"
@@ -189,7 +181,8 @@ def test_arun_runs_programs_concurrently(backend):
 
     async def main():
         tasks = [asyncio.ensure_future(p.arun(i=i, backend=backend)) for i in range(5)]
-        await asyncio.to_thread(_wait_for, lambda: len(backend.prompts) == 5)  # all at once
+        # All five gens are in the backend at once.
+        await async_wait_for(lambda: len(backend.prompts) == 5, what="five gens in the backend")
         backend.release.set()
         return await asyncio.gather(*tasks)
 

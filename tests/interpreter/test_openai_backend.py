@@ -6,27 +6,11 @@ from __future__ import annotations
 import re
 
 import pytest
-from serving import LiveServer
 
-from interpreter import ChatTemplate, LocalBackend, OpenAIBackend
-from lang import assistant, gen, program, select, system, user
-from runtime import Engine
+from braid import assistant, gen, program, select, system, user
+from braid.interpreter import ChatTemplate, LocalBackend, OpenAIBackend
 
 GREEDY = {"temperature": 0}
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model_path):
-    engine = Engine(model=str(tiny_model_path), device="cpu", dtype="float32", max_kv_tokens=4096)
-    yield engine
-    engine.shutdown()
-
-
-@pytest.fixture(scope="module")
-def server(engine):
-    server = LiveServer(engine)
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")

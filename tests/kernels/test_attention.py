@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference
-from kernels.decode import decode_attention
-from kernels.extend import extend_attention
-from kernels.rope import rope_store_kv
+from braid.kernels import reference
+from braid.kernels.decode import decode_attention
+from braid.kernels.extend import extend_attention
+from braid.kernels.rope import rope_store_kv
 
 NUM_SLOTS, HEAD_DIM = 256, 16
 

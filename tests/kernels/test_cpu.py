@@ -8,7 +8,7 @@ import platform
 import pytest
 import torch
 
-from kernels import cpu, reference
+from braid.kernels import cpu, reference
 
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 # One bf16 rounding step apart at most: the kernels round where the twins do, but sum squares
@@ -235,6 +235,6 @@ def test_bad_inputs_are_refused_by_name(lib):
 
 def test_without_a_compiler_load_returns_none(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
-    with caplog.at_level(logging.WARNING, logger="kernels.cpu"):
+    with caplog.at_level(logging.WARNING, logger="braid.kernels.cpu"):
         assert cpu.load(tmp_path / "build") is None
     assert "CPU kernels unavailable" in caplog.text

@@ -1,11 +1,11 @@
-"""kernels.reference.sample: the semantics every sampling kernel must reproduce."""
+"""braid.kernels.reference.sample: the semantics every sampling kernel must reproduce."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels.reference import apply_bitmask, sample, uniform_noise, unpack_bitmask
+from braid.kernels.reference import apply_bitmask, sample, uniform_noise, unpack_bitmask
 
 NEG_INF = float("-inf")
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 from test_reference_sample import chi2_pvalue, pack, params, reference_distribution
 
-from kernels import reference
-from kernels.sampling import sample
+from braid.kernels import reference
+from braid.kernels.sampling import sample
 
 
 def on(device: str, p: dict) -> dict:

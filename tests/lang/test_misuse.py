@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lang import gen, program, select, user
+from braid import gen, program, select, user
 
 
 def test_gen_outside_a_program_is_not_text():

@@ -12,12 +12,11 @@ from typing import Annotated, TypedDict
 import jsonschema
 import msgspec
 import pytest
-from conftest import assert_no_kv_leak, wait_idle
-from serving import LiveServer
+from conftest import LiveServer, assert_no_kv_leak, wait_idle
 
-from interpreter import LocalBackend, RemoteBackend
-from lang import assistant, gen, program, select, system, user
-from runtime import Engine, SamplingParams
+from braid import assistant, gen, program, select, system, user
+from braid.interpreter import LocalBackend, RemoteBackend
+from braid.runtime import Engine, SamplingParams
 
 GREEDY = {"temperature": 0}
 

@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 from conftest import assert_no_kv_leak, wait_idle
 
-from runtime import SamplingParams
+from braid.runtime import SamplingParams
 
 PERSON = {
     "type": "object",
@@ -95,7 +95,7 @@ def test_fully_forced_output_needs_no_sampling(tiny_engine):
 
 
 def test_jump_forward_off_gives_valid_output_too(tiny_model_path):
-    from runtime import Engine
+    from braid.runtime import Engine
 
     engine = Engine(
         model=str(tiny_model_path),
@@ -169,7 +169,7 @@ def test_constrained_stream_and_abort(tiny_engine):
 
 @pytest.mark.model
 def test_default_model_extracts_valid_json():
-    from runtime import Engine
+    from braid.runtime import Engine
 
     engine = Engine(max_kv_tokens=4096)
     try:

@@ -13,12 +13,12 @@ import copy
 import pytest
 import torch
 
-from runtime import Engine, SamplingParams
-from runtime.cuda_graphs import DecodeGraphs
-from runtime.forward_batch import ForwardBatch
-from runtime.kv_cache import KVPool
-from runtime.model_loader import load_model, load_model_config
-from runtime.models.ops import TORCH_OPS, TRITON_OPS
+from braid.runtime import Engine, SamplingParams
+from braid.runtime.cuda_graphs import DecodeGraphs
+from braid.runtime.forward_batch import ForwardBatch
+from braid.runtime.kv_cache import KVPool
+from braid.runtime.model_loader import load_model, load_model_config
+from braid.runtime.models.ops import TORCH_OPS, TRITON_OPS
 
 NUM_SLOTS = 64
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 import transformers
 
-from runtime import Engine, SamplingParams
-from runtime.default_model import find_gguf
+from braid.runtime import Engine, SamplingParams
+from braid.runtime.default_model import find_gguf
 
 pytestmark = pytest.mark.model
 
@@ -50,7 +50,7 @@ def prompts(engine):
 
 
 def test_logits_match_transformers(engine, reference):
-    from runtime.forward_batch import ForwardBatch
+    from braid.runtime.forward_batch import ForwardBatch
 
     ids = prompts(engine)[2]
     slots = engine.kv.allocate(len(ids))

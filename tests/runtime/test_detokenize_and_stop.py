@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from grammars.char_regex import CharRegex
-from runtime.detokenizer import IncrementalDetokenizer
-from runtime.stop import StopMatcher
+from braid.grammars.char_regex import CharRegex
+from braid.runtime.detokenizer import IncrementalDetokenizer
+from braid.runtime.stop import StopMatcher
 
 TEXTS = [
     "Hello, world! How are you?",
@@ -127,7 +127,7 @@ def test_stop_string_and_regex_together():
     ],
 )
 def test_bad_stop_regex_is_refused_by_name(pattern, problem):
-    from runtime import SamplingParams
+    from braid.runtime import SamplingParams
 
     with pytest.raises(ValueError, match="stop_regex") as e:
         SamplingParams(stop_regex=[pattern])

@@ -9,10 +9,10 @@ import re
 import pytest
 import torch
 import transformers
-from conftest import assert_no_kv_leak, wait_idle
+from conftest import assert_no_kv_leak, async_wait_for, wait_idle
 
-from runtime import Engine, SamplingParams
-from runtime.request_tree import TreeNode
+from braid.runtime import Engine, SamplingParams
+from braid.runtime.request_tree import TreeNode
 
 PROMPT = "The quick brown fox"
 
@@ -174,15 +174,18 @@ def test_cancelled_tree_caller_aborts_its_leaves(tiny_engine):
     async def cancel_midway():
         asyncio.get_running_loop().set_exception_handler(lambda _, ctx: loop_errors.append(ctx))
         task = asyncio.create_task(tiny_engine.agenerate_tree(tree))
-        while tiny_engine.stats()["running_requests"] < 2:
-            await asyncio.sleep(0.001)
+        await async_wait_for(
+            lambda: tiny_engine.stats()["running_requests"] >= 2, what="both leaves to run"
+        )
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        # Keep the loop running while the engine finishes the leaves and reports back.
-        while tiny_engine.stats()["running_requests"] or tiny_engine.stats()["waiting_requests"]:
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.05)
+        # The task posted the two aborts before it ended. The engine thread handles its inbox
+        # in order, so once it has flushed the cache it has ended both leaves, and their
+        # reports back (call_soon_threadsafe) are queued on this loop ahead of this task's
+        # next step: one yield runs them, and any error they raise reaches the handler.
+        tiny_engine.flush_cache()
+        await asyncio.sleep(0)
 
     asyncio.run(cancel_midway())
     assert tiny_engine.stats()["requests_aborted"] == aborted + 2

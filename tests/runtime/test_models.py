@@ -7,9 +7,9 @@ import pytest
 import torch
 import transformers
 
-from runtime.forward_batch import ForwardBatch
-from runtime.kv_cache import KVPool
-from runtime.model_loader import load_model, load_model_config
+from braid.runtime.forward_batch import ForwardBatch
+from braid.runtime.kv_cache import KVPool
+from braid.runtime.model_loader import load_model, load_model_config
 
 VARIANTS = ["llama", "llama3-rope", "mistral", "qwen2", "qwen3"]
 TOL = 1e-4
@@ -123,7 +123,7 @@ def test_decode_rows_sharing_a_prefix_match_transformers(make_tiny_model, varian
             ours(ForwardBatch.build([tail[:-1]], [slots[:-1]]), kv)
         tables.append(slots)
     batch = ForwardBatch.build([[t[-1]] for t in tails], tables)
-    assert batch.decode_shared_len == len(prefix)
+    assert batch.metadata(ours.ops.attention).decode_shared_len == len(prefix)
     got = ours(batch, kv)
     for row, tail in zip(got, tails, strict=True):
         torch.testing.assert_close(row, reference_logits(ref, prefix + tail)[-1], atol=TOL, rtol=0)

@@ -6,8 +6,8 @@ import random
 
 import torch
 
-from runtime.kv_cache import KVPool
-from runtime.radix_cache import RadixCache
+from braid.runtime.kv_cache import KVPool
+from braid.runtime.radix_cache import RadixCache
 
 
 def make(num_slots: int = 64, enabled: bool = True) -> tuple[KVPool, RadixCache]:

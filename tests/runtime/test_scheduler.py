@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 import transformers
-from conftest import assert_no_kv_leak, wait_idle
+from conftest import assert_no_kv_leak, wait_for, wait_idle
 
-from runtime import Engine, SamplingParams, TreeNode
+from braid.runtime import Engine, SamplingParams, TreeNode
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 
@@ -141,6 +140,21 @@ def test_multi_turn_reuses_generated_tokens(tiny_engine):
     assert computed == len(second) - len(first) - len(out.token_ids) + 1
 
 
+def hold_engine(engine) -> threading.Event:
+    """Block the engine thread (inside a one-token request's last emit) until the returned
+    event is set: requests submitted meanwhile reach it together, in one inbox."""
+    held, release = threading.Event(), threading.Event()
+
+    def emit(chunk):
+        if chunk.finish_reason is not None:
+            held.set()
+            release.wait(60)
+
+    engine.submit([7], SamplingParams(max_tokens=1), emit)
+    assert held.wait(60), "the engine did not run the holding request"
+    return release
+
+
 def test_high_priority_preempts_low(tiny_model_path, solo):
     prompts = shared_prefix_prompts(6, seed=4)
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
@@ -152,26 +166,40 @@ def test_high_priority_preempts_low(tiny_model_path, solo):
         max_kv_tokens=260,
         prefix_cache=False,
     )
-    order: list[int] = []
-    results: dict[int, list[int]] = {}
+    # The engine is single-threaded: what it does is fixed once the requests reach it at fixed
+    # points of its schedule. The low-priority requests arrive together; the high-priority
+    # ones while the engine is held in low 0's emit of its second token.
+    tokens: dict[int, list[int]] = {i: [] for i in range(6)}
+    finished: list[int] = []  # appended on the engine thread, in the order it finishes them
+    lows_decoding, highs_queued, done = threading.Event(), threading.Event(), threading.Event()
 
-    def run(i: int, priority: int) -> None:
-        results[i] = engine.generate(prompts[i], params, priority=priority).token_ids
-        order.append(i)
+    def emit_for(i: int):
+        def emit(chunk):
+            tokens[i].extend(chunk.token_ids)
+            if i == 0 and len(tokens[0]) >= 2 and not lows_decoding.is_set():
+                lows_decoding.set()
+                highs_queued.wait(60)
+            if chunk.finish_reason is not None:
+                finished.append(i)
+                if len(finished) == 6:
+                    done.set()
 
-    low = [threading.Thread(target=run, args=(i, 0)) for i in range(3)]
-    for t in low:
-        t.start()
-    while engine.stats()["decode_tokens"] < 5:
-        time.sleep(0.005)
-    high = [threading.Thread(target=run, args=(i, 10)) for i in range(3, 6)]
-    for t in high:
-        t.start()
-    for t in low + high:
-        t.join()
-    assert [results[i] for i in range(6)] == expected
+        return emit
+
+    release = hold_engine(engine)
+    for i in range(3):
+        engine.submit(prompts[i], params, emit_for(i), priority=0)
+    release.set()
+    assert lows_decoding.wait(60)
+    for i in range(3, 6):
+        engine.submit(prompts[i], params, emit_for(i), priority=10)
+    highs_queued.set()
+    assert done.wait(120), finished
+    assert [tokens[i] for i in range(6)] == expected
     assert engine.stats()["preemptions"] > 0
-    assert set(order[:2]) <= {3, 4, 5}, order  # the important ones finish first
+    # The important ones finish first (not all three: together they overflow the pool, so
+    # the last to arrive is preempted by its peers, and the lows keep the tokens they made).
+    assert set(finished[:2]) <= {3, 4, 5}, finished
     engine.shutdown()
 
 
@@ -191,8 +219,7 @@ def test_abort_frees_everything(tiny_model_path):
 
     params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
     rids = [engine.submit(p, params, emit_for(i)) for i, p in enumerate(shared_prefix_prompts(12))]
-    while engine.stats()["decode_tokens"] < 20:
-        time.sleep(0.005)
+    wait_for(lambda: engine.stats()["decode_tokens"] >= 20, what="20 tokens decoded")
     for rid in rids[::2]:
         engine.abort(rid)
     assert done.wait(120)
@@ -273,7 +300,7 @@ def test_prompt_logprobs_across_prefill_chunks(tiny_model_path, hf):
 def test_bfloat16_logits_are_scored_in_float32(tiny_model_path):
     """The model hands back logits in its dtype; logprobs are taken in float32 from them (in
     bfloat16 they would be off by ~1e-2), and penalties and sampling convert them too."""
-    from runtime.forward_batch import ForwardBatch
+    from braid.runtime.forward_batch import ForwardBatch
 
     engine = Engine(model=str(tiny_model_path), device="cpu", dtype="bfloat16", max_kv_tokens=512)
     try:

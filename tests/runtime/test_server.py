@@ -12,26 +12,11 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from conftest import assert_no_kv_leak, wait_idle
-from serving import LiveServer
+from conftest import LiveServer, assert_no_kv_leak, wait_idle
 
-from runtime import Engine, SamplingParams
+from braid.runtime import Engine, SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model_path):
-    engine = Engine(model=str(tiny_model_path), device="cpu", dtype="float32", max_kv_tokens=4096)
-    yield engine
-    engine.shutdown()
-
-
-@pytest.fixture(scope="module")
-def server(engine):
-    server = LiveServer(engine)
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")

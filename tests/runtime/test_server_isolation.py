@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 
 import httpx
 import pytest
-from conftest import assert_no_kv_leak, wait_idle
-from serving import LiveServer
+from conftest import LiveServer, assert_no_kv_leak, stream_events, wait_idle
 
-from runtime import Engine, SamplingParams
-from runtime.engine import Engine as EngineClass
+from braid.runtime import Engine, SamplingParams
+from braid.runtime.output_processor import OutputProcessor
 
 VICTIM_TOKENS = 200
 
@@ -48,21 +48,18 @@ async def _victim(url: str, http: httpx.AsyncClient, i: int, started: asyncio.Ev
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    events = []
-    async with http.stream("POST", url + "/v1/completions", json=body) as r:
-        assert r.status_code == 200
-        async for line in r.aiter_lines():
-            if line.startswith("data:"):
-                events.append(line[5:].strip())
-                started.set()
+    events = await stream_events(http, url, body, on_event=started.set)
     assert events[-1] == "[DONE]", events[-3:]
     return json.loads(events[-2])
 
 
 async def _health(url: str, http: httpx.AsyncClient, stop: asyncio.Event) -> int:
-    """Probe /health until stopped, each probe allowed one second; returns the probe count."""
+    """Probe /health until stopped (for four minutes at most), each probe allowed one second;
+    returns the probe count."""
     probes = 0
+    deadline = time.monotonic() + 240
     while not stop.is_set():
+        assert time.monotonic() < deadline, "the probes were never stopped"
         r = await http.get(url + "/health", timeout=1.0)  # raises past one second
         assert r.status_code == 200
         probes += 1
@@ -189,7 +186,7 @@ def test_a_step_that_raises_fails_only_its_request(engine, monkeypatch, where):
     prompts = [f"Victim {i} says" for i in range(3)]
     expected = [engine.generate(p, params).text for p in prompts]
     run = engine.runner.run
-    add_tokens = EngineClass._add_tokens
+    add_tokens = OutputProcessor.add_tokens
 
     def run_unless_poisoned(batch):
         if any(r.prompt_ids == poison_ids for r in batch.requests):
@@ -204,7 +201,7 @@ def test_a_step_that_raises_fails_only_its_request(engine, monkeypatch, where):
     if where == "forward":
         monkeypatch.setattr(engine.runner, "run", run_unless_poisoned)
     else:
-        monkeypatch.setattr(EngineClass, "_add_tokens", add_unless_poisoned)
+        monkeypatch.setattr(OutputProcessor, "add_tokens", add_unless_poisoned)
     results: dict[str, object] = {}
 
     def call(prompt: str) -> None:
@@ -230,7 +227,7 @@ def test_a_step_that_raises_fails_only_its_request(engine, monkeypatch, where):
 def test_the_api_key_comes_from_the_flag_a_file_or_the_environment(tmp_path, monkeypatch):
     import argparse
 
-    from runtime.server.serve import api_key
+    from braid.runtime.server.serve import api_key
 
     monkeypatch.delenv("BRAID_API_KEY", raising=False)
     args = argparse.Namespace(api_key=None, api_key_file=None)
@@ -245,8 +242,8 @@ def test_the_api_key_comes_from_the_flag_a_file_or_the_environment(tmp_path, mon
 def test_serve_help_gives_each_flag_its_meaning_and_default(capsys):
     import dataclasses
 
-    from runtime.cli import main
-    from runtime.config import EngineConfig
+    from braid.runtime.cli import main
+    from braid.runtime.config import EngineConfig
 
     with pytest.raises(SystemExit):
         main(["serve", "--help"])

@@ -6,17 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
-import subprocess
-import sys
 import threading
-import time
 
 import httpx
-from conftest import assert_no_kv_leak, wait_idle
-from serving import LiveServer
+from conftest import LiveServer, ServeProcess, assert_no_kv_leak, stream_events, wait_idle
 
-from runtime import Engine
+from braid.runtime import Engine
 
 CLIENTS = 48
 TOKENS = 12
@@ -33,15 +28,10 @@ async def _client(url: str, http: httpx.AsyncClient, i: int) -> str:
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    leaves = i % 3 == 0
-    events = []
-    async with http.stream("POST", url + "/v1/completions", json=body) as r:
-        assert r.status_code == 200
-        async for line in r.aiter_lines():
-            if line.startswith("data:"):
-                events.append(line[5:].strip())
-                if leaves and len(events) == 2:
-                    return "left"
+    if i % 3 == 0:
+        await stream_events(http, url, body, leave_after=2)
+        return "left"
+    events = await stream_events(http, url, body)
     assert events[-1] == "[DONE]", events[-3:]
     usage = json.loads(events[-2])["usage"]
     finishes = [json.loads(e)["choices"][0]["finish_reason"] for e in events[:-2]]
@@ -76,38 +66,14 @@ def test_many_streams_with_disconnects_leave_the_engine_idle(tiny_model_path):
         engine.shutdown()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_sigterm_drains_in_flight_streams(tiny_model_path):
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "runtime.cli", "serve", "--model", str(tiny_model_path)]
-        + ["--port", str(port), "--device", "cpu", "--dtype", "float32", "--max-kv-tokens", "2048"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, process.stdout.read()
-            assert time.monotonic() < deadline, "the server did not start"
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
+    with ServeProcess(tiny_model_path) as server:
         started = threading.Event()
         events: list[str] = []
 
         def stream() -> None:
             body = {"prompt": "Once upon", "max_tokens": 40, "ignore_eos": True, "stream": True}
-            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
+            with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as r:
                 for line in r.iter_lines():
                     if line.startswith("data:"):
                         events.append(line[5:].strip())
@@ -116,14 +82,10 @@ def test_sigterm_drains_in_flight_streams(tiny_model_path):
         reader = threading.Thread(target=stream)
         reader.start()
         assert started.wait(60)
-        process.send_signal(signal.SIGTERM)
+        server.process.send_signal(signal.SIGTERM)
         reader.join(120)
         assert events[-1] == "[DONE]"
         assert json.loads(events[-2])["choices"][0]["finish_reason"] == "length"
         assert len(events) - 1 == 40  # one event per token: nothing was cut off
         # uvicorn re-raises the SIGTERM once drained, so the exit status says how it ended.
-        assert process.wait(60) in (0, -signal.SIGTERM)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        assert server.process.wait(60) in (0, -signal.SIGTERM)

@@ -17,14 +17,14 @@ import pytest
 import torch
 from conftest import assert_no_kv_leak, wait_idle
 
-from runtime import Engine, SamplingParams
-from runtime.forward_batch import ForwardBatch
-from runtime.kv_cache import KVPool
-from runtime.model_loader import load_model, load_model_config
-from runtime.spec.adaptive import Acceptance
-from runtime.spec.ngram import NgramIndex
-from runtime.spec.tree import ROOT, DraftTree
-from runtime.spec.verify import race, rejection_sample
+from braid.runtime import Engine, SamplingParams
+from braid.runtime.forward_batch import ForwardBatch
+from braid.runtime.kv_cache import KVPool
+from braid.runtime.model_loader import load_model, load_model_config
+from braid.runtime.spec.adaptive import Acceptance
+from braid.runtime.spec.ngram import NgramIndex
+from braid.runtime.spec.tree import ROOT, DraftTree
+from braid.runtime.spec.verify import race, rejection_sample
 
 PENALISED = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, frequency_penalty=0.5)
 PERSON = {

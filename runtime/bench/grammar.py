@@ -24,7 +24,9 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-CORPUS_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "schemas"
+from braid.runtime.bench.common import add_workload, isolated, machine, write_result
+
+CORPUS_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "schemas"
 
 # Published MaskBench figures (11,306 schemas, Llama-3.1 tokenizer), from the data README:
 # engine -> (passing, invalidation errors, TBM p50 us, TBM p99 us, TTFM p50 ms).
@@ -38,8 +40,12 @@ PUBLISHED = {
 
 
 def add_parser(workloads: argparse._SubParsersAction) -> None:
-    grammar = workloads.add_parser(
-        "grammar", help="JSON-schema constraints: compile and mask times, MaskBench score"
+    grammar = add_workload(
+        workloads,
+        "grammar",
+        "JSON-schema constraints: compile and mask times, MaskBench score",
+        bench_grammar,
+        model=False,
     )
     grammar.add_argument("--model", help="HF model directory for the tokenizer (default model)")
     grammar.add_argument("--corpus", type=Path, default=CORPUS_DIR)
@@ -58,8 +64,6 @@ def add_parser(workloads: argparse._SubParsersAction) -> None:
         help="MaskBench: compile with JsonSchema(strict=False), which writes unlisted properties "
         "wherever additionalProperties does not forbid them, as the spec reads",
     )
-    grammar.add_argument("--json", type=Path, default=Path("bench-results/grammar.json"))
-    grammar.set_defaults(run=bench_grammar)
 
 
 # ---- shared: corpus files, instance serialization, feeding a matcher -----------------------
@@ -164,7 +168,7 @@ class _SchemaOrder:
             return False
 
     def resolve(self, schema: Any) -> Any:
-        from grammars.json_schema import resolve_pointer
+        from braid.grammars.json_schema import resolve_pointer
 
         for _ in range(32):  # a $ref chain; a cycle of bare refs ends here
             if not (isinstance(schema, dict) and isinstance(schema.get("$ref"), str)):
@@ -256,8 +260,6 @@ def _cell(text: str) -> str:
 
 
 def bench_grammar(args: argparse.Namespace) -> int:
-    from runtime.bench import _write, machine
-
     result: dict[str, Any] = {"workload": "grammar", "machine": machine()}
     result["corpus"] = _bench_corpus(args.model, args.corpus)
     if not args.skip_e2e:
@@ -265,14 +267,14 @@ def bench_grammar(args: argparse.Namespace) -> int:
     if args.maskbench:
         per_schema_path = args.json.with_name(args.json.stem + "-maskbench.json")
         result["maskbench"] = _bench_maskbench(args, per_schema_path)
-    _write(result, args.json)
+    write_result(result, args.json)
     return 0
 
 
 def _load_vocabulary(model: str | None):
-    import grammars
-    from runtime.model_loader import resolve_model_dir
-    from runtime.tokenizer import load_tokenizer
+    from braid import grammars
+    from braid.runtime.model_loader import resolve_model_dir
+    from braid.runtime.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(resolve_model_dir(model))
     vocab = grammars.build_vocabulary(tokenizer, {tokenizer.eos_token_id})
@@ -280,8 +282,7 @@ def _load_vocabulary(model: str | None):
 
 
 def _bench_corpus(model: str | None, directory: Path) -> dict:
-    import grammars
-    from runtime.bench import machine
+    from braid import grammars
 
     tokenizer, vocab = _load_vocabulary(model)
     eos = tokenizer.eos_token_id
@@ -366,8 +367,6 @@ def _bench_end_to_end(model: str | None) -> dict:
     """The same extraction prompts, greedy, free and under a JSON schema, each in a fresh
     engine: output tokens per second and time per output token. Jump-forward appends the
     forced keys and punctuation without a forward each."""
-    from runtime.bench import isolated, machine
-
     rows = {
         "unconstrained": isolated(_end_to_end_run, model, None),
         "json_schema": isolated(_end_to_end_run, model, _PERSON),
@@ -385,7 +384,7 @@ def _bench_end_to_end(model: str | None) -> dict:
 
 
 def _end_to_end_run(model: str | None, schema: dict | None) -> dict:
-    from runtime import Engine, SamplingParams
+    from braid.runtime import Engine, SamplingParams
 
     engine = Engine(model=model, max_kv_tokens=8192)
     constraint = {"json_schema": schema} if schema else {}
@@ -520,7 +519,7 @@ class _Scorer:
 def _scorer_main(
     conn: Connection, model: str | None, timeout_s: float, memory_mb: int, strict: bool
 ) -> None:
-    import grammars
+    from braid import grammars
 
     tokenizer, vocab = _load_vocabulary(model)
     compiler = grammars.GrammarCompiler(vocab, timeout_s=timeout_s, max_memory_mb=memory_mb)
@@ -535,7 +534,7 @@ def _scorer_main(
 
 
 def _score_one(case: SchemaCase, compiler, tokenizer, mask, strict: bool) -> dict:
-    import grammars
+    from braid import grammars
 
     out: dict[str, Any] = {"name": case.name}
     start = time.perf_counter()

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import httpx
 
-from runtime.stats import percentile
+from braid.runtime.bench.common import machine, rss_mb, write_result
+from braid.runtime.stats import percentile
 
 _WORDS = "the a model cache token prefix batch answer question how why when kernel queue".split()
 _KINDS = ("stream", "plain", "regex", "json", "leave")
@@ -50,8 +51,6 @@ def add_parser(workloads: argparse._SubParsersAction) -> None:
 
 
 def bench_serve(args: argparse.Namespace) -> int:
-    from runtime.bench import _write, machine
-
     with _Server(args) as server:
         if args.soak:
             result = asyncio.run(_soak(server, args))
@@ -60,7 +59,8 @@ def bench_serve(args: argparse.Namespace) -> int:
             result = asyncio.run(_sweep(server, args))
             ok = True
     result |= {"machine": machine(), "model": args.model or "default"}
-    _write(result, args.json or Path(f"bench-results/serve{'-soak' if args.soak else ''}.json"))
+    default = Path(f"bench-results/serve{'-soak' if args.soak else ''}.json")
+    write_result(result, args.json or default)
     return 0 if ok else 1
 
 
@@ -72,7 +72,8 @@ class _Server:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.command = [sys.executable, "-m", "runtime.cli", "serve", "--port", str(self.port)]
+        self.command = [sys.executable, "-m", "braid.runtime.cli", "serve"]
+        self.command += ["--port", str(self.port)]
         kv = args.max_kv_tokens or (4096 if args.soak else 32768)
         self.command += ["--dtype", args.dtype, "--max-kv-tokens", str(kv)]
         if args.model:
@@ -97,9 +98,7 @@ class _Server:
         self.process.wait(60)
 
     def rss_mb(self) -> float:
-        from runtime.bench import _rss_mb
-
-        return _rss_mb(self.process.pid)
+        return rss_mb(self.process.pid)
 
 
 def _prompt(rng: random.Random) -> str:

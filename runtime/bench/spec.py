@@ -12,9 +12,8 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from pathlib import Path
 
-from runtime.bench import _write, isolated, machine
+from braid.runtime.bench.common import add_workload, isolated, machine, make_engine, write_result
 
 _CODE = [
     """def parse_config(path):
@@ -94,11 +93,12 @@ METHODS = {
 
 
 def add_parser(workloads: argparse._SubParsersAction) -> None:
-    spec = workloads.add_parser(
-        "spec", help="speculative decoding vs plain decoding: copy-heavy prompts and free chat"
+    spec = add_workload(
+        workloads,
+        "spec",
+        "speculative decoding vs plain decoding: copy-heavy prompts and free chat",
+        bench_spec,
     )
-    spec.add_argument("--model")
-    spec.add_argument("--dtype", default="auto")
     spec.add_argument("--tokens", type=int, default=128, help="max new tokens per request")
     spec.add_argument("--rounds", type=int, default=2, help="alternating rounds per method")
     spec.add_argument(
@@ -106,18 +106,15 @@ def add_parser(workloads: argparse._SubParsersAction) -> None:
         default="none,ngram",
         help=f"comma-separated, the first is the baseline (from {', '.join(METHODS)})",
     )
-    spec.add_argument("--json", type=Path, default=Path("bench-results/spec.json"))
-    spec.set_defaults(run=bench_spec)
 
 
 def _run(model, dtype, method: str, workload: str, concurrency: int, tokens: int) -> dict:
     """One method on one workload in this (fresh) process: the requests in groups of
     `concurrency`, each group submitted at once; the time from first submission to last
     finish, the outputs, and the spec counters."""
-    from runtime import SamplingParams
-    from runtime.bench import _engine
+    from braid.runtime import SamplingParams
 
-    engine = _engine(model, dtype, max_kv_tokens=32768, **METHODS[method])
+    engine = make_engine(model, dtype, max_kv_tokens=32768, **METHODS[method])
     tok = engine.tokenizer
     prompts = [
         tok.apply_chat_template(
@@ -222,7 +219,7 @@ def bench_spec(args: argparse.Namespace) -> int:
                     f"{acceptance:>19}{per_step:>10}"
                     f"{'yes' if row['same_output_as_baseline'] else 'NO':>13}"
                 )
-    _write(
+    write_result(
         {"workload": "spec", "machine": machine(), "dtype": dtype, "rounds": args.rounds,
          "max_tokens": args.tokens, "rows": rows},
         args.json,

@@ -6,12 +6,19 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import torch
 
-from lang import gen, program
-from runtime.bench import _FEWSHOT_EXAMPLES, _engine, _hf_model, _write, isolated, machine
+from braid import gen, program
+from braid.runtime.bench.common import (
+    FEWSHOT_EXAMPLES,
+    add_workload,
+    hf_model,
+    isolated,
+    machine,
+    make_engine,
+    write_result,
+)
 
 _QUESTION = "Question: What is {a} plus {b}?\nAnswer:"
 _CHECK = "\nIs that right? Answer yes or no:"
@@ -20,23 +27,21 @@ _CHECK = "\nIs that right? Answer yes or no:"
 @program
 def harness(s, a: int, b: int, answer_tokens: int):
     """Two steps per program: answer, then judge the answer."""
-    s += _FEWSHOT_EXAMPLES + _QUESTION.format(a=a, b=b)
+    s += FEWSHOT_EXAMPLES + _QUESTION.format(a=a, b=b)
     s += gen("answer", max_tokens=answer_tokens, ignore_eos=True)
     s += _CHECK
     s += gen("check", max_tokens=2, ignore_eos=True)
 
 
 def add_parser(workloads: argparse._SubParsersAction) -> None:
-    p = workloads.add_parser(
+    p = add_workload(
+        workloads,
         "programs",
-        help="few-shot harness programs: braid run_batch (cache on/off) vs transformers calls",
+        "few-shot harness programs: braid run_batch (cache on/off) vs transformers calls",
+        bench_programs,
     )
-    p.add_argument("--model")
-    p.add_argument("--dtype", default="auto")
     p.add_argument("--programs", type=int, default=32)
     p.add_argument("--tokens", type=int, default=8, help="answer tokens per program")
-    p.add_argument("--json", type=Path, default=Path("bench-results/programs.json"))
-    p.set_defaults(run=bench_programs)
 
 
 def _batch(n: int, tokens: int) -> list[dict]:
@@ -44,9 +49,9 @@ def _batch(n: int, tokens: int) -> list[dict]:
 
 
 def _braid_programs(model, dtype, n, tokens, cache) -> tuple[float, int, int, str]:
-    from interpreter import LocalBackend
+    from braid.interpreter import LocalBackend
 
-    engine = _engine(model, dtype, prefix_cache=cache, max_kv_tokens=65536)
+    engine = make_engine(model, dtype, prefix_cache=cache, max_kv_tokens=65536)
     backend = LocalBackend(engine)
     greedy = {"temperature": 0}
     harness.run(**_batch(1, tokens)[0], backend=backend, sampling=greedy)  # warm-up
@@ -66,10 +71,10 @@ def _braid_programs(model, dtype, n, tokens, cache) -> tuple[float, int, int, st
 
 def _hf_programs(model, dtype, n, tokens) -> float:
     """The same two steps per program as plain generate calls, one program after another."""
-    from runtime.model_loader import resolve_model_dir
-    from runtime.tokenizer import load_tokenizer
+    from braid.runtime.model_loader import resolve_model_dir
+    from braid.runtime.tokenizer import load_tokenizer
 
-    ref = _hf_model(model, getattr(torch, dtype))
+    ref = hf_model(model, getattr(torch, dtype))
     tokenizer = load_tokenizer(resolve_model_dir(model))
 
     def call(prompt: str, new_tokens: int) -> str:
@@ -86,7 +91,7 @@ def _hf_programs(model, dtype, n, tokens) -> float:
         return tokenizer.decode(out[0, ids.shape[1] :])
 
     def run_program(kw: dict) -> None:
-        prompt = _FEWSHOT_EXAMPLES + _QUESTION.format(a=kw["a"], b=kw["b"])
+        prompt = FEWSHOT_EXAMPLES + _QUESTION.format(a=kw["a"], b=kw["b"])
         prompt += call(prompt, tokens) + _CHECK
         call(prompt, 2)
 
@@ -115,7 +120,7 @@ def bench_programs(args: argparse.Namespace) -> int:
     for name, (seconds, computed) in rows.items():
         shown = "-" if computed is None else f"{computed:,}"
         print(f"{name:<44}{n / seconds:>11.2f}{shown:>18}{hf_seconds / seconds:>8.1f}x")
-    _write(
+    write_result(
         {
             "workload": "programs",
             "machine": machine(),

@@ -12,9 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 from functools import partial
-from pathlib import Path
 
 import torch
+
+from braid.runtime.bench.common import add_workload, machine, write_result
 
 # Llama-3.2-1B's shape: 16 layers, hidden 2048, GQA 32/8 heads of 64, vocab 128,256.
 LLAMA_1B = dict(
@@ -31,12 +32,14 @@ LLAMA_1B = dict(
 
 
 def add_parser(workloads: argparse._SubParsersAction) -> None:
-    p = workloads.add_parser(
-        "kernels", help="Triton kernels (attention, sampling, 1B decode) on a CUDA GPU"
+    p = add_workload(
+        workloads,
+        "kernels",
+        "Triton kernels (attention, sampling, 1B decode) on a CUDA GPU",
+        bench_kernels,
+        model=False,
     )
     p.add_argument("--context", type=int, nargs="+", default=[1024, 4096, 16384])
-    p.add_argument("--json", type=Path, default=Path("bench-results/kernels.json"))
-    p.set_defaults(run=bench_kernels)
 
 
 def _us(fn) -> float:
@@ -49,7 +52,7 @@ def _us(fn) -> float:
 def _decode_attention_rows(contexts: list[int]) -> list[dict]:
     import torch.nn.functional as F
 
-    import kernels
+    from braid import kernels
 
     num_heads, num_kv_heads, head_dim, dtype = 32, 8, 128, torch.bfloat16
     rows = []
@@ -84,8 +87,8 @@ def _decode_attention_rows(contexts: list[int]) -> list[dict]:
 
 
 def _sample_rows() -> list[dict]:
-    import kernels
-    from kernels import reference
+    from braid import kernels
+    from braid.kernels import reference
 
     vocab = 128_256
     rows = []
@@ -126,8 +129,8 @@ def _sample_rows() -> list[dict]:
 def _rope_rows() -> list[dict]:
     """The fused RoPE + KV store against its twin (torch RoPE, then an indexed copy), on the
     1B shape's heads, for a decode batch and prefill chunks."""
-    import kernels
-    from kernels import reference
+    from braid import kernels
+    from braid.kernels import reference
 
     num_heads, num_kv_heads, head_dim, dtype = 32, 8, 64, torch.bfloat16
     angles = torch.outer(torch.arange(8192.0), 0.9 ** torch.arange(head_dim // 2.0))
@@ -152,7 +155,7 @@ def _rope_rows() -> list[dict]:
 
 def _plain_torch(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     """Mask, then temperature 0.8 and a multinomial draw (no filters): the unfused baseline."""
-    from kernels.reference import apply_bitmask
+    from braid.kernels.reference import apply_bitmask
 
     masked = apply_bitmask(logits, bitmask)
     return torch.multinomial(torch.softmax(masked / 0.8, dim=-1), 1)
@@ -168,12 +171,12 @@ def _copy_bandwidth() -> float:
 def _llama_1b_decode(context: int) -> dict:
     import transformers
 
-    from runtime.cuda_graphs import DecodeGraphs
-    from runtime.forward_batch import ForwardBatch
-    from runtime.kv_cache import KVPool
-    from runtime.models import LlamaForCausalLM
-    from runtime.models.config import ModelConfig
-    from runtime.models.ops import TRITON_OPS
+    from braid.runtime.cuda_graphs import DecodeGraphs
+    from braid.runtime.forward_batch import ForwardBatch
+    from braid.runtime.kv_cache import KVPool
+    from braid.runtime.models import LlamaForCausalLM
+    from braid.runtime.models.config import ModelConfig
+    from braid.runtime.models.ops import TRITON_OPS
 
     config = ModelConfig.from_hf(transformers.LlamaConfig(**LLAMA_1B))
     dtype = torch.bfloat16
@@ -219,8 +222,6 @@ def bench_kernels(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    from runtime.bench import _write, machine
-
     result = {
         "workload": "kernels",
         "machine": machine(),
@@ -254,5 +255,5 @@ def bench_kernels(args: argparse.Namespace) -> int:
         f"with a CUDA graph ({d['eager_step_us']:.0f} us eager), {d['achieved_gb_s']:.0f} GB/s "
         f"= {d['fraction_of_copy_bandwidth']:.0%} of a device copy's {d['copy_gb_s']:.0f} GB/s"
     )
-    _write(result, args.json)
+    write_result(result, args.json)
     return 0

@@ -1,0 +1,111 @@
+"""CpuKernelAttention: the CPU path with the C++ kernels (braid.kernels.cpu).
+
+Decode rows and the tokens of short extends are attended one row at a time by the kernels'
+decode attention, reading the pool in place; a batch of decodes only runs RoPE, the KV store
+and attention in one call. Tree extends, long extends and decodes sharing a long prefix take
+the torch paths, which do those in a few matmuls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from braid.kernels.cpu import CpuKernels
+from braid.runtime.attention.torch_paths import MIN_SHARED_PREFIX, TorchAttention, TorchMetadata
+from braid.runtime.forward_batch import ForwardBatch
+from braid.runtime.kv_cache import KVPool
+
+# Largest plain extend (new tokens x context) attended row by row; past it one matmul per
+# sequence costs less.
+SHORT_EXTEND_WORK = 8192
+
+
+@dataclass
+class CpuMetadata(TorchMetadata):
+    # Short plain extends (a short prompt, a small chunk over a cached prefix): each new
+    # token as a row seeing its prefix and the new tokens up to itself.
+    short_rows: torch.Tensor  # [Ns] rows of T
+    short_kv_starts: torch.Tensor  # [Ns] where each row's slots start in kv_indices
+    short_kv_lens: torch.Tensor  # [Ns] how many of them it sees
+    # Decodes go to the kernels row by row, unless they share a long prefix (torch scores
+    # it once for all rows).
+    decodes_by_row: bool
+
+
+class CpuKernelAttention(TorchAttention):
+    name = "cpu-kernels"
+
+    def __init__(self, lib: CpuKernels) -> None:
+        self.lib = lib
+
+    def rope_store_kv(self, *args) -> None:
+        self.lib.rope_store_kv(*args)
+
+    def prepare(self, batch: ForwardBatch) -> CpuMetadata:
+        short = [
+            1 < n and n * total <= SHORT_EXTEND_WORK and m is None
+            for n, total, m in zip(batch.extend_lens, batch.seq_lens, batch.tree_masks, strict=True)
+        ]
+        meta = self._prepare(batch, lambda b: not short[b])
+        rows, lens, starts, row = [], [], [], 0
+        for b, (n, total, start) in enumerate(
+            zip(batch.extend_lens, batch.seq_lens, batch.kv_starts, strict=True)
+        ):
+            if short[b]:
+                rows.append(torch.arange(row, row + n))
+                lens.append(torch.arange(total - n + 1, total + 1))
+                starts.append(torch.full((n,), start))
+            row += n
+        return CpuMetadata(
+            **vars(meta),
+            short_rows=_cat_int64(rows),
+            short_kv_starts=_cat_int64(starts),
+            short_kv_lens=_cat_int64(lens),
+            decodes_by_row=meta.decode_shared_len < MIN_SHARED_PREFIX,
+        )
+
+    def forward(
+        self,
+        qkv: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv: KVPool,
+        layer: int,
+        batch: ForwardBatch,
+        scale: float,
+    ) -> torch.Tensor:
+        meta = batch.metadata(self)
+        if not (batch.all_decodes and meta.decodes_by_row):
+            return super().forward(qkv, num_heads, num_kv_heads, cos, sin, kv, layer, batch, scale)
+        head_dim = kv.k[layer].shape[-1]
+        out = torch.empty(qkv.shape[0], num_heads, head_dim, dtype=qkv.dtype)
+        self.lib.rope_store_attend(
+            qkv, num_heads, num_kv_heads, batch.positions, cos, sin, kv.k[layer], kv.v[layer],
+            batch.out_slots, out, meta.decode_rows, meta.decode_kv_starts, meta.decode_kv_lens,
+            batch.kv_indices, scale,
+        )  # fmt: skip
+        return out.flatten(1)
+
+    def _attend_rows(self, q, kv, layer, batch, meta: CpuMetadata, scale, out) -> None:
+        k_cache, v_cache = kv.k[layer], kv.v[layer]
+        indices = batch.kv_indices
+        if meta.short_rows.numel():
+            self.lib.decode_attention(
+                q, k_cache, v_cache, out, meta.short_rows, meta.short_kv_starts,
+                meta.short_kv_lens, indices, scale,
+            )  # fmt: skip
+        if meta.decode_rows.numel() and meta.decodes_by_row:
+            self.lib.decode_attention(
+                q, k_cache, v_cache, out, meta.decode_rows, meta.decode_kv_starts,
+                meta.decode_kv_lens, indices, scale,
+            )  # fmt: skip
+        else:
+            super()._attend_rows(q, kv, layer, batch, meta, scale, out)
+
+
+def _cat_int64(parts: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat(parts).to(torch.int64) if parts else torch.empty(0, dtype=torch.int64)

@@ -1,0 +1,245 @@
+"""TorchAttention: paged attention in torch ops, the CPU path without the C++ kernels.
+
+All one-token sequences (decodes) are attended together over padded slot tables, with the
+slots every row shares (a common few-shot prompt) scored once for all rows; tree extends
+(speculative verification) together likewise, under their ancestor masks; other extends
+(prefill chunks) one sequence at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from braid.kernels import reference
+from braid.runtime.attention import AttentionBackend
+from braid.runtime.forward_batch import ForwardBatch
+from braid.runtime.kv_cache import KVPool
+
+# Below this many leading slots shared by all decode rows, reading them per row costs less
+# than scoring them once for all rows in one matmul.
+MIN_SHARED_PREFIX = 16
+
+
+@dataclass
+class TorchMetadata:
+    # Sequences with one new token: their rows of T, where their slots start in kv_indices
+    # and how many there are, their slot tables padded to the longest, and which padded
+    # entries are real.
+    decode_rows: torch.Tensor  # [Bd]
+    decode_kv_starts: torch.Tensor  # [Bd]
+    decode_kv_lens: torch.Tensor  # [Bd]
+    decode_kv_index: torch.Tensor  # [Bd, Lmax]
+    decode_kv_valid: torch.Tensor  # [Bd, 1, 1, Lmax] bool
+    # Leading slots every decode sequence shares: their K/V are read once for all rows.
+    decode_shared_len: int
+    # Tree extends: their rows of T padded to the largest tree, which padded rows are real,
+    # their slot tables padded to the longest, and each row's visibility over its padded
+    # slot table (prefix and ancestors).
+    tree_rows: torch.Tensor  # [Bt, Nmax]
+    tree_row_valid: torch.Tensor  # [Bt, Nmax] bool
+    tree_kv_index: torch.Tensor  # [Bt, Lmax]
+    tree_kv_mask: torch.Tensor  # [Bt, 1, 1, Nmax, Lmax] bool
+    # (first row, new tokens, first slot in kv_indices, context) of each other sequence.
+    extends: list[tuple[int, int, int, int]]
+
+
+class TorchAttention(AttentionBackend):
+    name = "torch"
+
+    def prepare(self, batch: ForwardBatch) -> TorchMetadata:
+        return self._prepare(batch, lambda b: True)
+
+    def _prepare(self, batch: ForwardBatch, attended_alone) -> TorchMetadata:
+        """The metadata, with `extends` holding only the plain extends for which
+        `attended_alone(b)` holds (subclasses attend the others their own way)."""
+        extend_lens, seq_lens, masks = batch.extend_lens, batch.seq_lens, batch.tree_masks
+        kv_starts_list = batch.kv_starts
+        kv_starts = torch.tensor(kv_starts_list, dtype=torch.int64)
+        row_starts = torch.tensor([0, *extend_lens]).cumsum(0)
+        decodes = [b for b, n in enumerate(extend_lens) if n == 1 and masks[b] is None]
+        longest = max((seq_lens[b] for b in decodes), default=0)
+        lens = torch.tensor([seq_lens[b] for b in decodes], dtype=torch.int64)
+        kv_index = _padded_tables(batch.kv_indices.cpu(), kv_starts[decodes], lens, longest)
+        kv_valid = (torch.arange(longest)[None, :] < lens[:, None])[:, None, None, :]
+        same = (kv_index == kv_index[:1]) & kv_valid[:, 0, 0]  # (Bd, Lmax)
+        shared_len = int(same.all(0).int().cumprod(0).sum()) if len(decodes) > 1 else 0
+        trees = [b for b, m in enumerate(masks) if m is not None]
+        most = max((extend_lens[b] for b in trees), default=0)
+        widest = max((seq_lens[b] for b in trees), default=0)
+        tree_rows = torch.zeros(len(trees), most, dtype=torch.int64)
+        tree_row_valid = torch.zeros(len(trees), most, dtype=torch.bool)
+        tree_kv_index = torch.zeros(len(trees), widest, dtype=torch.int64)
+        tree_kv_mask = torch.zeros(len(trees), most, widest, dtype=torch.bool)
+        for i, b in enumerate(trees):
+            n, total, start = extend_lens[b], seq_lens[b], kv_starts_list[b]
+            tree_rows[i, :n] = torch.arange(row_starts[b], row_starts[b] + n)
+            tree_row_valid[i, :n] = True
+            tree_kv_index[i, :total] = batch.kv_indices[start : start + total]
+            tree_kv_mask[i, :n, : total - n] = True
+            tree_kv_mask[i, :n, total - n : total] = masks[b]
+        extends = [
+            (int(row_starts[b]), n, kv_starts_list[b], seq_lens[b])
+            for b, n in enumerate(extend_lens)
+            if n > 1 and masks[b] is None and attended_alone(b)
+        ]
+        return TorchMetadata(
+            decode_rows=row_starts[decodes],
+            decode_kv_starts=kv_starts[decodes],
+            decode_kv_lens=lens,
+            decode_kv_index=kv_index,
+            decode_kv_valid=kv_valid,
+            decode_shared_len=shared_len,
+            tree_rows=tree_rows,
+            tree_row_valid=tree_row_valid,
+            tree_kv_index=tree_kv_index,
+            tree_kv_mask=tree_kv_mask[:, None, None],
+            extends=extends,
+        )
+
+    def rope_store_kv(self, *args) -> None:
+        reference.rope_store_kv(*args)
+
+    def attend(
+        self, q: torch.Tensor, kv: KVPool, layer: int, batch: ForwardBatch, scale: float
+    ) -> torch.Tensor:
+        """Attend each new token to its sequence's context, whose K/V (the new tokens'
+        included) are already in the pool. q: [T, H, D] (tokens may be strided, heads
+        packed). Returns [T, H * D]."""
+        meta = batch.metadata(self)
+        out = torch.empty(q.shape, dtype=q.dtype)
+        self._attend_rows(q, kv, layer, batch, meta, scale, out)
+        k_cache, v_cache = kv.k[layer], kv.v[layer]
+        if meta.tree_rows.numel():
+            out[meta.tree_rows[meta.tree_row_valid]] = _tree_attention(
+                q, k_cache, v_cache, meta, scale
+            )
+        for q_start, n, kv_start, total in meta.extends:
+            slots = batch.kv_indices[kv_start : kv_start + total]
+            k_b = k_cache.index_select(0, slots).transpose(0, 1)  # (Hkv, total, D)
+            v_b = v_cache.index_select(0, slots).transpose(0, 1)
+            # Token i of the new run sits at position total - n + i and sees up to there.
+            mask = torch.ones(n, total, dtype=torch.bool, device=q.device).tril(total - n)
+            q_b = q[q_start : q_start + n].transpose(0, 1)  # (H, n, D)
+            out[q_start : q_start + n] = grouped_attention(q_b, k_b, v_b, mask, scale).transpose(
+                0, 1
+            )
+        return out.flatten(1)
+
+    def _attend_rows(self, q, kv, layer, batch, meta: TorchMetadata, scale, out) -> None:
+        """The decode rows, all at once over their padded slot tables."""
+        if meta.decode_rows.numel():
+            out[meta.decode_rows] = _decode_attention(
+                q[meta.decode_rows], kv.k[layer], kv.v[layer], meta, scale
+            )
+
+
+def grouped_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """softmax(q k^T * scale, masked) v with each KV head's query heads grouped.
+
+    q: (..., H, n, D); k, v: (..., Hkv, L, D); mask: bool, broadcastable to (..., n, L).
+    Returns (..., H, n, D). On the CPU this is 3-6x faster than SDPA with a mask and
+    enable_gqa (its math path, which expands K/V per query head), and 2x faster than einsum
+    (measured on this project's CPU machine, bf16).
+    """
+    *batch, num_heads, n, head_dim = q.shape
+    num_kv_heads, length = k.shape[-3], k.shape[-2]
+    group = num_heads // num_kv_heads
+    q = q.reshape(*batch, num_kv_heads, group * n, head_dim)  # (..., Hkv, G*n, D)
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale  # (..., Hkv, G*n, L)
+    scores = scores.view(*batch, num_kv_heads, group, n, length)
+    scores.masked_fill_(~mask, float("-inf"))
+    probs = scores.softmax(-1).to(v.dtype).view(*batch, num_kv_heads, group * n, length)
+    return torch.matmul(probs, v).view(*batch, num_heads, n, head_dim)
+
+
+def _padded_tables(
+    kv_indices: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor, width: int
+) -> torch.Tensor:
+    """[len(starts), width] int64: row i is kv_indices[starts[i] : starts[i] + lens[i]], then
+    zeros. A gather, where copying each row in costs a tensor op per sequence."""
+    offsets = torch.arange(width)
+    index = (starts[:, None] + offsets[None, :]).clamp_max(max(kv_indices.numel() - 1, 0))
+    return torch.where(offsets[None, :] < lens[:, None], kv_indices[index], 0)
+
+
+def _gather_rows(cache: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """K or V of each row's slots: cache [S, Hkv, D], index [B, L] -> [B, Hkv, L, D].
+
+    index_select over the flattened table is ~9x faster on the CPU than indexing with the
+    2-D index, and the head-major copy halves the time of the matmuls that follow.
+    """
+    rows = cache.index_select(0, index.reshape(-1)).view(index.shape[0], -1, *cache.shape[1:])
+    return rows.transpose(1, 2).contiguous()
+
+
+def _decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: TorchMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """All one-token sequences at once over their padded slot tables. q: (Bd, H, D)."""
+    if meta.decode_shared_len >= MIN_SHARED_PREFIX:
+        return _decode_attention_shared_prefix(q, k_cache, v_cache, meta, scale)
+    k = _gather_rows(k_cache, meta.decode_kv_index)  # (Bd, Hkv, L, D)
+    v = _gather_rows(v_cache, meta.decode_kv_index)
+    valid = meta.decode_kv_valid[:, :, None]  # (Bd, 1, 1, 1, L)
+    return grouped_attention(q.unsqueeze(2), k, v, valid, scale).squeeze(2)
+
+
+def _tree_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: TorchMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """All tree extends at once, padded like decode rows: each new token sees its sequence's
+    prefix and its own ancestors. q: (T, H, D); returns the real rows, (sum n, H, D)."""
+    k = _gather_rows(k_cache, meta.tree_kv_index)  # (Bt, Hkv, L, D)
+    v = _gather_rows(v_cache, meta.tree_kv_index)
+    q_t = q[meta.tree_rows].transpose(1, 2)  # (Bt, Nmax, H, D) -> (Bt, H, Nmax, D)
+    out = grouped_attention(q_t, k, v, meta.tree_kv_mask, scale)  # (Bt, H, Nmax, D)
+    return out.transpose(1, 2)[meta.tree_row_valid]
+
+
+def _decode_attention_shared_prefix(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: TorchMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Decode attention when every row starts with the same `shared` slots.
+
+    The shared K/V are gathered once and scored against all rows' queries in one matmul;
+    each row's own tail is gathered per row. Both score blocks share one softmax, so the
+    result equals attention over the whole context.
+    """
+    bd, num_heads, head_dim = q.shape
+    shared = meta.decode_shared_len
+    num_kv_heads = k_cache.shape[1]
+    group = num_heads // num_kv_heads
+    prefix = meta.decode_kv_index[0, :shared]
+    k_p = k_cache.index_select(0, prefix).transpose(0, 1)  # (Hkv, P, D)
+    v_p = v_cache.index_select(0, prefix).transpose(0, 1)
+    k_t = _gather_rows(k_cache, meta.decode_kv_index[:, shared:])  # (Bd, Hkv, T, D)
+    v_t = _gather_rows(v_cache, meta.decode_kv_index[:, shared:])
+    q_g = q.view(bd, num_kv_heads, group, head_dim)  # (Bd, Hkv, G, D)
+    # All rows' queries of a KV head against the shared prefix: (Hkv, Bd*G, P).
+    q_h = q_g.transpose(0, 1).reshape(num_kv_heads, bd * group, head_dim)
+    s_p = torch.matmul(q_h, k_p.transpose(-1, -2)).float() * scale
+    s_p = s_p.view(num_kv_heads, bd, group, shared).transpose(0, 1)  # (Bd, Hkv, G, P)
+    s_t = torch.matmul(q_g, k_t.transpose(-1, -2)).float() * scale  # (Bd, Hkv, G, T)
+    s_t.masked_fill_(~meta.decode_kv_valid[:, :, :, shared:], float("-inf"))
+    probs = torch.cat([s_p, s_t], dim=-1).softmax(-1).to(v_t.dtype)
+    p_p, p_t = probs.split([shared, probs.shape[-1] - shared], dim=-1)
+    p_h = p_p.transpose(0, 1).reshape(num_kv_heads, bd * group, shared)
+    out_p = torch.matmul(p_h, v_p).view(num_kv_heads, bd, group, head_dim).transpose(0, 1)
+    out = out_p + torch.matmul(p_t, v_t)  # (Bd, Hkv, G, D)
+    return out.reshape(bd, num_heads, head_dim)
