@@ -1,6 +1,10 @@
 """What the interpreter needs from a model: generate text, score continuations, and the
 chat template's markers. `LocalBackend` runs an in-process Engine; remote backends (a braid
-server, an OpenAI-compatible API) implement the same three members."""
+server, an OpenAI-compatible API) implement the same three members.
+
+LocalBackend and RemoteBackend also offer what SGLang's frontend asks of a backend:
+`token_texts(ids)` (for get_meta_info's logprob listings), `flush_cache()` and
+`get_server_info()`; a backend without them leaves texts out or says it cannot."""
 
 from __future__ import annotations
 

@@ -22,7 +22,21 @@ from typing import Any
 from braid.interpreter.backend import Backend
 from braid.interpreter.choices import METHODS, needs_unconditional
 from braid.interpreter.event_loop import interpreter_loop
-from braid.interpreter.ir import Gen, Role, RoleBegin, RoleEnd, Select
+from braid.interpreter.ir import (
+    Gen,
+    Parts,
+    Role,
+    RoleBegin,
+    RoleEnd,
+    Select,
+    SetVar,
+    VarScopeBegin,
+    VarScopeEnd,
+)
+
+# How forks join their parent (SGLang's modes): their new variables gathered into lists, or
+# their text since the fork appended.
+JOIN_MODES = ("gather_variable", "concate_and_append")
 
 
 class ProgramError(RuntimeError):
@@ -39,6 +53,12 @@ class _ForkPoint:
 @dataclass
 class _Inherit:
     parent: Future
+
+
+@dataclass
+class _Join:
+    children: list[StreamExecutor]
+    mode: str
 
 
 @dataclass
@@ -72,6 +92,8 @@ class StreamExecutor:
         self.metas: dict[str, dict] = {}
         self.error: BaseException | None = None
         self.chunks: list[tuple[str | None, str]] = []  # (variable or None, text) as appended
+        self.fork_start = 0  # a fork's text before this position is its parent's
+        self._scopes: dict[str, int] = {}  # open var_scope name -> where its text starts
         if parent is not None:
             self.submit(_Inherit(parent))
 
@@ -99,6 +121,16 @@ class StreamExecutor:
             for f in parents:
                 f.set_exception(ProgramError("the parent state failed before the fork"))
         return children
+
+    def join(self, children: list[StreamExecutor], mode: str) -> None:
+        """Wait until the forks `children` have run what was appended to them, then, in this
+        state's order, gather the variables they set into lists or append the text they
+        added (JOIN_MODES)."""
+        if mode not in JOIN_MODES:
+            raise ValueError(f"join(mode={mode!r}): the mode is one of {list(JOIN_MODES)}")
+        for child in children:
+            child.sync()
+        self.submit(_Join(children, mode))
 
     def close(self) -> None:
         """The program function has returned (or raised): no more operations."""
@@ -288,9 +320,8 @@ class StreamExecutor:
                     f"gen({op.name!r}): cannot decode {out.text!r} "
                     f"(finish reason {out.finish_reason}): {e}"
                 ) from None
-        self._set(
-            op.name, value, {"text": out.text, "finish_reason": out.finish_reason, **out.meta}
-        )
+        meta = {"text": out.text, "finish_reason": out.finish_reason, "token_ids": out.token_ids}
+        self._set(op.name, value, {**meta, **out.meta})
 
     @_run.register
     async def _(self, op: Select) -> None:
@@ -310,6 +341,42 @@ class StreamExecutor:
         if unconditional is not None:
             meta["unconditional_logprobs"] = unconditional
         self._set(op.name, choices[best], meta)
+
+    @_run.register
+    async def _(self, op: Parts) -> None:
+        for part in op.items:
+            await self._run(part)
+
+    @_run.register
+    async def _(self, op: VarScopeBegin) -> None:
+        self._scopes[op.name] = len(self.text)
+
+    @_run.register
+    async def _(self, op: VarScopeEnd) -> None:
+        if op.name not in self._scopes:
+            raise ValueError(f"var_scope({op.name!r}) ends where it did not begin")
+        self._set(op.name, self.text[self._scopes.pop(op.name) :], {})
+
+    @_run.register
+    async def _(self, op: SetVar) -> None:
+        self._set(op.name, op.value, {})
+
+    @_run.register
+    async def _(self, op: _Join) -> None:
+        for i, child in enumerate(op.children):
+            if child.error is not None:
+                raise ProgramError(f"fork {i} failed, so it cannot be joined") from child.error
+        if op.mode == "concate_and_append":
+            self._append("".join(c.text[c.fork_start :] for c in op.children))
+            return
+        with self._cond:
+            parents = set(self.variables)  # the forks inherited these: only new ones gather
+            for child in op.children:
+                for name, value in child.variables.items():
+                    if name not in parents:
+                        self.variables.setdefault(name, []).append(value)
+                        self.metas[name] = {}
+            self._settle()
 
     @_run.register
     async def _(self, op: _ForkPoint) -> None:
@@ -333,5 +400,6 @@ class StreamExecutor:
                 copy.deepcopy(s.messages),
                 s.open_role,
             )
+            self.fork_start = len(s.text)
             self.variables.update(s.variables)
             self.metas.update(s.metas)

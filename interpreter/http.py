@@ -36,6 +36,13 @@ class HttpClient:
         raise_for_error(response)
         return response.json()
 
+    def post_sync(self, path: str, body: dict) -> None:
+        """A POST whose reply only says it was done (/flush_cache)."""
+        response = httpx.post(
+            self.base_url + path, json=body, headers=self.headers, timeout=self.timeout
+        )
+        raise_for_error(response)
+
     async def post(self, path: str, body: dict) -> dict:
         response = await self.client().post(path, json=body)
         raise_for_error(response)

@@ -1,7 +1,8 @@
 """The operations a program appends to its state, in the order it appends them.
 
 `lang` builds these (`gen(...)`, `select(...)`, `user(...)`); the executor runs them. They
-are not text: using one as a string outside a program state raises an error that says so.
+join with text and each other into Parts (`"A: " + gen("a")`), but they are not text: using
+one as a string outside a program state raises an error that says so.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from braid.runtime.sampling_params import SamplingParams
 
 
 class _NotText:
-    """Mixin for operations: refuse to be turned into or joined with text."""
+    """Mixin for operations: they join with text and each other (`"A: " + gen("a")` is the
+    parts "A: " then gen("a"), as in SGLang), but refuse to be turned into text."""
 
     def _misuse(self, *_: object) -> str:
         raise TypeError(
@@ -22,7 +24,13 @@ class _NotText:
             "function (s += ...)"
         )
 
-    __str__ = __format__ = __add__ = __radd__ = _misuse
+    __str__ = __format__ = _misuse
+
+    def __add__(self, other: object) -> Parts:
+        return Parts((*_parts_of(self, other), *_parts_of(other, self)))
+
+    def __radd__(self, other: object) -> Parts:
+        return Parts((*_parts_of(other, self), *_parts_of(self, other)))
 
 
 @dataclass(eq=False, repr=False)
@@ -84,4 +92,55 @@ class Role(_NotText):
         return f"{self.role}(...)"
 
 
-Op = str | Gen | Select | RoleBegin | RoleEnd | Role
+@dataclass(eq=False, repr=False)
+class Parts(_NotText):
+    """Text and operations joined with `+`, appended in order."""
+
+    items: tuple[Any, ...]
+
+    def __repr__(self) -> str:
+        return " + ".join(repr(p) for p in self.items)
+
+
+@dataclass(eq=False, repr=False)
+class VarScopeBegin(_NotText):
+    """The text appended from here to the matching VarScopeEnd becomes variable `name`."""
+
+    name: str
+
+    def __repr__(self) -> str:
+        return f"var_scope_begin({self.name!r})"
+
+
+@dataclass(eq=False, repr=False)
+class VarScopeEnd(_NotText):
+    name: str
+
+    def __repr__(self) -> str:
+        return f"var_scope_end({self.name!r})"
+
+
+@dataclass(eq=False, repr=False)
+class SetVar(_NotText):
+    """Set variable `name` to `value` at this point of the program."""
+
+    name: str
+    value: Any
+
+    def __repr__(self) -> str:
+        return f"set_var({self.name!r})"
+
+
+Op = str | Gen | Select | RoleBegin | RoleEnd | Role | Parts | VarScopeBegin | VarScopeEnd | SetVar
+
+
+def _parts_of(part: object, partner: object) -> tuple[Any, ...]:
+    """What `part` contributes to a join with `partner`: a Parts' items, or itself."""
+    if isinstance(part, Parts):
+        return part.items
+    if isinstance(part, str | _NotText):
+        return (part,)
+    raise TypeError(
+        f"cannot join {type(part).__name__} with {partner!r}: only text, gen(...), "
+        "select(...) and role messages join into the parts of a program"
+    )

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from functools import cached_property
 from typing import TYPE_CHECKING
+
+import msgspec
 
 from braid.runtime.chat_template import ChatTemplate
 from braid.runtime.outputs import GenerateOutput
@@ -33,7 +36,28 @@ class LocalBackend:
             token_ids += chunk.token_ids
         if chunk.error:
             raise RuntimeError(chunk.error)
-        return GenerateOutput("".join(text), token_ids, chunk.finish_reason, chunk.meta or {})
+        meta = chunk.meta or {}
+        if params.prompt_logprobs_from is not None:  # which tokens those logprobs are of
+            meta["prompt_token_ids"] = self.engine.encode(prompt)[params.prompt_logprobs_from :]
+        return GenerateOutput("".join(text), token_ids, chunk.finish_reason, meta)
 
     async def score(self, prefix: str, continuations: list[str]) -> list[list[float]]:
         return await self.engine.ascore(prefix, continuations)
+
+    def token_texts(self, token_ids: list[int]) -> list[str]:
+        """Each token's own text."""
+        return [self.engine.tokenizer.decode([t]) for t in token_ids]
+
+    def flush_cache(self) -> None:
+        """Drop the engine's cached prefixes."""
+        self.engine.flush_cache()
+
+    def get_server_info(self) -> dict:
+        """The engine's configuration and counters (what a braid server's /get_server_info
+        reports of its engine)."""
+        config = msgspec.to_builtins(dataclasses.asdict(self.engine.config))
+        return {
+            **config,
+            "context_length": self.engine.context_length,
+            "stats": self.engine.stats(),
+        }

@@ -24,6 +24,8 @@ class RemoteBackend:
     def __init__(self, url: str, api_key: str | None = None, timeout: float = 600.0) -> None:
         self.http = HttpClient(url, api_key, timeout)
         self.model_info = self.http.get_sync("/get_model_info")
+        # Token id -> text, as the server named them in the logprobs it reported.
+        self._token_texts: dict[int, str] = {}
 
     @cached_property
     def chat_template(self) -> ChatTemplate:
@@ -38,33 +40,63 @@ class RemoteBackend:
     async def generate(
         self, prompt: str, params: SamplingParams, on_text: Callable[[str], None]
     ) -> GenerateOutput:
-        # What is reported goes in /generate's own fields (return_logprob, top_logprobs_num).
+        # What is reported goes in /generate's own fields (return_logprob, top_logprobs_num,
+        # logprob_start_len).
         sampling = {k: v for k, v in msgspec.to_builtins(params).items() if k in SAMPLING_FIELDS}
+        prompt_from = params.prompt_logprobs_from
         body = {
             "text": prompt,
             "sampling_params": sampling,
             "stream": True,
-            "return_logprob": params.wants_logprobs,
+            "return_logprob": params.wants_logprobs or prompt_from is not None,
             "top_logprobs_num": params.top_logprobs,
+            "return_text_in_logprobs": True,
         }
+        if prompt_from is not None:
+            body["logprob_start_len"] = prompt_from
         last, seen = None, 0
+        listing, tops = [], []  # output logprobs, from every event that reports some
         async for last in self.http.events("/generate", body):
             text = last["text"]  # all of it so far
             if len(text) > seen:
                 on_text(text[seen:])
                 seen = len(text)
+            listing += last["meta_info"].get("output_token_logprobs") or []
+            tops += last["meta_info"].get("output_top_logprobs") or []
         if last is None:
             raise RuntimeError(f"{self.http.base_url}/generate ended without a result")
         info = last["meta_info"]
         meta = {k: info[k] for k in ("prompt_tokens", "cached_tokens", "completion_tokens")}
         meta["preemptions"] = info.get("preemptions", 0)
         if params.wants_logprobs:
-            meta["logprobs"] = [lp for lp, _, _ in info["output_token_logprobs"]]
-            tops = info.get("output_top_logprobs") or [[] for _ in meta["logprobs"]]
+            meta["logprobs"] = [lp for lp, _, _ in listing]
+            tops = tops or [[] for _ in listing]
             meta["top_logprobs"] = [{t: lp for lp, t, _ in step} for step in tops]
+            self._learn_texts(listing, *tops)
+        if prompt_from is not None:
+            prompt_listing = info.get("input_token_logprobs") or []
+            meta["prompt_logprobs"] = [lp for lp, _, _ in prompt_listing]
+            meta["prompt_token_ids"] = [t for _, t, _ in prompt_listing]
+            self._learn_texts(prompt_listing)
         reason = info["finish_reason"]["type"]
         return GenerateOutput(last["text"], last["output_ids"], reason, meta)
 
     async def score(self, prefix: str, continuations: list[str]) -> list[list[float]]:
         body = {"prefix": prefix, "continuations": continuations}
         return (await self.http.post("/braid/score", body))["logprobs"]
+
+    def token_texts(self, token_ids: list[int]) -> list[str | None]:
+        """Each token's text, as the server named it in reported logprobs (None if it never
+        did)."""
+        return [self._token_texts.get(t) for t in token_ids]
+
+    def flush_cache(self) -> None:
+        """Drop the server's cached prefixes."""
+        self.http.post_sync("/flush_cache", {})
+
+    def get_server_info(self) -> dict:
+        return self.http.get_sync("/get_server_info")
+
+    def _learn_texts(self, *listings: list[list]) -> None:
+        for listing in listings:
+            self._token_texts.update((t, text) for _, t, text in listing if text is not None)

@@ -20,7 +20,16 @@ def lazy_exports(package: str, where: dict[str, str]) -> Callable[[str], Any]:
         if name not in where:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         value = getattr(import_module(where[name]), name)
-        setattr(sys.modules[package], name, value)  # later lookups skip this function
+        # Bind every export whose module is loaded (a module still importing may lack its
+        # names yet), so later lookups skip this function. That also undoes the import system
+        # binding a module on its package under its own name where an export has that name
+        # (`braid.program`, the decorator of the module braid/program.py).
+        namespace = sys.modules[package]
+        for export, module_name in where.items():
+            module = sys.modules.get(module_name)
+            if module is not None and export in vars(module):
+                setattr(namespace, export, vars(module)[export])
+        setattr(namespace, name, value)
         return value
 
     return __getattr__

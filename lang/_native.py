@@ -41,7 +41,7 @@ def build(name: str, sources: list[Path], flags: list[str], build_dir: Path) -> 
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
     parts = [*(p.read_text() for p in sources), version, " ".join(flags)]
     if "-march=native" in flags:
-        parts.append(_cpu_signature())
+        parts.append(cpu_signature())
     key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
     target = build_dir / f"braid_{name}_{key}.so"
     with _lock:
@@ -77,7 +77,7 @@ def load(path: Path, signatures: Signatures) -> ctypes.CDLL:
     return lib
 
 
-def _cpu_signature() -> str:
+def cpu_signature() -> str:
     """What -march=native compiles for: the CPU's model and flags."""
     try:
         with open("/proc/cpuinfo") as f:

@@ -1,16 +1,20 @@
-"""What a program appends to its state: gen, select and chat roles."""
+"""What a program appends to its state: gen, select and chat roles.
+
+gen, select and `program.run` also take SGLang's keywords (max_new_tokens, return_logprob,
+choices_method, ...); they are mapped onto braid's here, in one place.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
 
 from braid.grammars.constraints import dtype_constraint
 from braid.interpreter.choices import METHODS
-from braid.interpreter.ir import Gen, Role, Select
+from braid.interpreter.ir import Gen, Parts, Role, Select
 from braid.runtime.sampling_params import SamplingParams
 
 _SAMPLING_FIELDS = frozenset(SamplingParams.__struct_fields__)
@@ -21,79 +25,158 @@ _DTYPE_DECODERS: dict[type, Callable[[str], Any]] = {
     str: json.loads,  # the dtype's regex is a JSON string literal
 }
 
+# SGLang's names for SamplingParams fields.
+_SGLANG_NAMES = {
+    "max_new_tokens": "max_tokens",
+    "min_new_tokens": "min_tokens",
+    "return_logprob": "logprobs",
+    "top_logprobs_num": "top_logprobs",
+}
+# SGLang's detokenizer switches: braid implements them at SGLang's defaults only.
+_SGLANG_FIXED = {"skip_special_tokens": True, "spaces_between_special_tokens": True}
+# Accepted, no effect: get_meta_info gives each token's text wherever the backend knows it.
+_SGLANG_IGNORED = frozenset({"return_text_in_logprobs"})
+_SGLANG_DTYPES = {"int": int, "float": float, "bool": bool, "str": str, "string": str}
+# Every keyword that sets sampling: braid's fields and SGLang's names (logprob_start_len
+# becomes prompt_logprobs_from, shifted: see sampling_fields).
+SAMPLING_KEYWORDS = _SAMPLING_FIELDS.union(
+    _SGLANG_NAMES, _SGLANG_FIXED, _SGLANG_IGNORED, {"logprob_start_len"}
+)
+
+
+def sampling_fields(given: dict[str, Any], where: str) -> dict[str, Any]:
+    """SamplingParams fields from keywords in braid's or SGLang's names; a None value is not
+    given (SGLang passes None for what it leaves to the defaults)."""
+    fields: dict[str, Any] = {}
+    for key, value in given.items():
+        if value is None or key in _SGLANG_IGNORED:
+            continue
+        if key in _SGLANG_FIXED:
+            if value != _SGLANG_FIXED[key]:
+                raise ValueError(f"{where}: {key} must be {_SGLANG_FIXED[key]} on braid")
+            continue
+        if key == "logprob_start_len":
+            if value < 0:  # SGLang's "no prompt logprobs"
+                continue
+            # Counted from the prompt's first token, which has no logprob.
+            key, value = "prompt_logprobs_from", max(1, value)
+        if key == "top_k" and value == -1:  # SGLang's "off"
+            value = 0
+        field = _SGLANG_NAMES.get(key, key)
+        if field not in _SAMPLING_FIELDS:
+            raise TypeError(
+                f"{where}: unknown parameter {key!r}; sampling takes the SamplingParams fields "
+                f"({', '.join(sorted(_SAMPLING_FIELDS))}) and SGLang's names for them "
+                f"({', '.join(sorted(SAMPLING_KEYWORDS - _SAMPLING_FIELDS))})"
+            )
+        if field in fields:
+            raise TypeError(f"{where}: {field} is given twice (in braid's and SGLang's names)")
+        fields[field] = value
+    return fields
+
 
 def gen(
     name: str | None = None,
+    max_tokens: int | None = None,
     *,
-    dtype: type | None = None,
+    dtype: type | str | None = None,
     json_schema: Any = None,
     return_logprobs: bool = False,
+    choices_method: str | Callable | None = None,
     **sampling: Any,
-) -> Gen:
+) -> Gen | Select:
     """Generate text into `state[name]`.
 
     `sampling` takes any SamplingParams field (max_tokens, stop, temperature, top_p, top_k,
-    min_p, penalties, seed, regex, choices, grammar, ...); what it leaves out comes from the
-    program's defaults, then SamplingParams' own. `dtype` (int, float, bool, str) constrains
-    the text to a literal of that type and stores the value; `json_schema` takes a dict,
-    JSON text, or a type msgspec can describe (msgspec.Struct, dataclass, TypedDict, ...),
-    whose value is then decoded into that type. `return_logprobs` puts each token's logprob
-    in `state.meta(name)["logprobs"]`.
+    min_p, penalties, seed, regex, grammar, ...) or SGLang's name for it (max_new_tokens,
+    min_new_tokens, return_logprob, top_logprobs_num, logprob_start_len); what it leaves out
+    comes from the program's defaults, then SamplingParams' own. `dtype` (int, float, bool,
+    str, or their names) constrains the text to a literal of that type and stores the value;
+    `json_schema` takes a dict, JSON text, or a type msgspec can describe (msgspec.Struct,
+    dataclass, TypedDict, ...), whose value is then decoded into that type.
+    `return_logprobs` puts each token's logprob in `state.meta(name)["logprobs"]`.
+    With `choices` it is `select(name, choices, choices_method)`, as in SGLang: the choices
+    are scored, not sampled.
     """
-    unknown = sorted(set(sampling) - _SAMPLING_FIELDS)
-    if unknown:
-        raise TypeError(
-            f"gen({name!r}): unknown parameter {unknown[0]!r}; it takes dtype, json_schema, "
-            f"return_logprobs and the SamplingParams fields: {', '.join(sorted(_SAMPLING_FIELDS))}"
-        )
+    where = f"gen({name!r})"
+    sampling = sampling_fields({"max_tokens": max_tokens, **sampling}, where)
+    if "choices" in sampling:
+        return _gen_choices(name, sampling, dtype, json_schema, choices_method)
+    if choices_method is not None:
+        raise ValueError(f"{where}: choices_method needs choices")
     if sampling.get("n", 1) != 1:
-        raise ValueError(f"gen({name!r}): n must be 1; fork the state for several samples")
+        raise ValueError(f"{where}: n must be 1; fork the state for several samples")
     decode = None
     if json_schema is not None:
         json_schema, decode = _schema(name, json_schema)
         sampling["json_schema"] = json_schema
     if dtype is not None:
-        if any(k in sampling for k in ("regex", "json_schema", "choices", "grammar")):
-            raise ValueError(f"gen({name!r}): dtype cannot be combined with another constraint")
+        dtype = _SGLANG_DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype
+        if any(k in sampling for k in ("regex", "json_schema", "grammar")):
+            raise ValueError(f"{where}: dtype cannot be combined with another constraint")
         sampling["regex"] = dtype_constraint(dtype).pattern
         decode = _DTYPE_DECODERS[dtype]
     if return_logprobs:
         sampling["logprobs"] = True
-    check_sampling(sampling, f"gen({name!r})")
+    check_sampling(sampling, where)
     return Gen(name, sampling, decode)
 
 
-def select(name: str | None, choices: list[str], method: str = "token_length_normalized") -> Select:
+def select(
+    name: str | None = None,
+    choices: Sequence[str] | None = None,
+    method: str | Callable = "token_length_normalized",
+    *,
+    choices_method: str | Callable | None = None,
+    temperature: float = 0.0,
+) -> Select:
     """Append the choice the model scores best and store it in `state[name]`.
 
     All choices are scored in one request tree (logprobs of their tokens, no sampling).
     `method`: "token_length_normalized" (mean token logprob), "greedy" (the choice a greedy
     decoder follows furthest) or "unconditional_likelihood_normalized" (mean gain over the
-    choice's logprobs without the context).
+    choice's logprobs without the context), or the method itself (`braid.greedy_token_selection`
+    and the others SGLang names). `choices_method` is SGLang's keyword for it; `temperature`
+    is SGLang's too and must be 0, since nothing is sampled.
     """
-    choices = list(choices) if not isinstance(choices, str) else None
+    where = f"select({name!r})"
+    choices = list(choices) if choices is not None and not isinstance(choices, str) else None
     if not choices or not all(isinstance(c, str) and c for c in choices):
-        raise ValueError(f"select({name!r}): choices must be a non-empty list of non-empty strings")
+        raise ValueError(f"{where}: choices must be a non-empty list of non-empty strings")
     if len(set(choices)) != len(choices):
-        raise ValueError(f"select({name!r}): choices must be distinct")
+        raise ValueError(f"{where}: choices must be distinct")
+    if temperature != 0:
+        raise ValueError(f"{where}: temperature must be 0: the choices are scored, not sampled")
+    method = choices_method if choices_method is not None else method
+    if callable(method):  # SGLang's method objects are braid's methods
+        method = next((key for key, m in METHODS.items() if m is method), method)
     if method not in METHODS:
-        raise ValueError(f"select({name!r}): unknown method {method!r}; one of {list(METHODS)}")
+        raise ValueError(f"{where}: unknown method {method!r}; one of {list(METHODS)}")
     return Select(name, tuple(choices), method)
 
 
 def system(*parts: Any) -> Role:
     """A system message made of text, gen and select parts."""
-    return _role("system", parts)
+    return role_message("system", parts)
 
 
 def user(*parts: Any) -> Role:
     """A user message made of text, gen and select parts."""
-    return _role("user", parts)
+    return role_message("user", parts)
 
 
 def assistant(*parts: Any) -> Role:
     """An assistant message made of text, gen and select parts."""
-    return _role("assistant", parts)
+    return role_message("assistant", parts)
+
+
+def role_message(role: str, parts: tuple[Any, ...]) -> Role:
+    """A `role` message of text, gen and select parts; parts joined with `+` count as theirs."""
+    flat = [item for p in parts for item in (p.items if isinstance(p, Parts) else (p,))]
+    for p in flat:
+        if not isinstance(p, str | Gen | Select):
+            raise TypeError(f"{role}(): parts must be text, gen or select, got {p!r}")
+    return Role(role, tuple(flat))
 
 
 def check_sampling(sampling: dict[str, Any], where: str) -> SamplingParams:
@@ -104,11 +187,21 @@ def check_sampling(sampling: dict[str, Any], where: str) -> SamplingParams:
         raise ValueError(f"{where}: {e}") from None
 
 
-def _role(role: str, parts: tuple[Any, ...]) -> Role:
-    for p in parts:
-        if not isinstance(p, str | Gen | Select):
-            raise TypeError(f"{role}(): parts must be text, gen or select, got {p!r}")
-    return Role(role, parts)
+def _gen_choices(
+    name: str | None,
+    sampling: dict[str, Any],
+    dtype: Any,
+    json_schema: Any,
+    choices_method: str | Callable | None,
+) -> Select:
+    """SGLang's gen(name, choices=...): a select. The sampling fields are checked, then left
+    unused but for temperature, which select checks."""
+    if dtype is not None or json_schema is not None:
+        raise ValueError(f"gen({name!r}): choices cannot be combined with dtype or json_schema")
+    check_sampling(sampling, f"gen({name!r})")
+    method = choices_method or "token_length_normalized"
+    temperature = sampling.get("temperature", 0.0)
+    return select(name, sampling["choices"], method, temperature=temperature)
 
 
 def _schema(name: str | None, schema: Any) -> tuple[Any, Callable[[str], Any] | None]:

@@ -12,7 +12,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from braid.api import check_sampling
+from braid.api import SAMPLING_KEYWORDS, check_sampling, sampling_fields
 from braid.interpreter.backend import Backend, default_backend
 from braid.interpreter.executor import StreamExecutor
 from braid.state import ProgramState
@@ -42,9 +42,9 @@ class Program:
         self._check_args((), {**self.bound, **kwargs}, partial=True)
         return Program(self.fn, {**self.bound, **kwargs})
 
-    def __call__(self, s: ProgramState, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, s: ProgramState | None = None, *args: Any, **kwargs: Any) -> Any:
         """Inside another program, `inner(s, ...)` appends this program to that state."""
-        if not isinstance(s, ProgramState):
+        if not isinstance(s, ProgramState):  # SGLang's f(...) runs it: braid asks for f.run
             raise TypeError(
                 f"{self.name}() needs a program state first: use {self.name}.run(...) to run "
                 f"it, or {self.name}(s, ...) inside another program"
@@ -61,9 +61,13 @@ class Program:
     ) -> ProgramState:
         """Run the program and return its finished state; raises what the program raised.
 
-        `sampling`: SamplingParams fields every gen of the program starts from. With
-        `stream=True` it returns at once: iterate `state.text_iter()` for the text.
+        `sampling`: SamplingParams fields every gen of the program starts from. A keyword
+        that is not one of the program's parameters but a sampling field, in braid's or
+        SGLang's name (`temperature=0`, `max_new_tokens=16`), is one of those defaults too,
+        as in SGLang. With `stream=True` it returns at once: iterate `state.text_iter()` for
+        the text.
         """
+        kwargs, sampling = self._split_sampling(kwargs, sampling, "run")
         state = self._new_state(backend, sampling)
         if stream:
             threading.Thread(
@@ -78,23 +82,39 @@ class Program:
 
     def run_batch(
         self,
-        batch: list[dict[str, Any]],
+        batch: list[dict[str, Any] | tuple | list],
         *,
         concurrency: int = 32,
         progress: bool = False,
         backend: Backend | None = None,
         sampling: dict[str, Any] | None = None,
+        num_threads: int | str | None = None,
+        progress_bar: bool = False,
+        **sampling_kwargs: Any,
     ) -> list[ProgramState]:
-        """Run the program once per kwargs dict, up to `concurrency` at a time, so their
-        requests reach the engine together (a shared few-shot prefix is computed once).
-        A program that fails does not stop the others: its state's `error` says why."""
+        """Run the program once per kwargs dict (or tuple of positional arguments), up to
+        `concurrency` at a time, so their requests reach the engine together (a shared
+        few-shot prefix is computed once). A program that fails does not stop the others:
+        its state's `error` says why.
+
+        SGLang's names work too: `num_threads` (an int, or "auto" for braid's default) is
+        `concurrency`, `progress_bar` is `progress`, and sampling keywords (`temperature=0`,
+        `max_new_tokens=16`) are defaults for every gen, like `sampling`.
+        """
+        if num_threads is not None and num_threads != "auto":
+            concurrency = num_threads
         if concurrency < 1:
             raise ValueError("run_batch: concurrency must be >= 1")
+        progress = progress or progress_bar
+        sampling = {**(sampling or {}), **sampling_fields(sampling_kwargs, "run_batch")}
         backend = backend or default_backend()
 
-        def run_one(kwargs: dict[str, Any]) -> ProgramState:
+        def run_one(arguments: dict[str, Any] | tuple | list) -> ProgramState:
             state = self._new_state(backend, sampling)
-            self._execute(state, (), kwargs)
+            if isinstance(arguments, dict):
+                self._execute(state, (), arguments)
+            else:
+                self._execute(state, tuple(arguments), {})
             state._executor.wait()
             return state
 
@@ -103,7 +123,7 @@ class Program:
             ThreadPoolExecutor(min(concurrency, max(len(batch), 1))) as pool,
             tqdm(total=len(batch), disable=not progress, desc=self.name) as bar,
         ):
-            futures = {pool.submit(run_one, kwargs): i for i, kwargs in enumerate(batch)}
+            futures = {pool.submit(run_one, arguments): i for i, arguments in enumerate(batch)}
             for f in as_completed(futures):
                 states[futures[f]] = f.result()
                 bar.update(1)
@@ -117,6 +137,7 @@ class Program:
         **kwargs: Any,
     ) -> ProgramState:
         """`run` for asyncio: awaits the program without blocking the event loop."""
+        kwargs, sampling = self._split_sampling(kwargs, sampling, "arun")
         state = self._new_state(backend, sampling)
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(_ARUN_THREADS, self._execute, state, args, kwargs)
@@ -124,6 +145,18 @@ class Program:
         if state.error is not None:
             raise state.error
         return state
+
+    def _split_sampling(
+        self, kwargs: dict[str, Any], sampling: dict[str, Any] | None, where: str
+    ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """(the program's arguments, the gens' defaults): a keyword that names none of the
+        program's parameters but a sampling field is a default for every gen."""
+        params = self.signature.parameters
+        direct = {k: v for k, v in kwargs.items() if k in SAMPLING_KEYWORDS and k not in params}
+        if not direct:
+            return kwargs, sampling
+        arguments = {k: v for k, v in kwargs.items() if k not in direct}
+        return arguments, {**(sampling or {}), **sampling_fields(direct, f"{self.name}.{where}")}
 
     def _new_state(self, backend: Backend | None, sampling: dict[str, Any] | None) -> ProgramState:
         sampling = dict(sampling or {})

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
+from braid.api import role_message
 from braid.interpreter.executor import StreamExecutor
-from braid.interpreter.ir import Op, RoleBegin, RoleEnd
+from braid.interpreter.ir import Op, RoleBegin, RoleEnd, SetVar, VarScopeBegin, VarScopeEnd
+from braid.meta_info import sglang_meta_info
 
 
 class ProgramState:
     """The text of a program so far, its messages and variables.
 
     `s += x` appends text, gen, select or a role message and returns at once; `s[name]`
-    waits for the gen or select that sets `name`.
+    waits for the gen or select that sets `name`. SGLang's names work too: get_var,
+    set_var, get_meta_info, var_scope, sync.
     """
 
     def __init__(self, executor: StreamExecutor) -> None:
@@ -33,10 +36,36 @@ class ProgramState:
     def __getitem__(self, name: str) -> Any:
         return self._executor.get(name)
 
+    def __setitem__(self, name: str, value: Any) -> None:
+        self.set_var(name, value)
+
+    def __contains__(self, name: str) -> bool:
+        """Whether variable `name` is set once what was appended before has run."""
+        self._executor.sync()
+        return name in self._executor.variables
+
+    def get_var(self, name: str) -> Any:
+        """`s[name]`, SGLang's name."""
+        return self[name]
+
+    def set_var(self, name: str, value: Any) -> None:
+        """Set variable `name` to `value` at this point of the program (after what was
+        appended before it)."""
+        self += SetVar(name, value)
+
     def meta(self, name: str) -> dict:
         """What the gen or select `name` reports: token counts, cached tokens, finish reason,
-        logprobs when asked for; a select's choices with their scores and token logprobs."""
+        token ids; logprobs when asked for; a select's choices with their scores and token
+        logprobs."""
         return self._executor.get_meta(name)
+
+    def get_meta_info(self, name: str) -> dict | None:
+        """`meta(name)` in SGLang's shape: prompt_tokens, completion_tokens, cached_tokens,
+        finish_reason, and [logprob, token id, text] listings when logprobs were asked for
+        (output_token_logprobs, output_top_logprobs, input_token_logprobs); a select's
+        normalized_prompt_logprobs and input_token_logprobs."""
+        texts = getattr(self._executor.backend, "token_texts", None)
+        return sglang_meta_info(self.meta(name), texts)
 
     def text(self) -> str:
         """The whole text so far (waits for what was appended before)."""
@@ -52,6 +81,10 @@ class ProgramState:
         self._executor.sync()
         return dict(self._executor.variables)
 
+    def sync(self) -> None:
+        """Wait until what was appended so far has run (or the state has failed)."""
+        self._executor.sync()
+
     @property
     def error(self) -> BaseException | None:
         """Why the program failed, or None."""
@@ -62,30 +95,67 @@ class ProgramState:
         to each runs concurrently, and the shared prefix is computed once."""
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"fork(n): n must be an int >= 1, got {n!r}")
-        return ForkList(ProgramState(e) for e in self._executor.fork(n))
+        return ForkList((ProgramState(e) for e in self._executor.fork(n)), self._executor)
 
-    def text_iter(self, name: str | None = None) -> Iterator[str]:
-        """The program's text as it is generated (only variable `name`'s, if given)."""
-        return self._executor.iter_text(name)
+    def text_iter(self, name: str | None = None, *, var_name: str | None = None) -> Iterator[str]:
+        """The program's text as it is generated (only variable `name`'s, if given;
+        `var_name` is SGLang's keyword for it)."""
+        return self._executor.iter_text(name or var_name)
 
-    def text_async_iter(self, name: str | None = None) -> AsyncIterator[str]:
-        """`text_iter` for `async for`."""
-        return self._executor.aiter_text(name)
+    def text_async_iter(
+        self,
+        name: str | None = None,
+        return_meta_data: bool = False,
+        *,
+        var_name: str | None = None,
+    ) -> AsyncIterator[Any]:
+        """`text_iter` for `async for`. With `return_meta_data` (SGLang's), it yields
+        (text, meta_info) for variable `name`: the last piece carries the gen's
+        get_meta_info, the ones before {"finish_reason": None}."""
+        name = name or var_name
+        if not return_meta_data:
+            return self._executor.aiter_text(name)
+        if name is None:
+            raise ValueError("text_async_iter(return_meta_data=True) needs a variable name")
+        return self._aiter_with_meta(name)
+
+    async def _aiter_with_meta(self, name: str) -> AsyncIterator[tuple[str, dict | None]]:
+        held = None  # each piece waits for the next, so the last can carry the meta
+        async for piece in self._executor.aiter_text(name):
+            if held is not None:
+                yield held, {"finish_reason": None}
+            held = piece
+        yield held or "", self.get_meta_info(name)
 
     @contextmanager
-    def system(self) -> Iterator[ProgramState]:
-        """`with s.system(): s += ...` appends a system message."""
-        yield from self._role("system")
+    def var_scope(self, name: str) -> Iterator[ProgramState]:
+        """`with s.var_scope(name): s += ...`: the text appended inside becomes variable
+        `name`."""
+        self += VarScopeBegin(name)
+        yield self
+        self += VarScopeEnd(name)
+
+    def system(self, *parts: Any) -> AbstractContextManager[ProgramState] | None:
+        """`with s.system(): s += ...` appends a system message; `s.system(parts...)`
+        appends one made of `parts` at once."""
+        return self._role("system", parts)
+
+    def user(self, *parts: Any) -> AbstractContextManager[ProgramState] | None:
+        return self._role("user", parts)
+
+    def assistant(self, *parts: Any) -> AbstractContextManager[ProgramState] | None:
+        return self._role("assistant", parts)
+
+    def _role(
+        self, role: str, parts: tuple[Any, ...]
+    ) -> AbstractContextManager[ProgramState] | None:
+        if parts:
+            self += role_message(role, parts)
+            return None
+        return self._role_block(role)
 
     @contextmanager
-    def user(self) -> Iterator[ProgramState]:
-        yield from self._role("user")
-
-    @contextmanager
-    def assistant(self) -> Iterator[ProgramState]:
-        yield from self._role("assistant")
-
-    def _role(self, role: str) -> Iterator[ProgramState]:
+    def _role_block(self, role: str) -> Iterator[ProgramState]:
         self += RoleBegin(role)
         yield self
         self += RoleEnd(role)
@@ -95,14 +165,30 @@ class ProgramState:
 
 
 class ForkList(list):
-    """The states of a fork. `forks += x` appends x to each of them."""
+    """The states of a fork. `forks += x` appends x to each of them; `forks += f` appends
+    f(i) to the i-th, and `forks += [x0, x1, ...]` xi to the i-th (SGLang's forms)."""
+
+    def __init__(self, states: Iterable[ProgramState], parent: StreamExecutor) -> None:
+        super().__init__(states)
+        self._parent = parent
 
     def __iadd__(self, other: Any) -> ForkList:
-        for state in self:
-            state += other
+        for i, state in enumerate(self):
+            state += self._part(other, i)
         return self
 
-    def join(self) -> None:
-        """Wait until every fork has run what was appended to it."""
-        for state in self:
-            state.text()
+    def _part(self, other: Any, i: int) -> Any:
+        if isinstance(other, list | tuple):
+            if len(other) != len(self):
+                raise ValueError(f"forks += list: give one item per fork ({len(self)})")
+            return other[i]
+        if callable(other):
+            return other(i)
+        return other
+
+    def join(self, mode: str = "gather_variable") -> None:
+        """Wait until every fork has run what was appended to it; then the parent state
+        gets, as SGLang's join does, each variable the forks set and it lacks as the list of
+        their values ("gather_variable", the default) or the text the forks added, one after
+        the other ("concate_and_append")."""
+        self._parent.join([state._executor for state in self], mode)

@@ -335,9 +335,13 @@ class Engine:
         compile workers; the future raises ValueError for a bad or too costly one. Results
         are cached, so a server may prepare before it answers and submit afterwards."""
         vocab = self.model_config.vocab_size
-        bad = [t for t in params.stop_token_ids or () if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"stop_token_ids must be in [0, {vocab}); got {bad[:5]}")
+        for field, ids in (
+            ("stop_token_ids", params.stop_token_ids),
+            ("logit_bias", params.logit_bias),
+        ):
+            bad = [t for t in ids or () if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"{field} token ids must be in [0, {vocab}); got {bad[:5]}")
         return self.grammars.prepare(params)
 
     @functools.cached_property

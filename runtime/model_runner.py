@@ -25,6 +25,8 @@ class StepResult:
     logprob: float = 0.0  # its logprob under the model's distribution (temperature 1)
     top_logprobs: dict[int, float] = field(default_factory=dict)
     prompt_logprobs: list[float] = field(default_factory=list)  # for the fed prompt tokens
+    # With top_logprobs: each of those positions' most likely tokens (id -> logprob).
+    prompt_top_logprobs: list[dict[int, float]] = field(default_factory=list)
     # With a draft tree: logits [1 + len(tree), V] of the request's last token (the root) and
     # of each tree node, for the engine to verify the tree with (nothing is sampled here).
     draft_logits: torch.Tensor | None = None
@@ -86,6 +88,8 @@ class ModelRunner:
                 targets = torch.tensor(r.prompt_ids[lo + 1 : hi + 1], device=logits.device)
                 logp = torch.log_softmax(logits[offset : offset + num_lp].float(), dim=-1)
                 results[i].prompt_logprobs = logp.gather(1, targets[:, None])[:, 0].tolist()
+                if r.params.top_logprobs:
+                    results[i].prompt_top_logprobs = _top(logp, r.params.top_logprobs)
             if batch.draft(i) is not None:
                 results[i].draft_logits = logits[offset : offset + len(rows[i])].float()
             elif batch.samples(i):
@@ -135,9 +139,15 @@ class ModelRunner:
                 results[i].logprob = float(logp[row, tokens[i]])
                 k = reqs[i].params.top_logprobs
                 if k:
-                    top = logp[row].topk(k)
-                    results[i].top_logprobs = dict(
-                        zip(top.indices.tolist(), top.values.tolist(), strict=True)
-                    )
+                    [results[i].top_logprobs] = _top(logp[row : row + 1], k)
         for res, t in zip(results, tokens, strict=True):
             res.token = t
+
+
+def _top(logp: torch.Tensor, k: int) -> list[dict[int, float]]:
+    """Each row's k most likely token ids with their logprobs, best first."""
+    top = logp.topk(k)
+    return [
+        dict(zip(ids, values, strict=True))
+        for ids, values in zip(top.indices.tolist(), top.values.tolist(), strict=True)
+    ]

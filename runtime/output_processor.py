@@ -75,6 +75,7 @@ class OutputProcessor:
                 prefilled = not r.is_decoding
                 r.num_computed += n
                 r.prompt_logprobs.extend(res.prompt_logprobs)
+                r.prompt_top_logprobs.extend(res.prompt_top_logprobs)
                 if res.draft_logits is not None:
                     self.speculator.verify(
                         r, batch.drafts[i], res.draft_logits, self.runner.sample_node,
@@ -125,7 +126,11 @@ class OutputProcessor:
         their text, and finish the request when one of its stop conditions holds."""
         if not tokens:
             return
-        tokens = tokens[: r.max_new_tokens - len(r.output_ids)]
+        room = r.max_new_tokens - len(r.output_ids)
+        # Forced text cut by max_tokens: the matcher has taken all of it, so its being
+        # complete says nothing about the output, which ends for its length.
+        cut = len(tokens) > room
+        tokens = tokens[:room]
         if r.first_token_time is None:
             r.first_token_time = now
             self.stats.observe("ttft_s", now - r.arrival)
@@ -144,11 +149,11 @@ class OutputProcessor:
         text = r.stop_matcher.add(r.detokenizer.add(tokens))
         if r.stop_matcher.stopped:
             self.finish(r, "stop", text=text, tokens=tokens)
-        elif r.matcher is not None and r.matcher.is_terminated():  # nothing may follow
+        elif r.matcher is not None and r.matcher.is_terminated() and not cut:  # nothing follows
             self.finish(r, "stop", text=text + r.stop_matcher.flush(), tokens=tokens)
         elif len(r.output_ids) >= r.max_new_tokens:
             self.finish(r, "length", text=text + r.stop_matcher.flush(), tokens=tokens)
-        elif not self.emit(r, StreamChunk(text, tokens)):
+        elif not self.emit(r, _chunk(r, text, tokens)):
             self.finish(r, "abort")  # its consumer is gone
 
     def fail(self, r: Request, error: str) -> None:
@@ -192,7 +197,10 @@ class OutputProcessor:
             meta["top_logprobs"] = r.output_top_logprobs
         if r.params.prompt_logprobs_from is not None:
             meta["prompt_logprobs"] = r.prompt_logprobs
-        self.emit(r, StreamChunk(text, tokens or [], reason, error, request_error, meta))
+            if r.params.top_logprobs:
+                meta["prompt_top_logprobs"] = r.prompt_top_logprobs
+        last = dict(finish_reason=reason, error=error, request_error=request_error, meta=meta)
+        self.emit(r, _chunk(r, text, tokens or [], **last))
 
     def emit(self, r: Request, chunk: StreamChunk) -> bool:
         """Hand a chunk to the request's consumer; a consumer that fails (say, its event loop
@@ -203,6 +211,15 @@ class OutputProcessor:
         except Exception:
             log.warning("request %d: its consumer raised; aborting it", r.rid, exc_info=True)
             return False
+
+
+def _chunk(r: Request, text: str, tokens: list[int], **fields) -> StreamChunk:
+    """A chunk of r's output: `tokens` (the last of its output ids), their text, and their
+    logprobs when r asked for them."""
+    if r.params.wants_logprobs and tokens:
+        n = len(tokens)
+        fields.update(logprobs=r.output_logprobs[-n:], top_logprobs=r.output_top_logprobs[-n:])
+    return StreamChunk(text, tokens, **fields)
 
 
 def _no_token_error(r: Request) -> str:

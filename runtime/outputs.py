@@ -11,7 +11,8 @@ class GenerateOutput:
     token_ids: list[int]
     finish_reason: str  # "stop" (EOS, stop string or stop token) | "length" | "abort"
     # prompt_tokens, cached_tokens, completion_tokens, preemptions; logprobs and
-    # top_logprobs (per output token) and prompt_logprobs when asked for.
+    # top_logprobs (per output token), prompt_logprobs and prompt_top_logprobs (per prompt
+    # token from prompt_logprobs_from on) when asked for.
     meta: dict = field(default_factory=dict)
 
 
@@ -25,3 +26,7 @@ class StreamChunk:
     # token, say): the client's mistake, not the engine's (a 400, not a 500, over HTTP).
     request_error: bool = False
     meta: dict | None = None  # on the last chunk: token counts, logprobs (see GenerateOutput)
+    # When the request asked for logprobs: those of this chunk's tokens, and their top
+    # alternatives (id -> logprob), one entry per token.
+    logprobs: list[float] | None = None
+    top_logprobs: list[dict[int, float]] | None = None

@@ -1,7 +1,7 @@
 """Turns each request's SamplingParams into the tensors `kernels.sample` takes, and samples.
 
-Penalties and min_tokens are applied to the logits here (they need each request's token
-history); constrained rows get their grammar's bitmask; masking, temperature,
+Penalties, logit_bias and min_tokens are applied to the logits here (penalties need each
+request's token history); constrained rows get their grammar's bitmask; masking, temperature,
 top-k/top-p/min-p and the draw happen in `kernels.sample` (one fused Triton kernel) on CUDA
 and in its PyTorch twin on the CPU.
 """
@@ -98,12 +98,17 @@ def sampling_probs(logits: torch.Tensor, r: Request, grammar_vocab_size: int) ->
 def _penalised_and_masks(
     logits: torch.Tensor, reqs: list[Request], grammar_vocab_size: int
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """logits with penalties and min_tokens applied (a float32 copy when any applies), and
-    the grammars' bitmask rows (None when no request is constrained)."""
-    if any(r.params.has_penalties or len(r.output_ids) < r.params.min_tokens for r in reqs):
+    """logits with penalties, logit_bias and min_tokens applied (a float32 copy when any
+    applies), and the grammars' bitmask rows (None when no request is constrained)."""
+    if any(
+        r.params.has_penalties or r.params.logit_bias or len(r.output_ids) < r.params.min_tokens
+        for r in reqs
+    ):
         logits = logits.to(torch.float32, copy=True)
         for row, r in enumerate(reqs):
             _apply_penalties(logits[row], r)
+            if r.params.logit_bias:
+                _apply_logit_bias(logits[row], r.params.logit_bias)
     bitmask = None
     if any(r.matcher is not None for r in reqs):
         bitmask = allocate_bitmask(len(reqs), grammar_vocab_size)
@@ -135,3 +140,13 @@ def _apply_penalties(logits: torch.Tensor, r: Request) -> None:
         counts = torch.bincount(torch.tensor(r.output_ids, device=logits.device), minlength=vocab)
         counts = counts[:vocab].to(logits.dtype)
         logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+
+
+def _apply_logit_bias(logits: torch.Tensor, bias: dict[int, float]) -> None:
+    """In place on one row [V]: OpenAI's logit_bias, each value added to its token's logit
+    (ids past V, which Engine.prepare refuses, are skipped)."""
+    vocab = logits.numel()
+    kept = [(t, b) for t, b in bias.items() if 0 <= t < vocab]
+    if kept:
+        ids = torch.tensor([t for t, _ in kept], device=logits.device)
+        logits[ids] += torch.tensor([b for _, b in kept], dtype=logits.dtype, device=logits.device)

@@ -28,6 +28,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     frequency_penalty: float = 0.0  # subtracted per earlier occurrence in the output
     presence_penalty: float = 0.0  # subtracted once if the token occurred in the output
     repetition_penalty: float = 1.0  # >1 discourages tokens of the prompt and output
+    # token id -> a bias in [-100, 100] added to its logit before sampling (after the
+    # penalties, before a constraint's mask): -100 all but bans a token, 100 all but forces
+    # it. On the wire (OpenAI's logit_bias) the ids are strings.
+    logit_bias: dict[int, float] | None = None
     stop: str | list[str] | None = None
     # Stop where the output matches any of these (Python syntax without anchors, lookarounds
     # or backreferences; \d, \w and \s are ASCII); the output ends before the match.
@@ -70,6 +74,15 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"SamplingParams: {message}")
+        bad_bias = {
+            t: b
+            for t, b in (self.logit_bias or {}).items()
+            if not -100 <= b <= 100  # NaN too
+        }
+        if bad_bias:
+            raise ValueError(
+                f"SamplingParams: logit_bias values must be in [-100, 100]; got {bad_bias}"
+            )
         if any(s == "" for s in self.stop_strings):
             raise ValueError("SamplingParams: stop strings must not be empty")
         for pattern in self.stop_regexes:

@@ -244,6 +244,9 @@ class Scheduler:
     def _preempt(self, r: Request) -> None:
         self.running.remove(r)
         self._release(r)
+        if not r.output_ids:  # its prompt logprobs are computed again with its prompt
+            r.prompt_logprobs.clear()
+            r.prompt_top_logprobs.clear()
         r.num_preemptions += 1
         self.stats.add(preemptions=1)
         self.add(r)

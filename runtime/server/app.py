@@ -12,9 +12,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from braid.runtime.engine import Engine
-from braid.runtime.server import native_routes, openai_routes
+from braid.runtime.server import native_routes, openai_routes, tools
 from braid.runtime.server.service import ClientGone, Overloaded, Service
-from braid.runtime.server.wire import error_body
+from braid.runtime.server.wire import ModelNotFound, error_body
 
 # Routes a load balancer or a scraper may call without the API key.
 _OPEN_PATHS = frozenset({"/health", "/metrics"})
@@ -33,9 +33,11 @@ def create_app(
     max_queued_requests: int = 1024,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     owns_engine: bool = False,
+    accept_any_model: bool = False,
 ) -> Starlette:
-    """An app serving `engine`; with `owns_engine` the engine is shut down with the app,
-    after the server has drained its in-flight requests."""
+    """An app serving `engine` as `model_name`; with `owns_engine` the engine is shut down
+    with the app, after the server has drained its in-flight requests. OpenAI requests naming
+    another model get a 404, unless `accept_any_model` (for clients that hard-code a name)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -49,6 +51,7 @@ def create_app(
         + ([Middleware(_ApiKey, key=api_key)] if api_key else []),
         exception_handlers={
             ValueError: _reply(400, "invalid_request_error"),  # BadRequest and the engine's
+            ModelNotFound: _reply(404, "invalid_request_error", "model_not_found"),
             BodyTooLarge: _reply(413, "request_too_large"),
             Overloaded: _reply(503, "overloaded"),
             ClientGone: _reply(499, "client_closed_request"),  # nobody reads it
@@ -58,12 +61,16 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.service = Service(engine, model_name, max_queued_requests)
+    app.state.accept_any_model = accept_any_model
+    # Whether the chat template renders tools and tool turns itself (see server/tools.py).
+    app.state.tools_in_template = tools.template_renders_tools(engine.tokenizer)
     return app
 
 
-def _reply(status: int, kind: str):
+def _reply(status: int, kind: str, code: str | None = None):
     async def handler(request: Request, exc: Exception) -> Response:
-        return JSONResponse(error_body(status, kind, str(exc) or type(exc).__name__), status)
+        message = str(exc) or type(exc).__name__
+        return JSONResponse(error_body(status, kind, message, code), status)
 
     return handler
 

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from braid.runtime.outputs import StreamChunk
+from braid.runtime.outputs import GenerateOutput, StreamChunk
 from braid.runtime.sampling_params import SamplingParams
 from braid.runtime.server.metrics import CONTENT_TYPE
 from braid.runtime.server.service import Service, samples, unless_disconnected
@@ -40,20 +40,29 @@ async def generate(request: Request) -> Response:
         rids += [rid] if params.n == 1 else [f"{rid}-{j}" for j in range(params.n)]
     start = time.monotonic()
 
-    def result(i: int, text: str, out_ids: list[int], finish: str | None, meta: dict) -> dict:
-        info = {"id": rids[i], "prompt_tokens": len(jobs[i][0]), "finish_reason": None}
+    def result(i: int, text: str, out_ids: list[int], chunk: StreamChunk | GenerateOutput):
+        """One job's result so far: all its text and ids, and, when it asked for them, the
+        logprobs of the tokens this result adds (a stream's event: the chunk's; at the end
+        of a plain request: all of them) with the count of output logprobs so far."""
+        info = {"id": rids[i], "prompt_tokens": len(jobs[i][0]), "completion_tokens": len(out_ids)}
+        finish, meta = chunk.finish_reason, chunk.meta or {}
+        info["finish_reason"] = None if finish is None else _finish_reason(finish, meta)
         if finish is not None:
             info.update(
-                completion_tokens=meta["completion_tokens"],
                 cached_tokens=meta["cached_tokens"],
                 preemptions=meta["preemptions"],
-                finish_reason=_finish_reason(finish, meta),
                 e2e_latency=time.monotonic() - start,
             )
-            if req.return_logprob:
-                info.update(_logprobs(svc, req, jobs[i][0], out_ids, meta))
-        else:
-            info["completion_tokens"] = len(out_ids)
+        if req.return_logprob:
+            lister = _Logprobs(svc, req.return_text_in_logprobs, req.top_logprobs_num > 0)
+            if isinstance(chunk, StreamChunk):
+                new = (chunk.token_ids, chunk.logprobs or [], chunk.top_logprobs or [])
+            else:
+                new = (out_ids, meta.get("logprobs", []), meta.get("top_logprobs", []))
+            info.update(lister.output(*new), output_token_logprobs_length=len(out_ids))
+            if finish is not None:
+                first = req.prompt_logprobs_start(len(jobs[i][0]))
+                info.update(lister.input(jobs[i][0][first:], first == 0, meta))
         return {"text": text, "output_ids": out_ids, "meta_info": info, "index": i}
 
     if req.stream:
@@ -61,16 +70,16 @@ async def generate(request: Request) -> Response:
         ids: list[list[int]] = [[] for _ in jobs]
 
         def render(i: int, chunk: StreamChunk) -> Iterable[dict]:
-            # SGLang streams the whole text so far in every event.
+            # SGLang streams the whole text and ids so far in every event, and the logprobs
+            # of the event's new tokens only.
             texts[i].append(chunk.text)
             ids[i] += chunk.token_ids
-            text = "".join(texts[i])
-            yield result(i, text, list(ids[i]), chunk.finish_reason, chunk.meta or {})
+            yield result(i, "".join(texts[i]), list(ids[i]), chunk)
 
         return event_stream(svc, jobs, render)
 
     outs = await unless_disconnected(request, svc.collect_all(jobs))
-    results = [result(i, o.text, o.token_ids, o.finish_reason, o.meta) for i, o in enumerate(outs)]
+    results = [result(i, o.text, o.token_ids, o) for i, o in enumerate(outs)]
     return JSONResponse(results if batch or len(results) > 1 else results[0])
 
 
@@ -80,29 +89,35 @@ def _finish_reason(reason: str, meta: dict) -> dict:
     return {"type": reason, "matched": None}
 
 
-def _logprobs(
-    svc: Service, req: GenerateRequest, prompt_ids: list[int], out_ids: list[int], meta: dict
-) -> dict:
+class _Logprobs:
     """SGLang's listings: [logprob, token id, text or None] per token, and per position a
-    list of such entries for the top alternatives. Prompt positions have no alternatives."""
-    show = req.return_text_in_logprobs
+    list of such entries for the top alternatives."""
 
-    def entries(lps: list, ids: list[int]) -> list[list]:
-        texts = svc.token_texts(ids) if show else [None] * len(ids)
+    def __init__(self, svc: Service, show_text: bool, with_top: bool) -> None:
+        self.svc, self.show_text, self.with_top = svc, show_text, with_top
+
+    def output(self, ids: list[int], lps: list[float], tops: list[dict]) -> dict:
+        out = {"output_token_logprobs": self._entries(lps, ids)}
+        if self.with_top:
+            out["output_top_logprobs"] = [self._top(top) for top in tops]
+        return out
+
+    def input(self, ids: list[int], from_first: bool, meta: dict) -> dict:
+        """The prompt's listing from its first reported token; the prompt's first token has
+        no logprob (nor alternatives)."""
+        lps = meta.get("prompt_logprobs", [])
+        out = {"input_token_logprobs": self._entries([None] * from_first + lps, ids)}
+        if self.with_top:
+            tops = [self._top(top) for top in meta.get("prompt_top_logprobs", [])]
+            out["input_top_logprobs"] = [None] * from_first + tops
+        return out
+
+    def _entries(self, lps: list, ids: list[int]) -> list[list]:
+        texts = self.svc.token_texts(ids) if self.show_text else [None] * len(ids)
         return [[lp, t, s] for lp, t, s in zip(lps, ids, texts, strict=True)]
 
-    start = req.prompt_logprobs_start(len(prompt_ids))
-    prompt_lps = ([None] if start == 0 else []) + meta.get("prompt_logprobs", [])
-    out = {
-        "input_token_logprobs": entries(prompt_lps, prompt_ids[start:]),
-        "output_token_logprobs": entries(meta.get("logprobs", []), out_ids),
-    }
-    if req.top_logprobs_num > 0:
-        out["input_top_logprobs"] = [None] * len(out["input_token_logprobs"])
-        out["output_top_logprobs"] = [
-            entries(list(top.values()), list(top)) for top in meta.get("top_logprobs", [])
-        ]
-    return out
+    def _top(self, top: dict[int, float]) -> list[list]:
+        return self._entries(list(top.values()), list(top))
 
 
 async def get_model_info(request: Request) -> Response:

@@ -7,43 +7,76 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from braid.runtime.outputs import StreamChunk
+from braid.runtime.sampling_params import SamplingParams
+from braid.runtime.server import tools
 from braid.runtime.server.service import Service, samples, unless_disconnected
 from braid.runtime.server.sse import event_stream
 from braid.runtime.server.wire import (
     BadRequest,
     ChatCompletionRequest,
     CompletionRequest,
+    ModelNotFound,
     decode_object,
     openai_request,
 )
 
 
 async def models(request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [_model_card(request)]})
+
+
+async def model(request: Request) -> Response:
+    """GET /v1/models/{id}: the served model's card, or OpenAI's 404 for another id."""
+    _check_model(request, request.path_params["model_id"])
+    return JSONResponse(_model_card(request))
+
+
+def _model_card(request: Request) -> dict:
     svc: Service = request.app.state.service
-    card = {
+    return {
         "id": svc.model_name,
         "object": "model",
         "created": 0,
         "owned_by": "braid",
         "max_model_len": svc.engine.context_length,
     }
-    return JSONResponse({"object": "list", "data": [card]})
+
+
+def _check_model(request: Request, name: object) -> None:
+    """A model name other than the served one is a 404 (as OpenAI answers), unless the server
+    accepts any name (`braid serve --accept-any-model`)."""
+    svc: Service = request.app.state.service
+    if (
+        isinstance(name, str)
+        and name != svc.model_name
+        and not getattr(request.app.state, "accept_any_model", False)
+    ):
+        raise ModelNotFound(name)
+
+
+def _openai_request(request: Request, obj: dict, kind: type):
+    """The request's Struct and SamplingParams, its model checked first."""
+    _check_model(request, obj.get("model"))
+    svc: Service = request.app.state.service
+    return openai_request(obj, kind, svc.engine.context_length)
 
 
 async def completions(request: Request) -> Response:
     svc: Service = request.app.state.service
     obj = decode_object(await request.body())
-    req, params = openai_request(obj, CompletionRequest, svc.engine.context_length)
+    req, params = _openai_request(request, obj, CompletionRequest)
     prompts = _prompts(req.prompt)
-    svc.check_room(len(prompts) * params.n)  # before anything is tokenized or expanded
+    drawn = _best_of(req, params)  # best_of samples per prompt, of which n are returned
+    svc.check_room(len(prompts) * drawn.n)  # before anything is tokenized or expanded
     prompt_ids = [await svc.encode(p) for p in prompts]
     await svc.check_params(params)
-    jobs = [(ids, p) for ids in prompt_ids for p in samples(params)]
+    jobs = [(ids, p) for ids in prompt_ids for p in samples(drawn)]
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": svc.model_name}
     prefix = [svc.engine.tokenizer.decode(ids) if req.echo else "" for ids in prompt_ids]
 
@@ -51,10 +84,12 @@ async def completions(request: Request) -> Response:
         if req.logprobs is None:
             return None
         tokens, lps, tops = [], [], []
-        if req.echo:
+        if req.echo:  # the prompt's tokens first; the first has no logprob
+            prompt_lps = meta.get("prompt_logprobs", [])
+            prompt_tops = meta.get("prompt_top_logprobs") or [{} for _ in prompt_lps]
             tokens += jobs[i][0]
-            lps += [None, *meta.get("prompt_logprobs", [])]
-            tops += [None] * len(jobs[i][0])
+            lps += [None, *prompt_lps]
+            tops += [None, *(_top_by_text(svc, top) for top in prompt_tops)]
         tokens += ids
         lps += meta.get("logprobs", [])
         tops += [_top_by_text(svc, top) for top in meta.get("top_logprobs", [])]
@@ -89,6 +124,8 @@ async def completions(request: Request) -> Response:
         return event_stream(svc, jobs, render, _usage_chunk(req, head, "text_completion", params.n))
 
     outs = await unless_disconnected(request, svc.collect_all(jobs))
+    metas = [o.meta for o in outs]  # every sample counts in the usage
+    jobs, outs = _best(jobs, outs, drawn.n, params.n)
     choices = [
         {
             "index": i,
@@ -102,7 +139,7 @@ async def completions(request: Request) -> Response:
         **head,
         "object": "text_completion",
         "choices": choices,
-        "usage": _usage([o.meta for o in outs], params.n),
+        "usage": _usage(metas, drawn.n),
     }
     return JSONResponse(body)
 
@@ -110,9 +147,16 @@ async def completions(request: Request) -> Response:
 async def chat_completions(request: Request) -> Response:
     svc: Service = request.app.state.service
     obj = decode_object(await request.body())
-    req, params = openai_request(obj, ChatCompletionRequest, svc.engine.context_length)
+    req, params = _openai_request(request, obj, ChatCompletionRequest)
     svc.check_room(params.n)
-    ids = await svc.encode(await svc.render_chat([m.as_dict() for m in req.messages]))
+    plan = tools.plan(req)
+    if tools.uses_tools(req):
+        ids = await svc.encode(await _render_with_tools(request, req))
+    else:
+        ids = await svc.encode(await svc.render_chat([m.as_dict() for m in req.messages]))
+    calling = plan is not None and plan.calls  # the output may be calls: constrained, parsed
+    if calling:
+        params = await tools.constrain(svc, plan, params)
     await svc.check_params(params)
     jobs = [(ids, p) for p in samples(params)]
     head = {
@@ -138,6 +182,32 @@ async def chat_completions(request: Request) -> Response:
             entry = {"token": text, "logprob": lp, "bytes": list(text.encode())}
             content.append({**entry, "top_logprobs": alternatives})
         return {"content": content}
+
+    if req.stream and calling:
+        out_ids: list[list[int]] = [[] for _ in jobs]
+        parsers = [tools.CallParser() for _ in jobs]
+        started = [False for _ in jobs]
+
+        def render_calls(i: int, chunk: StreamChunk) -> Iterable[dict]:
+            events = parsers[i].feed(chunk.text)
+            out_ids[i] += chunk.token_ids
+            lp, finish = None, None
+            if chunk.finish_reason is not None:
+                events += parsers[i].finish()
+                lp = logprobs(out_ids[i], chunk.meta or {})
+                finish = tools.finish_reason(parsers[i], chunk.finish_reason)
+            delta = tools.delta(parsers[i], events)
+            if not started[i]:  # the first chunk carries the role, whatever else it has
+                started[i] = True
+                delta = {"role": "assistant", **delta}
+            elif not delta and finish is None:
+                return
+            choice = {"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}
+            yield {**head, "object": "chat.completion.chunk", "choices": [choice]}
+
+        return event_stream(
+            svc, jobs, render_calls, _usage_chunk(req, head, "chat.completion.chunk", params.n)
+        )
 
     if req.stream:
         out_ids: list[list[int]] = [[] for _ in jobs]
@@ -166,15 +236,15 @@ async def chat_completions(request: Request) -> Response:
         )
 
     outs = await unless_disconnected(request, svc.collect_all(jobs))
-    choices = [
-        {
-            "index": i,
-            "message": {"role": "assistant", "content": out.text},
-            "logprobs": logprobs(out.token_ids, out.meta),
-            "finish_reason": out.finish_reason,
-        }
-        for i, out in enumerate(outs)
-    ]
+    choices = []
+    for i, out in enumerate(outs):
+        message, finish = {"role": "assistant", "content": out.text}, out.finish_reason
+        if calling:
+            message, finish = tools.message(out.text, out.finish_reason)
+        logprob_listing = logprobs(out.token_ids, out.meta)
+        choices.append(
+            {"index": i, "message": message, "logprobs": logprob_listing, "finish_reason": finish}
+        )
     body = {
         **head,
         "object": "chat.completion",
@@ -182,6 +252,54 @@ async def chat_completions(request: Request) -> Response:
         "usage": _usage([o.meta for o in outs], params.n),
     }
     return JSONResponse(body)
+
+
+async def _render_with_tools(request: Request, req: ChatCompletionRequest) -> list[int]:
+    """The prompt's tokens of a conversation with tools, calls or tool results: through the
+    model's chat template, which renders them itself where it can (tools.conversation)."""
+    svc: Service = request.app.state.service
+    native = request.app.state.tools_in_template
+    system_role = svc.chat_template is not None and "system" in svc.chat_template.closing
+    messages, tool_list = tools.conversation(req, native, system_role)
+
+    def render() -> list[int]:
+        return svc.engine.tokenizer.apply_chat_template(
+            messages, tools=tool_list, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+
+    try:
+        return await svc.off_loop(render)
+    except Exception as e:  # the template refused the conversation
+        raise BadRequest(f"the model's chat template cannot render these messages: {e}") from None
+
+
+def _best_of(req: CompletionRequest, params: SamplingParams) -> SamplingParams:
+    """What a completion samples: best_of samples per prompt (with their logprobs, to rank
+    them) when it asks for more than n, else params."""
+    if req.best_of is None or req.best_of == params.n:
+        return params
+    if req.best_of < params.n:
+        raise BadRequest(f"best_of ({req.best_of}) must be >= n ({params.n})")
+    if req.stream:
+        raise BadRequest("best_of cannot be streamed (unless it equals n)")
+    return msgspec.structs.replace(params, n=req.best_of, logprobs=True)
+
+
+def _best(jobs: list, outs: list, drawn: int, n: int) -> tuple[list, list]:
+    """Of each prompt's `drawn` samples, the n with the highest logprob per token (OpenAI's
+    best_of), best first."""
+    if drawn == n:
+        return jobs, outs
+
+    def score(i: int) -> float:
+        lps = outs[i].meta.get("logprobs") or []
+        return sum(lps) / len(lps) if lps else float("-inf")
+
+    kept = []
+    for start in range(0, len(outs), drawn):
+        group = sorted(range(start, start + drawn), key=score, reverse=True)
+        kept += group[:n]
+    return [jobs[i] for i in kept], [outs[i] for i in kept]
 
 
 def _prompts(prompt: str | list) -> list[str | list[int]]:
@@ -225,6 +343,7 @@ def _usage_chunk(req, head: dict, kind: str, n: int) -> Callable[[list[dict]], d
 
 ROUTES = [
     Route("/v1/models", models, methods=["GET"]),
+    Route("/v1/models/{model_id:path}", model, methods=["GET"]),
     Route("/v1/completions", completions, methods=["POST"]),
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
 ]

@@ -36,6 +36,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     key.add_argument("--api-key-file", help="read the API key from this file")
     serve.add_argument("--served-model-name", help="the model's name in the APIs")
     serve.add_argument(
+        "--accept-any-model",
+        action="store_true",
+        help="answer OpenAI requests whatever model they name (for clients that hard-code "
+        "one); without it a name other than the served one gets a 404 model_not_found",
+    )
+    serve.add_argument(
         "--max-queued-requests",
         type=int,
         default=1024,
@@ -93,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         max_queued_requests=args.max_queued_requests,
         max_request_bytes=args.max_request_bytes,
         owns_engine=True,
+        accept_any_model=args.accept_any_model,
     )
     kv = engine.kv
     log.info(

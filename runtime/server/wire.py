@@ -9,6 +9,7 @@ forbids unknown fields, so a misspelt parameter is a 400 rather than silently ig
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Any, Literal
 
@@ -21,14 +22,24 @@ class BadRequest(ValueError):
     """The request is malformed or asks for something impossible: a 400 with this message."""
 
 
+class ModelNotFound(LookupError):
+    """The request names a model this server does not serve: a 404, as OpenAI answers."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"The model `{model}` does not exist or you do not have access to it.")
+
+
 # How many logprobs a request reports is each API's own field, not a sampling field.
 _REPORTING = {"logprobs", "top_logprobs", "prompt_logprobs_from"}
 SAMPLING_FIELDS = frozenset(f.name for f in msgspec.structs.fields(SamplingParams)) - _REPORTING
 
 
-def error_body(status: int, kind: str, message: str) -> dict:
-    """OpenAI's error shape, which its client turns into an exception with this message."""
-    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+def error_body(status: int, kind: str, message: str, code: str | None = None) -> dict:
+    """OpenAI's error shape, which its client turns into an exception with this message;
+    `code` is OpenAI's machine-readable code where it has one (e.g. model_not_found), else
+    the status."""
+    error = {"message": message, "type": kind, "param": None, "code": code or status}
+    return {"error": error}
 
 
 def decode_object(body: bytes) -> dict[str, Any]:
@@ -59,7 +70,18 @@ def convert(obj: Any, kind: type) -> Any:
 
 
 def sampling_params(fields: dict[str, Any]) -> SamplingParams:
+    bias = fields.get("logit_bias")
+    if isinstance(bias, dict):  # JSON object keys are strings: the token ids as text
+        fields = {**fields, "logit_bias": {_token_id(k): v for k, v in bias.items()}}
     return convert(fields, SamplingParams)
+
+
+def _token_id(key: Any) -> Any:
+    if isinstance(key, str):
+        if not re.fullmatch(r"-?[0-9]+", key):
+            raise BadRequest(f"logit_bias keys must be token ids (integers); got {key!r}")
+        return int(key)
+    return key
 
 
 # ---- OpenAI ---------------------------------------------------------------------------------
@@ -92,16 +114,20 @@ class ResponseFormat(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class _OpenAIRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    model: str | None = None  # one model is served; any name is accepted
+    # The served model's name (`--served-model-name`); another is a 404 unless the server
+    # runs with --accept-any-model. Absent: the served model.
+    model: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    user: str | None = None  # accepted, unused
 
 
 class CompletionRequest(_OpenAIRequest):
     prompt: str | list[Any]  # text, token ids, or a list of either
     echo: bool = False  # prepend the prompt (and, with logprobs, its tokens' logprobs)
     logprobs: int | None = None  # report this many top logprobs per token (0: just its own)
+    # Sample this many per prompt and return the n with the highest mean token logprob.
+    best_of: int | None = None
 
 
 class ContentPart(msgspec.Struct, forbid_unknown_fields=True):
@@ -109,17 +135,61 @@ class ContentPart(msgspec.Struct, forbid_unknown_fields=True):
     text: str
 
 
-class ChatMessage(msgspec.Struct, forbid_unknown_fields=True):
-    role: Literal["system", "user", "assistant", "developer"]
+class FunctionCall(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+    index: int | None = None  # what a client that rebuilt the call from stream deltas keeps
+
+
+class ChatMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    # What the openai client sends back when an agent appends a reply message as it came.
+    refusal: str | None = None
+    annotations: list[Any] | None = None
+    audio: Any = None
+    function_call: Any = None  # the legacy single call: refused unless null
 
-    def as_dict(self) -> dict[str, str]:
+    @property
+    def text(self) -> str:
         content = self.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)
+        return content or ""
+
+    def as_dict(self) -> dict[str, str]:
         role = "system" if self.role == "developer" else self.role
-        return {"role": role, "content": content or ""}
+        return {"role": role, "content": self.text}
+
+
+class FunctionDefinition(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; absent: no parameters
+    strict: bool | None = None  # accepted: arguments always follow the schema here
+
+
+class Tool(msgspec.Struct, forbid_unknown_fields=True):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct, forbid_unknown_fields=True):
+    type: Literal["function"]
+    function: FunctionName
 
 
 class ChatCompletionRequest(_OpenAIRequest):
@@ -128,6 +198,16 @@ class ChatCompletionRequest(_OpenAIRequest):
     top_logprobs: int | None = None
     max_completion_tokens: int | None = None  # the newer name of max_tokens
     response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # None: OpenAI's default, true
+    # Sent by OpenAI clients and agent frameworks; accepted and unused here.
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    reasoning_effort: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
 
 
 def openai_request(

@@ -9,11 +9,18 @@ from braid import gen, program, select, user
 
 def test_gen_outside_a_program_is_not_text():
     with pytest.raises(TypeError, match="not text: append it to a program's state"):
-        "Q: " + gen("a")
+        str(gen("a"))
     with pytest.raises(TypeError, match="not text"):
         f"{gen('a')}"
     with pytest.raises(TypeError, match="not text"):
-        str(select("c", ["x", "y"]))
+        print("Q: " + select("c", ["x", "y"]))  # joined parts are no text either
+
+
+def test_only_text_and_operations_join():
+    with pytest.raises(TypeError, match=r"cannot join int with gen\('a'\)"):
+        gen("a") + 5
+    with pytest.raises(TypeError, match="cannot join list"):
+        [1] + gen("a")
 
 
 def test_unknown_gen_parameter_is_named():
@@ -76,6 +83,8 @@ def test_program_arguments_are_checked():
 def test_calling_a_program_without_a_state():
     with pytest.raises(TypeError, match=r"use echo.run\(...\)"):
         echo("hello")
+    with pytest.raises(TypeError, match=r"use echo.run\(...\)"):
+        echo(text="hello")  # SGLang runs the program here; braid asks for run
 
 
 def test_a_program_needs_a_state_parameter():

@@ -186,3 +186,12 @@ def test_default_model_extracts_valid_json():
         assert engine.stats()["jump_forward_tokens"] > 0
     finally:
         engine.shutdown()
+
+
+def test_forced_text_cut_by_max_tokens_finishes_for_its_length(tiny_engine):
+    # The grammar forces the rest after the first choice; max_tokens cuts it short, so the
+    # output is not the complete sentence the matcher has taken.
+    regex = "(yes|no), the answer is final and long"
+    out = tiny_engine.generate("x", SamplingParams(regex=regex, max_tokens=3))
+    assert out.finish_reason == "length" and len(out.token_ids) == 3
+    assert re.fullmatch(regex, out.text) is None and out.text.startswith(("yes", "no"))

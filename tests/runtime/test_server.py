@@ -283,7 +283,7 @@ BAD_REQUESTS = [
     (b'{"prompt": "a", "temperature": -1}', "temperature"),
     (b'{"prompt": "a", "regex": "(unclosed"}', "regex"),
     (b'{"prompt": "a", "json_schema": {"type": "nonsense"}}', "nonsense"),
-    (b'{"prompt": "a", "best_of": 2}', "unknown field `best_of`"),
+    (b'{"prompt": "a", "suffix": "z"}', "unknown field `suffix`"),
     (json.dumps({"prompt": "a " * 600}).encode(), "context"),
 ]
 
