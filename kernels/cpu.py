@@ -20,7 +20,10 @@ from braid import _native
 log = logging.getLogger(__name__)
 
 # Compiled together into one library; the header is listed for the cache key.
-SOURCES = [Path(__file__).with_name(n) for n in ("cpu.cpp", "cpu_attention.cpp", "cpu_common.h")]
+SOURCES = [
+    Path(__file__).with_name(n)
+    for n in ("cpu.cpp", "cpu_attention.cpp", "cpu_quant.cpp", "cpu_common.h")
+]
 _FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fopenmp"]
 _FLAGS += ["-shared", "-fPIC", "-std=c++17"]
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
@@ -38,12 +41,17 @@ _ARGTYPES = {
     "rope_store_attend": [_P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64]
     + [_P, _P, _P, _P, _P, _I64, ctypes.c_float, _INT],
 }
-# Every entry point comes in one variant per dtype, named with its suffix.
+# Every entry point comes in one variant per dtype, named with its suffix...
 _SIGNATURES = {
     f"{name}_{suffix}": (argtypes, None)
     for name, argtypes in _ARGTYPES.items()
     for suffix in _SUFFIX.values()
 }
+# ...but the quantized linears (float32 activations), one per weight format.
+_QUANT_FORMATS = ("q4", "q8")
+for _fmt in _QUANT_FORMATS:
+    _SIGNATURES[f"quant_matmul_{_fmt}"] = ([_P, _I64, _I64, _P, _I64, _P, _INT], None)
+    _SIGNATURES[f"dequantize_rows_{_fmt}"] = ([_P, _I64, _P, _I64, _P, _INT], None)
 
 _lock = threading.Lock()
 _loaded: dict[tuple[Path, tuple[str, ...]], CpuKernels | None] = {}
@@ -76,6 +84,11 @@ class CpuKernels:
             (name, suffix): getattr(lib, f"{name}_{suffix}")
             for name in _ARGTYPES
             for suffix in _SUFFIX.values()
+        }
+        self._quant = {
+            (name, fmt): getattr(lib, f"{name}_{fmt}")
+            for name in ("quant_matmul", "dequantize_rows")
+            for fmt in _QUANT_FORMATS
         }
 
     def supports(self, dtype: torch.dtype) -> bool:
@@ -200,6 +213,35 @@ class CpuKernels:
             _threads(),
         )
 
+    def quant_matmul(self, x: torch.Tensor, blocks: torch.Tensor, fmt: str) -> torch.Tensor:
+        """x [M, K] (float32) @ the quantized weight [N, K] (kernels/quant.py's `fmt`
+        blocks, uint8 [N, row bytes]) transposed -> float32 [M, N]. As
+        kernels.reference.quant_matmul."""
+        _check(torch.float32, data=[x])
+        _check_blocks(blocks)
+        out = torch.empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
+        self._quant["quant_matmul", fmt](
+            x.data_ptr(), x.shape[0], x.shape[1], blocks.data_ptr(), blocks.shape[0],
+            out.data_ptr(), _threads(),
+        )  # fmt: skip
+        return out
+
+    def dequantize_rows(
+        self, blocks: torch.Tensor, fmt: str, in_features: int, ids: torch.Tensor
+    ) -> torch.Tensor:
+        """Rows `ids` of the quantized weight as float32 [len(ids), in_features] (a
+        quantized embedding table's lookup). As kernels.reference.dequantize's rows."""
+        _check_blocks(blocks)
+        _check_index([ids])
+        if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < blocks.shape[0]:
+            raise ValueError(f"dequantize_rows: ids outside [0, {blocks.shape[0]})")
+        out = torch.empty(ids.numel(), in_features, dtype=torch.float32)
+        self._quant["dequantize_rows", fmt](
+            blocks.data_ptr(), in_features, ids.data_ptr(), ids.numel(), out.data_ptr(),
+            _threads(),
+        )  # fmt: skip
+        return out
+
     def argmax(self, x: torch.Tensor) -> torch.Tensor:
         """x.argmax(dim=-1) of a [rows, cols] CPU tensor whose rows may be strided (a slice of
         wider logits): the first index on ties, or that of the first NaN."""
@@ -244,6 +286,11 @@ def _check(
         if t is not None and not (t.dtype == dtype and t.is_cpu and t.is_contiguous()):
             raise _refused(t, dtype)
     _check_index(index)
+
+
+def _check_blocks(blocks: torch.Tensor) -> None:
+    if not (blocks.dtype == torch.uint8 and blocks.is_cpu and blocks.is_contiguous()):
+        raise _refused(blocks, torch.uint8)
 
 
 def _check_index(index: list[torch.Tensor]) -> None:

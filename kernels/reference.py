@@ -319,3 +319,23 @@ def extend_attention(
             mask_start += n * n
         out[q0:q1] = _attend(q[q0:q1], k_cache[slots], v_cache[slots], visible, scale)
     return out
+
+
+def dequantize(blocks: torch.Tensor, fmt: str, in_features: int) -> torch.Tensor:
+    """A quantized weight (kernels/quant.py's `fmt` blocks, uint8 [N, row bytes]) as float32
+    [N, in_features]."""
+    n = blocks.shape[0]
+    if fmt == "q4":  # per 32 weights: float scale, float min, 16 bytes of nibbles
+        b = blocks.reshape(n, in_features // 32, 24)
+        scale, low = b[..., :4].view(torch.float32), b[..., 4:8].view(torch.float32)
+        qs = b[..., 8:].to(torch.int32)
+        q = torch.cat([qs & 15, qs >> 4], dim=-1).float()  # weight j, then weight j + 16
+        return (q * scale + low).reshape(n, in_features)
+    b = blocks.reshape(n, in_features // 16, 20)  # q8: per 16 weights: float scale, 16 int8
+    scale, q = b[..., :4].view(torch.float32), b[..., 4:].view(torch.int8).float()
+    return (q * scale).reshape(n, in_features)
+
+
+def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, fmt: str) -> torch.Tensor:
+    """x [M, K] @ the quantized weight [N, K] transposed -> float32 [M, N]."""
+    return x.float() @ dequantize(blocks, fmt, x.shape[-1]).T

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def _setting(default, help: str):
@@ -23,8 +23,8 @@ class EngineConfig:
     device: str = _setting("auto", "auto (cuda when available, else cpu), cpu, cuda or cuda:N")
     dtype: str = _setting(
         "auto",
-        "auto, float32, bfloat16 or float16; auto: bfloat16 on cuda and on CPUs with native "
-        "bf16 matmuls (AVX512-BF16 or AMX), float32 on other CPUs",
+        "auto, float32, bfloat16 or float16; auto: bfloat16 on cuda; on a CPU whichever of "
+        "float32 and bfloat16 runs the model's linears faster there (timed once, cached)",
     )
     max_kv_tokens: int | None = _setting(
         None, "KV pool size in tokens; overrides kv_cache_gb and kv_memory_fraction"
@@ -71,6 +71,16 @@ class EngineConfig:
     cuda_graph_max_batch: int = _setting(
         128, "CUDA: decode steps of up to this many requests replay captured graphs; 0: eager"
     )
+    quantization: str = _setting(
+        "none",
+        "CPU weights kept quantized in memory: none; int8 or int4 (group-wise, packed at "
+        "load); gguf (a GGUF model's own blocks: Q4_0, Q4_1, Q4_K, Q8_0, Q6_K)",
+    )
+    deterministic: bool = _setting(
+        False,
+        "outputs independent of what else is in the batch: batch-invariant linears and "
+        "attention row by row (CPU kernels only; slower), for evals that must reproduce",
+    )
     jump_forward: bool = _setting(
         True, "append the text a grammar forces (a JSON key, say) without a forward per token"
     )
@@ -98,9 +108,9 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.device: expected auto, cpu or cuda[:N], got {self.device!r}"
             )
-        if self.dtype != "auto" and self.dtype not in _DTYPES:
+        if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(
-                f"EngineConfig.dtype: expected auto or one of {list(_DTYPES)}, got {self.dtype!r}"
+                f"EngineConfig.dtype: expected auto or one of {list(DTYPES)}, got {self.dtype!r}"
             )
         if self.max_kv_tokens is not None and self.max_kv_tokens < 1:
             raise ValueError(f"EngineConfig.max_kv_tokens must be >= 1, got {self.max_kv_tokens}")
@@ -136,6 +146,21 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.spec_method: expected none, ngram or draft, got {self.spec_method!r}"
             )
+        if self.quantization not in ("none", "int8", "int4", "gguf"):
+            raise ValueError(
+                "EngineConfig.quantization: expected none, int8, int4 or gguf, got "
+                f"{self.quantization!r}"
+            )
+        if self.deterministic and self.quantization != "none":
+            raise ValueError(
+                "EngineConfig.deterministic: the quantized kernels are not batch-invariant; "
+                "use quantization='none'"
+            )
+        if self.deterministic and self.spec_method != "none":
+            raise ValueError(
+                "EngineConfig.deterministic: speculative decoding verifies drafts through "
+                "another attention path; use spec_method='none'"
+            )
         if (self.spec_method == "draft") != (self.draft_model is not None):
             raise ValueError(
                 "EngineConfig.draft_model: give one exactly when spec_method is 'draft' "
@@ -159,14 +184,6 @@ class EngineConfig:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        if self.dtype == "auto":
-            if self.torch_device.type == "cpu" and not _cpu_has_native_bf16():
-                return torch.float32
-            return torch.bfloat16
-        return _DTYPES[self.dtype]
 
     def kv_pool_tokens(self, bytes_per_token: int) -> int:
         """The KV pool size in tokens: explicit, from a GB budget, or from free memory."""
@@ -192,15 +209,3 @@ def _available_host_memory() -> int:
         pass
     # Not Linux: total physical memory is the best portable figure.
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def _cpu_has_native_bf16() -> bool:
-    """bf16 matmul instructions (AVX512-BF16 or AMX). oneDNN also reports bf16 "supported"
-    on plain AVX512 by emulating it, which is no faster than float32 (measured: 13.2 vs
-    14.0 tok/s on a Xeon without them)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    return "avx512_bf16" in flags or "amx_bf16" in flags

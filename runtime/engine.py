@@ -23,6 +23,7 @@ from braid.runtime.config import EngineConfig
 from braid.runtime.constrained import GrammarService, Prepared
 from braid.runtime.cuda_graphs import DecodeGraphs
 from braid.runtime.detokenizer import IncrementalDetokenizer
+from braid.runtime.dtype import resolve_dtype
 from braid.runtime.kv_cache import KVPool
 from braid.runtime.model_loader import load_model, load_model_config, resolve_model_dir
 from braid.runtime.model_runner import ModelRunner, StepResult
@@ -72,8 +73,13 @@ class Engine:
             raise failure[0]
 
     def _setup(self, path) -> None:
-        mc, dtype = self.model_config, self.config.torch_dtype
-        model_ = load_model(path, mc, dtype, self.device, self.config.cpu_kernels)
+        mc, c = self.model_config, self.config
+        dtype, why = resolve_dtype(c, mc)
+        self.dtype = dtype  # what `auto` meant here
+        log.info("dtype %s (%s)", str(dtype).removeprefix("torch."), why)
+        model_ = load_model(
+            path, mc, dtype, self.device, c.cpu_kernels, c.deterministic, c.quantization
+        )
         log.info("model ops: %s", model_.ops.name)
         per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype)
         num_slots = self.config.kv_pool_tokens(per_token)

@@ -10,16 +10,22 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers import AutoConfig
 
+from braid.runtime import gguf_file
 from braid.runtime.default_model import INSTALL_HINT, default_model_dir
 from braid.runtime.models import LlamaForCausalLM, ModelConfig
+from braid.runtime.models.batch_invariant import BatchInvariantLinear
 from braid.runtime.models.ops import layer_ops
+from braid.runtime.models.quantized import QuantLinear
 
 
 def resolve_model_dir(model: str | Path | None) -> Path:
-    """None (or "default") means the embedded default model; anything else is an HF directory."""
+    """None (or "default") means the embedded default model; a .gguf file is converted once
+    into an HF directory (runtime/gguf_file.py); anything else is an HF directory."""
     if model is None or str(model) == "default":
         return default_model_dir()
     path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return gguf_file.model_dir(path)
     if not path.is_dir():
         raise FileNotFoundError(
             f"model directory {path} does not exist (pass an HF model directory, or no model "
@@ -44,19 +50,50 @@ def load_model(
     dtype: torch.dtype,
     device: torch.device,
     cpu_kernels: bool = True,
+    deterministic: bool = False,
+    quantization: str = "none",
 ) -> LlamaForCausalLM:
     """The model on `device` in `dtype`; on the CPU its small ops run in the C++ kernels
-    unless `cpu_kernels` is False (or they cannot be built here)."""
+    unless `cpu_kernels` is False (or they cannot be built here). `deterministic`: every
+    row's output is the same whatever it is batched with (batch-invariant linears,
+    attention row by row). `quantization` (CPU only): "int8" or "int4" quantizes every
+    linear at load; "gguf" keeps the quantized tensors of the GGUF file the model came from."""
+    if quantization != "none" and device.type != "cpu":
+        raise ValueError(f"quantization={quantization!r}: quantized weights run on the CPU")
+    linear = BatchInvariantLinear if deterministic else torch.nn.Linear
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)
-    model = model.to_empty(device=device).to(dtype)
-    if config.tie_word_embeddings:  # to_empty breaks the tie; restore it
-        model.lm_head.weight = model.embed_tokens.weight
-    # Rope tables are computed, not loaded, and stay fp32 whatever the weights' dtype.
-    model.rotary.float().reset()
-    model.load_hf_weights(_read_safetensors(path))
-    model.ops = layer_ops(device, dtype, cpu_kernels)
+        model = LlamaForCausalLM(config, linear)
+    if quantization == "gguf":
+        source = gguf_file.source(path)
+        if source is None:
+            raise ValueError(
+                f"quantization='gguf': {path} was not converted from a GGUF file (pass the "
+                ".gguf file, or no model for the default one)"
+            )
+        gguf_file.load_quantized(model, source, dtype)
+    else:
+        model = model.to_empty(device=device).to(dtype)
+        if config.tie_word_embeddings:  # to_empty breaks the tie; restore it
+            model.lm_head.weight = model.embed_tokens.weight
+        # Rope tables are computed, not loaded, and stay fp32 whatever the weights' dtype.
+        model.rotary.float().reset()
+        model.load_hf_weights(_read_safetensors(path))
+        if quantization in QUANTIZED_FORMATS:
+            _quantize_linears(model, QUANTIZED_FORMATS[quantization])
+    model.ops = layer_ops(device, dtype, cpu_kernels, deterministic)
     return model.eval().requires_grad_(False)
+
+
+# Engine(quantization=...) -> the format its linears are packed in (kernels/quant.py).
+QUANTIZED_FORMATS = {"int4": "q4", "int8": "q8"}
+
+
+def _quantize_linears(model: LlamaForCausalLM, fmt: str) -> None:
+    """Every linear layer (the head included) kept as `fmt` blocks; a tied embedding table
+    stays in floats for its lookups."""
+    for path, module in list(model.named_modules()):
+        if isinstance(module, torch.nn.Linear):
+            model.set_submodule(path, QuantLinear.of(module, fmt))
 
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:

@@ -37,15 +37,18 @@ class CpuMetadata(TorchMetadata):
 class CpuKernelAttention(TorchAttention):
     name = "cpu-kernels"
 
-    def __init__(self, lib: CpuKernels) -> None:
+    def __init__(self, lib: CpuKernels, rows_only: bool = False) -> None:
+        """`rows_only`: every token of every sequence attended row by row, as a decode
+        attends it, whatever the batch (deterministic mode)."""
         self.lib = lib
+        self.rows_only = rows_only
 
     def rope_store_kv(self, *args) -> None:
         self.lib.rope_store_kv(*args)
 
     def prepare(self, batch: ForwardBatch) -> CpuMetadata:
         short = [
-            1 < n and n * total <= SHORT_EXTEND_WORK and m is None
+            1 < n and (self.rows_only or n * total <= SHORT_EXTEND_WORK) and m is None
             for n, total, m in zip(batch.extend_lens, batch.seq_lens, batch.tree_masks, strict=True)
         ]
         meta = self._prepare(batch, lambda b: not short[b])
@@ -63,7 +66,7 @@ class CpuKernelAttention(TorchAttention):
             short_rows=_cat_int64(rows),
             short_kv_starts=_cat_int64(starts),
             short_kv_lens=_cat_int64(lens),
-            decodes_by_row=meta.decode_shared_len < MIN_SHARED_PREFIX,
+            decodes_by_row=self.rows_only or meta.decode_shared_len < MIN_SHARED_PREFIX,
         )
 
     def forward(

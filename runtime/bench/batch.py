@@ -49,7 +49,7 @@ def _braid_batch(model, dtype, n, tokens, rss) -> dict:
     out = {
         "seconds": min(r["seconds"] for r in runs),
         "decode_seconds": min(r["decode_seconds"] for r in runs),
-        "dtype": str(engine.config.torch_dtype).removeprefix("torch."),
+        "dtype": str(engine.dtype).removeprefix("torch."),
     }
     if rss:
         short = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)

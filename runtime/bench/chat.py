@@ -105,7 +105,7 @@ def _braid_chat(model, dtype, n, seed) -> dict:
         "ttft_p99_s": percentile(ttft, 99),
         "tpot_p50_s": percentile(tpot, 50),
         "tpot_p99_s": percentile(tpot, 99),
-        "dtype": str(engine.config.torch_dtype).removeprefix("torch."),
+        "dtype": str(engine.dtype).removeprefix("torch."),
     }
 
 

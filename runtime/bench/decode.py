@@ -28,16 +28,17 @@ def add_parser(workloads: argparse._SubParsersAction) -> None:
     )
     decode.add_argument("--tokens", type=int, default=128)
     decode.add_argument("--repeats", type=int, default=3)
+    decode.add_argument("--quantization", default="none", help="braid's: none, int8, int4, gguf")
 
 
-def _braid_decode(model, dtype, tokens, repeats) -> tuple[float, list[int], str]:
+def _braid_decode(model, dtype, quantization, tokens, repeats) -> tuple[float, list[int], str]:
     from braid.runtime import SamplingParams
 
-    engine = make_engine(model, dtype, max_kv_tokens=4096)
+    engine = make_engine(model, dtype, max_kv_tokens=4096, quantization=quantization)
     ids = engine.encode(DECODE_PROMPT)
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     seconds = best_seconds(lambda: engine.generate(ids, params), repeats)
-    return tokens / seconds, ids, str(engine.config.torch_dtype).removeprefix("torch.")
+    return tokens / seconds, ids, str(engine.dtype).removeprefix("torch.")
 
 
 def _hf_decode(model, dtype, ids, tokens, repeats) -> float:
@@ -58,13 +59,16 @@ def _hf_decode(model, dtype, ids, tokens, repeats) -> float:
 
 
 def bench_decode(args: argparse.Namespace) -> int:
-    ours, ids, dtype = isolated(_braid_decode, args.model, args.dtype, args.tokens, args.repeats)
+    ours, ids, dtype = isolated(
+        _braid_decode, args.model, args.dtype, args.quantization, args.tokens, args.repeats
+    )
     theirs = isolated(_hf_decode, args.model, dtype, ids, args.tokens, args.repeats)
     result = {
         "workload": "decode",
         "machine": machine(),
         "model": args.model or "default",
         "dtype": dtype,
+        "quantization": args.quantization,
         "prompt_tokens": len(ids),
         "new_tokens": args.tokens,
         "braid_tok_s": round(ours, 2),
@@ -73,7 +77,7 @@ def bench_decode(args: argparse.Namespace) -> int:
     }
     print(
         f"decode, batch 1, {len(ids)}-token prompt, {args.tokens} new tokens, {dtype}, "
-        f"{result['machine']}"
+        f"braid quantization {args.quantization}, {result['machine']}"
     )
     print(f"{'engine':<24}{'tok/s':>10}")
     print(f"{'braid':<24}{ours:>10.1f}")

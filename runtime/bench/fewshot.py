@@ -45,7 +45,7 @@ def _braid_fewshot(model, dtype, n, tokens, cache) -> tuple[float, int, str, int
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     seconds = timed(lambda: engine.generate(prompts, params))
     computed = engine.stats()["prefill_tokens_computed"] - before
-    dtype_name = str(engine.config.torch_dtype).removeprefix("torch.")
+    dtype_name = str(engine.dtype).removeprefix("torch.")
     return seconds, computed, dtype_name, len(engine.encode(prompts[0]))
 
 

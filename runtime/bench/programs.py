@@ -66,7 +66,7 @@ def _braid_programs(model, dtype, n, tokens, cache) -> tuple[float, int, int, st
     after = engine.stats()
     prompt = after["prompt_tokens"] - before["prompt_tokens"]
     computed = after["prefill_tokens_computed"] - before["prefill_tokens_computed"]
-    return seconds, prompt, computed, str(engine.config.torch_dtype).removeprefix("torch.")
+    return seconds, prompt, computed, str(engine.dtype).removeprefix("torch.")
 
 
 def _hf_programs(model, dtype, n, tokens) -> float:

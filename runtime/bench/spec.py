@@ -139,7 +139,7 @@ def _run(model, dtype, method: str, workload: str, concurrency: int, tokens: int
         "output_tokens": sum(len(o.token_ids) for o in outs),
         "outputs": [o.token_ids for o in outs],
         "sample": outs[0].text[:120],
-        "dtype": str(engine.config.torch_dtype).removeprefix("torch."),
+        "dtype": str(engine.dtype).removeprefix("torch."),
         **delta,
     }
 

@@ -38,10 +38,22 @@ TORCH_OPS = LayerOps(reference.add_rms_norm, reference.silu_mul, TorchAttention(
 TRITON_OPS = LayerOps(reference.add_rms_norm, reference.silu_mul, TritonAttention())
 
 
-def layer_ops(device: torch.device, dtype: torch.dtype, cpu_kernels: bool = True) -> LayerOps:
+def layer_ops(
+    device: torch.device, dtype: torch.dtype, cpu_kernels: bool = True, deterministic: bool = False
+) -> LayerOps:
+    """`deterministic`: attention one row at a time (each row's reduction then depends on
+    its own context only), which only the CPU kernels do."""
     if device.type == "cuda":
+        if deterministic:
+            raise ValueError("EngineConfig.deterministic runs on the CPU kernels, not on CUDA")
         return TRITON_OPS
     lib = cpu.load() if cpu_kernels else None
     if lib is not None and lib.supports(dtype):
-        return LayerOps(lib.add_rms_norm, lib.silu_mul, CpuKernelAttention(lib))
+        attention = CpuKernelAttention(lib, rows_only=deterministic)
+        return LayerOps(lib.add_rms_norm, lib.silu_mul, attention)
+    if deterministic:
+        raise ValueError(
+            "EngineConfig.deterministic needs the CPU kernels (a C++ compiler, "
+            f"cpu_kernels=True, float32 or bfloat16); got cpu_kernels={cpu_kernels}, {dtype}"
+        )
     return TORCH_OPS

@@ -128,7 +128,7 @@ def load_draft_proposer(config, target, tokenizer, vocab_size: int, num_slots: i
     from braid.runtime.model_loader import load_model, load_model_config, resolve_model_dir
     from braid.runtime.tokenizer import load_tokenizer
 
-    name, device, dtype = config.draft_model, config.torch_device, config.torch_dtype
+    name, device, dtype = config.draft_model, config.torch_device, target.norm.weight.dtype
     mc = target.config
     if name == "self" or name.startswith("self:"):
         layers = int(name[5:]) if name != "self" else max(1, mc.num_layers // 4)

@@ -1,0 +1,101 @@
+"""Weight-only quantized formats for the CPU kernels (kernels/cpu_quant.cpp), packed from
+float weights or converted from a GGUF file's blocks.
+
+q4: 32 weights a block, w = q * scale + min, q in 0..15 (4.75 bits a weight with its float
+    scale and min). GGUF's Q4_0 and Q4_1 convert exactly; Q4_K is dequantized and packed
+    again (its 6-bit sub-block scales do not survive exactly: the error stays under half a
+    step of the new scale).
+q8: 16 weights a block, w = q * scale, q in -128..127. GGUF's Q8_0 converts exactly; Q6_K is
+    dequantized and packed again (8 bits keep its 6-bit values' precision).
+
+A layer's weight [N, K] is a uint8 tensor [N, K / block * block bytes]: each row's blocks in
+order, as the kernel reads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class QuantFormat:
+    name: str
+    block: int  # weights a block
+    dtype: np.dtype  # one block as a numpy record
+
+    @property
+    def block_bytes(self) -> int:
+        return self.dtype.itemsize
+
+    def row_bytes(self, in_features: int) -> int:
+        if in_features % self.block:
+            raise ValueError(
+                f"{self.name}: rows of {in_features} weights are not whole blocks of {self.block}"
+            )
+        return in_features // self.block * self.block_bytes
+
+
+Q4 = QuantFormat("q4", 32, np.dtype([("scale", "<f4"), ("min", "<f4"), ("qs", "u1", 16)]))
+Q8 = QuantFormat("q8", 16, np.dtype([("scale", "<f4"), ("qs", "i1", 16)]))
+FORMATS = {f.name: f for f in (Q4, Q8)}
+
+
+def quantize(weight: torch.Tensor, fmt: QuantFormat) -> torch.Tensor:
+    """Pack a float weight [N, K] into `fmt`'s blocks (round to nearest)."""
+    w = weight.detach().float().cpu().numpy()
+    n, k = w.shape
+    fmt.row_bytes(k)  # checks whole blocks
+    groups = w.reshape(n, k // fmt.block, fmt.block)
+    blocks = np.zeros(groups.shape[:2], dtype=fmt.dtype)
+    if fmt is Q4:
+        low, high = groups.min(-1), groups.max(-1)
+        scale = np.where(high > low, (high - low) / 15, 1.0).astype(np.float32)
+        q = np.clip(np.rint((groups - low[..., None]) / scale[..., None]), 0, 15).astype(np.uint8)
+        blocks["scale"], blocks["min"] = scale, low
+        blocks["qs"] = q[..., :16] | (q[..., 16:] << 4)
+    else:
+        peak = np.abs(groups).max(-1)
+        scale = np.where(peak > 0, peak / 127, 1.0).astype(np.float32)
+        blocks["scale"] = scale
+        blocks["qs"] = np.clip(np.rint(groups / scale[..., None]), -128, 127).astype(np.int8)
+    return _as_tensor(blocks)
+
+
+def from_gguf(
+    data: np.ndarray, ggml_type, shape: tuple[int, int]
+) -> tuple[QuantFormat, torch.Tensor]:
+    """A GGUF tensor's blocks (uint8 [N, row bytes], logical shape (N, K)) in braid's format:
+    the format and the packed weight."""
+    import gguf
+
+    t = gguf.GGMLQuantizationType
+    n, k = shape
+    raw = np.ascontiguousarray(data).reshape(n, -1)
+    if ggml_type in (t.Q4_0, t.Q4_1):
+        has_min = ggml_type == t.Q4_1
+        layout = [("d", "<f2")] + ([("m", "<f2")] if has_min else []) + [("qs", "u1", 16)]
+        src = raw.view(np.dtype(layout)).reshape(n, k // 32)
+        blocks = np.zeros(src.shape, dtype=Q4.dtype)
+        blocks["scale"] = src["d"].astype(np.float32)
+        blocks["min"] = src["m"].astype(np.float32) if has_min else -8 * blocks["scale"]
+        blocks["qs"] = src["qs"]
+        return Q4, _as_tensor(blocks)
+    if ggml_type == t.Q8_0:
+        src = raw.view(np.dtype([("d", "<f2"), ("qs", "i1", 32)])).reshape(n, k // 32)
+        blocks = np.zeros((n, k // 32, 2), dtype=Q8.dtype)  # each GGUF block: two of ours
+        blocks["scale"] = src["d"].astype(np.float32)[..., None]
+        blocks["qs"] = src["qs"].reshape(n, k // 32, 2, 16)
+        return Q8, _as_tensor(blocks.reshape(n, -1))
+    if ggml_type in (t.Q4_K, t.Q6_K):
+        weight = torch.from_numpy(np.asarray(gguf.quants.dequantize(raw, ggml_type)))
+        fmt = Q4 if ggml_type == t.Q4_K else Q8
+        return fmt, quantize(weight.reshape(n, k), fmt)
+    raise ValueError(f"GGUF tensors of type {ggml_type.name} have no quantized kernel here")
+
+
+def _as_tensor(blocks: np.ndarray) -> torch.Tensor:
+    rows = blocks.shape[0]
+    return torch.from_numpy(np.ascontiguousarray(blocks).view(np.uint8).reshape(rows, -1))

@@ -1,0 +1,242 @@
+"""GGUF files (llama.cpp's format, how the default model ships): their config, tokenizer and
+weights, converted once into an HF directory, or loaded with their quantization kept.
+
+transformers reads a GGUF's config and tokenizer; the weights are read here with the `gguf`
+package. llama.cpp stores q/k projection rows permuted for its RoPE layout; they are put back
+in the half-split layout our forward uses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from braid.kernels.quant import from_gguf
+from braid.runtime.models import LlamaForCausalLM, ModelConfig
+from braid.runtime.models.quantized import QuantEmbedding, QuantLinear
+
+log = logging.getLogger(__name__)
+
+SOURCE_LINK = "source.gguf"  # in a converted directory: the file it came from
+# Files whose presence marks a finished conversion (the directory is renamed into place last).
+_CACHE_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_TOP_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_FLOAT_TYPES = ("F32", "F16", "BF16")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("BRAID_MODEL_CACHE", Path.home() / ".cache" / "braid" / "models"))
+
+
+def model_dir(gguf_path: Path, name: str | None = None) -> Path:
+    """The HF directory converted from a GGUF file, converting it on first use (into
+    BRAID_MODEL_CACHE, default ~/.cache/braid/models, under `name` or one made from the
+    file's name, size and time)."""
+    if name is None:
+        stat = gguf_path.stat()
+        tag = hashlib.sha256(f"{gguf_path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+        name = f"{gguf_path.stem}-{tag.hexdigest()[:8]}"
+    target = cache_root() / name
+    if all((target / f).is_file() for f in _CACHE_FILES):
+        if not (target / SOURCE_LINK).is_symlink():  # converted before the link was kept
+            (target / SOURCE_LINK).symlink_to(gguf_path.resolve())
+        return target
+    log.info("converting %s into %s (once)", gguf_path, target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        convert(gguf_path, tmp)
+        if target.exists():  # a stale, partial conversion
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if all((target / f).is_file() for f in _CACHE_FILES):
+            return target  # another process converted it meanwhile
+        raise
+    return target
+
+
+def convert(gguf_path: Path, out_dir: Path) -> None:
+    """Write config.json, tokenizer files and model.safetensors (float32) for a Llama GGUF,
+    and a link to the file itself (for quantization="gguf")."""
+    from safetensors.torch import save_file
+
+    config = _save_config_and_tokenizer(gguf_path, out_dir)
+    tensors = {
+        name: torch.from_numpy(np.ascontiguousarray(w))
+        for name, w in _dequantized(
+            gguf_path, config.num_attention_heads, config.num_key_value_heads
+        )
+    }
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    (out_dir / SOURCE_LINK).symlink_to(gguf_path.resolve())
+
+
+def source(model_dir: Path) -> Path | None:
+    """The GGUF file a converted directory came from, if it did."""
+    link = model_dir / SOURCE_LINK
+    return link.resolve() if link.is_symlink() and link.resolve().is_file() else None
+
+
+# A fused linear of ours and the GGUF tensors whose rows it stacks, in order.
+_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+# GGUF block types with a kernel, by the format they are kept in (kernels/quant.py).
+_KEPT = {"Q4_0": "q4", "Q4_1": "q4", "Q4_K": "q4", "Q8_0": "q8", "Q6_K": "q8"}
+
+
+def load_quantized(model: LlamaForCausalLM, gguf_path: Path, dtype: torch.dtype) -> None:
+    """Fill `model`, built on the meta device, from the GGUF file: linears whose tensors are
+    quantized become QuantLinears holding those blocks (never expanded to floats), a
+    quantized embedding table a QuantEmbedding (the head too when the model ties them), the
+    float tensors parameters in `dtype`."""
+    import gguf
+
+    config = model.config
+    # By our module paths (HF names without "model.").
+    tensors = {
+        hf_name(t.name).removeprefix("model."): t for t in gguf.GGUFReader(str(gguf_path)).tensors
+    }
+
+    def kept(name: str) -> str | None:
+        t = tensors.get(name)
+        if t is None or t.tensor_type.name in _FLOAT_TYPES:
+            return None
+        if t.tensor_type.name not in _KEPT:
+            raise ValueError(
+                f"{gguf_path}: {name} is {t.tensor_type.name}, which has no quantized kernel "
+                f"here (kept: {', '.join(_KEPT)}); load it with quantization='none'"
+            )
+        return _KEPT[t.tensor_type.name]
+
+    # Which of our linears take quantized blocks, from which GGUF tensors (in row order).
+    stacks: dict[str, list[str]] = {}
+    with torch.device("meta"):
+        for path, module in list(model.named_modules()):
+            if not isinstance(module, nn.Linear):
+                continue
+            parent, _, child = path.rpartition(".")
+            prefix = parent + "." if parent else ""
+            parts = [prefix + p + ".weight" for p in _FUSED.get(child, (child,))]
+            formats = {kept(p) for p in parts}
+            if formats == {None} or not all(p in tensors for p in parts):
+                continue
+            if len(formats) != 1:
+                raise ValueError(f"{gguf_path}: the parts of {path} are stored differently")
+            out_features = sum(int(tensors[p].shape[1]) for p in parts)
+            layer = QuantLinear(module.in_features, out_features, formats.pop())
+            model.set_submodule(path, layer)
+            stacks[path] = parts
+        table_format = kept("embed_tokens.weight")
+        if table_format is not None:
+            table = QuantLinear(config.hidden_size, config.vocab_size, table_format)
+            model.embed_tokens = QuantEmbedding(table, dtype)
+            stacks["embed_tokens.table"] = ["embed_tokens.weight"]
+            if config.tie_word_embeddings and "lm_head" not in stacks:
+                model.lm_head = table
+    model.to_empty(device="cpu")
+    if config.tie_word_embeddings and table_format is None:  # to_empty broke the float tie
+        model.lm_head.weight = model.embed_tokens.weight
+    for path, parts in stacks.items():
+        layer, row = model.get_submodule(path), 0
+        for part in parts:
+            t = tensors.pop(part)
+            n, k = int(t.shape[1]), int(t.shape[0])  # ggml lists a row's length first
+            _, blocks = from_gguf(t.data, t.tensor_type, (n, k))
+            ordered = _rows_in_our_order(part, blocks.numpy(), config)
+            layer.blocks[row : row + n] = torch.from_numpy(ordered)
+            row += n
+    model.load_hf_weights({_hf(name): _float(t, name, config) for name, t in tensors.items()})
+    model.rotary.float().reset()
+
+
+def _hf(name: str) -> str:
+    return name if name.startswith("lm_head") else "model." + name
+
+
+def _float(t, name: str, config: ModelConfig) -> torch.Tensor:
+    import gguf
+
+    w = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+    return torch.tensor(_rows_in_our_order(name, w, config))  # a copy: GGUF data is read-only
+
+
+def _rows_in_our_order(name: str, w: np.ndarray, config: ModelConfig) -> np.ndarray:
+    """A tensor's rows put back from llama.cpp's RoPE order (q and k projections)."""
+    if name.endswith("q_proj.weight"):
+        return unpermute_rope(w, config.num_heads)
+    if name.endswith("k_proj.weight"):
+        return unpermute_rope(w, config.num_kv_heads)
+    return w
+
+
+def _save_config_and_tokenizer(gguf_path: Path, out_dir: Path):
+    from transformers import AutoConfig, AutoTokenizer
+
+    folder, name = str(gguf_path.parent), gguf_path.name
+    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out_dir)
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    if config.model_type != "llama":
+        raise ValueError(
+            f"{gguf_path}: only llama GGUF files are supported, not {config.model_type}"
+        )
+    config.architectures = ["LlamaForCausalLM"]
+    config.save_pretrained(out_dir)
+    return config
+
+
+def _dequantized(gguf_path: Path, num_heads: int, num_kv_heads: int):
+    """(HF name, float32 weight) of every tensor, q/k rows back in the half-split layout."""
+    import gguf
+
+    for t in gguf.GGUFReader(str(gguf_path)).tensors:
+        name = hf_name(t.name)
+        # dequantize returns the logical shape in row-major order, i.e. torch's (out, in).
+        w = np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        if name.endswith("q_proj.weight"):
+            w = unpermute_rope(w, num_heads)
+        elif name.endswith("k_proj.weight"):
+            w = unpermute_rope(w, num_kv_heads)
+        yield name, w
+
+
+def hf_name(gguf_name: str) -> str:
+    if gguf_name in _TOP_NAMES:
+        return _TOP_NAMES[gguf_name]
+    blk, layer, part, kind = gguf_name.split(".")
+    if blk != "blk" or part not in _LAYER_NAMES:
+        raise ValueError(f"unexpected GGUF tensor {gguf_name!r}")
+    return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+
+
+def unpermute_rope(w: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation (interleaved rope pairs -> half-split layout).
+    Rows only: a quantized weight's rows of blocks move like a float weight's rows."""
+    out_dim = w.shape[0]
+    half = out_dim // num_heads // 2
+    # llama.cpp stored rows as (heads, half, 2); HF wants (heads, 2, half).
+    return w.reshape(num_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
