@@ -1,0 +1,43 @@
+"""`braid bench peers`'s llama.cpp side, run by a Python that has llama-cpp-python (never
+braid's): python peer_llama_cpp.py GGUF WORKLOAD TOKENS PROMPTS_JSON SAMPLING_JSON.
+Prints one JSON line: decode tok/s after the first token, or seconds and tokens."""
+
+import json
+import sys
+import time
+
+from llama_cpp import Llama, LlamaGrammar
+
+
+def main() -> None:
+    path, workload, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    prompts, sampling = json.loads(sys.argv[4]), json.loads(sys.argv[5])
+    llm = Llama(model_path=path, n_ctx=4096, verbose=False)
+    grammar = None
+    if "schema" in sampling:
+        grammar = LlamaGrammar.from_json_schema(json.dumps(sampling["schema"]), verbose=False)
+    max_tokens = tokens if workload == "decode" else sampling["max_tokens"]
+
+    def complete(prompt: str, stream: bool = False):
+        return llm.create_completion(
+            prompt, max_tokens=max_tokens, temperature=0, grammar=grammar, stream=stream
+        )
+
+    complete(prompts[0])  # warm-up
+    if workload == "decode":
+        first = last = 0.0
+        count = 0
+        for _ in complete(prompts[0], stream=True):
+            now = time.perf_counter()
+            first = first or now
+            count += 1
+            last = now
+        print(json.dumps({"tok_s": (count - 1) / (last - first)}))
+        return
+    start = time.perf_counter()
+    n = sum(complete(p)["usage"]["completion_tokens"] for p in prompts)
+    print(json.dumps({"seconds": time.perf_counter() - start, "tokens": n}))
+
+
+if __name__ == "__main__":
+    main()
