@@ -17,6 +17,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         fewshot,
         grammar,
         kernels,
+        peers,
         programs,
         serve,
         spec,
@@ -24,5 +25,5 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
     bench = commands.add_parser("bench", help="run a benchmark workload")
     workloads = bench.add_subparsers(dest="workload", required=True, metavar="WORKLOAD")
-    for workload in (decode, fewshot, batch, chat, grammar, kernels, serve, spec, programs):
+    for workload in (decode, fewshot, batch, chat, grammar, kernels, serve, spec, programs, peers):
         workload.add_parser(workloads)
