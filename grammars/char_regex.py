@@ -90,3 +90,11 @@ class CharRegex:
 
     def accepts(self, state: int) -> bool:
         return state in self._fsm.finals
+
+    def memory_bytes(self) -> int:
+        """An estimate: interegular's dicts, ~100 bytes a transition or alphabet entry and
+        ~250 a state (its dict and set entries)."""
+        fsm = self._fsm
+        transitions = sum(len(moves) for moves in fsm.map.values())
+        symbols = len(fsm.alphabet._symbol_mapping)
+        return 100 * (transitions + symbols) + 250 * len(fsm.map) + len(self.pattern)

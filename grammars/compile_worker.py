@@ -1,9 +1,9 @@
 """The compile worker's process: `python -m grammars.compile_worker MAX_MEMORY_MB`.
 
-Reads a TokenVocabulary, then jobs, from stdin, and writes replies, each (ok, payload or an
-error message), to stdout:
-- a regex, JSON schema or choices: the pickled regex, then the pickled index (or None: the
-  lazy automaton takes the regex);
+Reads a TokenVocabulary, then jobs (each with whether an outlines index is wanted), from
+stdin, and writes replies, each (ok, payload or an error message), to stdout:
+- a regex, JSON schema or choices: the pickled regex, then, where an index is wanted, the
+  pickled index (or None: it could not be built);
 - an EBNF grammar: the grammar (EbnfGrammar.dumps);
 - a CharPattern (a stop regex): its pickled CharRegex.
 Started and killed by grammars.compiler._Worker.
@@ -31,11 +31,11 @@ def main() -> None:
     vocab = receiver.recv()
     while True:
         try:
-            job = receiver.recv()
+            job, index = receiver.recv()
         except EOFError:
             return
         try:
-            for reply in _replies(job, vocab):
+            for reply in _replies(job, vocab, index):
                 sender.send((True, reply))
         except MemoryError:
             sender.send((False, f"compiling the constraint exceeded {max_memory_mb} MB"))
@@ -45,7 +45,7 @@ def main() -> None:
             sender.send((False, str(e)))
 
 
-def _replies(job, vocab) -> Iterator[bytes]:
+def _replies(job, vocab, index: bool) -> Iterator[bytes]:
     from braid.grammars.char_regex import CharPattern, CharRegex
     from braid.grammars.constraints import Ebnf
 
@@ -62,7 +62,8 @@ def _replies(job, vocab) -> Iterator[bytes]:
         # what runs out of time or memory.
         pattern = constraint_regex(job)
         yield pickle.dumps(pattern)
-        yield _index(pattern, vocab)
+        if index:
+            yield _index(pattern, vocab)
 
 
 def _index(pattern: str, vocab) -> bytes:

@@ -1,9 +1,12 @@
 """compile(job, vocab) -> Grammar (or CharRegex), cached; GrammarCompiler runs it in bounded
 workers.
 
-Regex, choices and JSON schemas become a regex, then an outlines-core index when it is cheap
-enough to build up front (index_builder.fits_index), else the lazy automaton
-(grammars/lazy.py), which makes states and masks as they are reached. EBNF grammars become
+Regex, choices and JSON schemas become a regex, then the lazy automaton (grammars/lazy.py),
+which makes states and masks as they are reached: compiling costs milliseconds, and each
+state's mask one walk of the vocabulary the first time it is needed. An outlines-core index
+(every state x every token, built up front: up to seconds for a JSON schema, which every
+request used to wait for) is built only where the lazy automaton cannot serve: without a C++
+compiler, or for a regex its parser refuses. Both give the same masks. EBNF grammars become
 lark's parse table over terminal automata (grammars/ebnf.py); stop regexes (CharPattern) a
 character automaton (grammars/char_regex.py). Each of these can take seconds and gigabytes
 for a hostile input, so the runtime runs them in worker processes with a memory limit and
@@ -22,18 +25,29 @@ import subprocess
 import sys
 import threading
 import time
-from collections import OrderedDict
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING
 
+from braid.grammars.cache import GrammarCache
 from braid.grammars.char_regex import CharPattern, CharRegex
 from braid.grammars.constraints import Constraint, Ebnf
 from braid.grammars.index_builder import IndexUnbuildable, build_index, constraint_regex, fits_index
-from braid.grammars.lazy import STATE_MEMORY_MB, LazyRegexGrammar
+from braid.grammars.lazy import (
+    STATE_MEMORY_MB,
+    LazyRegexGrammar,
+    LazyUnsupported,
+    lazy_available,
+    vocab_memory_bytes,
+)
 from braid.grammars.matcher import Grammar
 from braid.grammars.regex import RegexGrammar
-from braid.grammars.vocabulary import TokenVocabulary
+from braid.grammars.vocabulary import TokenVocabulary, build_vocabulary
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -41,45 +55,83 @@ log = logging.getLogger(__name__)
 Job = Constraint | CharPattern
 Compiled = Grammar | CharRegex
 
-# An index that takes longer than this is abandoned for the lazy automaton: its cost (states
-# x vocabulary) is hard to predict from the regex, and the lazy automaton compiles in
-# milliseconds; its masks then cost a trie walk the first time each is needed.
+# Where an index is built (see above), one that takes longer than this is abandoned for the
+# lazy automaton when it is there: its cost (states x vocabulary) is hard to predict.
 INDEX_BUDGET_S = 1.0
-_CACHE_SIZE = 256  # compiled grammars kept per compiler (an index can be megabytes)
+_CACHE_SIZE = 256  # compiled jobs kept per cache, however small
+# Memory of a cache's grammars and the vocabulary structures they share (grammars/cache.py).
+GRAMMAR_MEMORY_MB = 1024
+_TRIM_INTERVAL_S = 1.0  # an idle compile thread measures the cache again this often
+# What GrammarCompiler.stats reports.
+COMPILER_STATS = (
+    "grammar_memory_bytes",
+    "grammar_cache_entries",
+    "grammar_cache_evictions",
+    "grammar_workers_resident_bytes",
+)
 
 
-def compile(job: Job, vocab: TokenVocabulary) -> Compiled:
-    """Compile in this process, unbounded (tests, benchmarks, offline use); cached."""
+def compile(job: Job, vocab: TokenVocabulary | PreTrainedTokenizerBase) -> Compiled:
+    """Compile in this process, without the workers' time and memory limits (tests,
+    benchmarks, offline use); cached within GRAMMAR_MEMORY_MB. `vocab` is a TokenVocabulary
+    or a Hugging Face tokenizer (its vocabulary is built once)."""
+    vocab = as_vocabulary(vocab)
     key = (job, vocab.fingerprint)
-    grammar = _local_cache.get(key)
-    if grammar is None:
-        grammar = _build(job, vocab, lambda j: _run_here(j, vocab))
-        _local_cache[key] = grammar
-        if len(_local_cache) > _CACHE_SIZE:
-            _local_cache.popitem(last=False)
-    else:
-        _local_cache.move_to_end(key)
-    return grammar
+    future = _local_cache.get(key)
+    if future is None:
+        future = Future()
+        future.set_result(_build(job, vocab, lambda j, index: _run_here(j, vocab, index)))
+        _local_cache.put(key, future)
+        _local_cache.trim()
+    return future.result()
 
 
-_local_cache: OrderedDict = OrderedDict()
+# compile()'s cache: its grammars' memory within the default budget.
+_local_cache = GrammarCache(GRAMMAR_MEMORY_MB << 20, _CACHE_SIZE)
 
 
 def _build(
     job: Job, vocab: TokenVocabulary, run: Callable, max_state_mb: int = STATE_MEMORY_MB
 ) -> Compiled:
-    """`run(job)` does the costly part: a CharRegex, an EbnfGrammar, or for the other
-    constraints (their regex, its outlines index or None for the lazy automaton)."""
-    built = run(job)
+    """`run(job, index)` does the costly part: a CharRegex, an EbnfGrammar, or for the other
+    constraints (their regex, and its outlines index when `index` asks for one and it could
+    be built, else None)."""
+    lazy = lazy_available()
+    built = run(job, not lazy)
     if isinstance(job, (CharPattern, Ebnf)):
         return built
     pattern, index = built
+    refusal = None
+    if index is None and lazy:
+        try:
+            return LazyRegexGrammar(pattern, vocab, max_state_mb)
+        except LazyUnsupported as e:
+            refusal = e
+            pattern, index = run(job, True)  # syntax only outlines may read
     if index is None:
-        return LazyRegexGrammar(pattern, vocab, max_state_mb)
+        raise refusal or ValueError(
+            f"regex {pattern[:200]!r} is too large to compile without lazy_dfa.cpp"
+        )
     return RegexGrammar(index, vocab, pattern)
 
 
-def _run_here(job: Job, vocab: TokenVocabulary):
+def as_vocabulary(vocab: TokenVocabulary | PreTrainedTokenizerBase) -> TokenVocabulary:
+    """A tokenizer's TokenVocabulary, built once per tokenizer (its EOS token allowed where
+    the grammar accepts); a TokenVocabulary as it is."""
+    if isinstance(vocab, TokenVocabulary):
+        return vocab
+    built = _vocabularies.get(vocab)
+    if built is None:
+        built = build_vocabulary(vocab)
+        _vocabularies[vocab] = built
+    return built
+
+
+# Tokenizer -> its vocabulary, as long as the tokenizer lives.
+_vocabularies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _run_here(job: Job, vocab: TokenVocabulary, index: bool):
     if isinstance(job, CharPattern):
         return CharRegex(job.pattern)
     if isinstance(job, Ebnf):
@@ -87,7 +139,7 @@ def _run_here(job: Job, vocab: TokenVocabulary):
 
         return EbnfGrammar(job.grammar, vocab)
     pattern = constraint_regex(job)
-    if not fits_index(pattern):
+    if not index or not fits_index(pattern):
         return pattern, None
     try:
         return pattern, build_index(pattern, vocab)
@@ -101,22 +153,30 @@ class GrammarCompiler:
     `submit` returns a future at once. Each of `workers` compile threads hands its jobs to
     its own worker process (spawned on first use, replaced after a timeout or a crash), so a
     job that runs to the time limit holds up one thread, not every constrained request.
-    Results are cached, and concurrent submissions of one job share one compile.
+    Results are cached, and concurrent submissions of one job share one compile. The cache
+    keeps the grammars and the vocabulary structures they share within `max_cache_mb`
+    (grammars/cache.py); a server has one compiler, so that is its grammars' whole memory.
     """
 
     def __init__(
         self,
-        vocab: TokenVocabulary,
+        vocab: TokenVocabulary | PreTrainedTokenizerBase,
         timeout_s: float = 30.0,
         max_memory_mb: int = 2048,
         max_state_mb: int = STATE_MEMORY_MB,
         workers: int = 2,
+        max_cache_mb: int = GRAMMAR_MEMORY_MB,
     ) -> None:
-        self.vocab = vocab
+        self.vocab = as_vocabulary(vocab)
         self.timeout_s = timeout_s
         self.max_memory_mb = max_memory_mb
         self.max_state_mb = max_state_mb  # a lazy automaton's states (grammars/lazy.py)
-        self._cache: OrderedDict[Job, Future[Compiled]] = OrderedDict()
+        self._cache = GrammarCache(max_cache_mb << 20, _CACHE_SIZE, self._shared_bytes)
+        # The TokenVocabulary: a bytes object per token (33 bytes and its length) and its slot.
+        self._vocab_bytes = sum(33 + len(b or b"") + 8 for b in self.vocab.token_bytes)
+        self._ebnf_seen = False  # whether the EBNF grammars' token trie was built
+        self._last_trim = time.monotonic()
+        self._workers: dict[str, _Worker] = {}  # compile thread -> its worker process
         self._lock = threading.Lock()
         self._jobs: queue.Queue[tuple[Job, Future[Compiled]] | None] = queue.Queue()
         self._threads = [
@@ -129,15 +189,42 @@ class GrammarCompiler:
     def submit(self, job: Job) -> Future[Compiled]:
         with self._lock:
             future = self._cache.get(job)
-            if future is not None and not (future.done() and future.exception()):
-                self._cache.move_to_end(job)
+            if future is not None:
                 return future
             future = Future()
-            self._cache[job] = future
-            if len(self._cache) > _CACHE_SIZE:
-                self._cache.popitem(last=False)
+            self._cache.put(job, future)
+            self._ebnf_seen |= isinstance(job, Ebnf)
         self._jobs.put((job, future))
         return future
+
+    def trim(self) -> None:
+        """Measure the cache and evict what is past its budget (see grammars/cache.py)."""
+        self._last_trim = time.monotonic()
+        self._cache.trim()
+
+    def stats(self) -> dict[str, int]:
+        """The cache's memory as last measured (shared structures included), its entries and
+        evictions so far, and the compile workers' resident memory."""
+        workers = sum(_resident_bytes(pid) for pid in self.worker_pids())
+        values = (self._cache.memory_bytes(), len(self._cache), self._cache.evictions, workers)
+        return dict(zip(COMPILER_STATS, values, strict=True))
+
+    def worker_pids(self) -> list[int]:
+        """The live compile worker processes."""
+        workers = list(self._workers.values())
+        return [w.process.pid for w in workers if w.alive and w.process.poll() is None]
+
+    def _shared_bytes(self) -> int:
+        """What every grammar shares: the vocabulary, and the structures over it of the lazy
+        automata and (once one was compiled) of EBNF grammars."""
+        total = self._vocab_bytes
+        if lazy_available():
+            total += vocab_memory_bytes(self.vocab)
+        if self._ebnf_seen:
+            from braid.grammars.ebnf import trie_memory_bytes
+
+            total += trie_memory_bytes(self.vocab)
+        return total
 
     def close(self) -> None:
         for _ in self._threads:
@@ -148,21 +235,33 @@ class GrammarCompiler:
     def _serve(self) -> None:
         worker: _Worker | None = None  # this thread's own, made on first use
 
-        def in_worker(job: Job):
+        def in_worker(job: Job, index: bool):
             nonlocal worker
+            if worker is not None and worker.alive and worker.process.poll() is not None:
+                worker.stop()  # it died while idle (killed, out of memory): not this job's doing
             if worker is None or not worker.alive:
                 worker = _Worker(self.vocab, self.max_memory_mb)
+                self._workers[threading.current_thread().name] = worker
             try:
-                return worker.build(job, self.timeout_s)
+                return worker.build(job, self.timeout_s, index)
             except _WorkerLost as e:
                 raise ValueError(str(e)) from None
 
-        while (item := self._jobs.get()) is not None:
+        while True:
+            try:
+                item = self._jobs.get(timeout=_TRIM_INTERVAL_S)
+            except queue.Empty:  # idle: the grammars in use may have grown meanwhile
+                if time.monotonic() - self._last_trim >= _TRIM_INTERVAL_S:
+                    self.trim()
+                continue
+            if item is None:
+                break
             job, future = item
             try:
                 future.set_result(_build(job, self.vocab, in_worker, self.max_state_mb))
             except Exception as e:  # handed to the request that asked
                 future.set_exception(e if isinstance(e, ValueError) else ValueError(str(e)))
+            self.trim()
         if worker is not None:
             worker.stop()
 
@@ -195,14 +294,14 @@ class _Worker:
         self.sender.send(vocab)
         self.alive = True
 
-    def build(self, job: Job, timeout_s: float):
-        """What `_run_here(job)` gives, built in the worker. For a regex-like constraint an
-        index that runs past INDEX_BUDGET_S or the memory limit gives (regex, None): the
-        lazy automaton needs no index."""
+    def build(self, job: Job, timeout_s: float, index: bool):
+        """What `_run_here(job, index)` gives, built in the worker. For a regex-like
+        constraint an index that runs past INDEX_BUDGET_S or the memory limit gives (regex,
+        None)."""
         deadline = time.monotonic() + timeout_s
         what = "the stop regex" if isinstance(job, CharPattern) else "the constraint"
         try:
-            self.sender.send(job)
+            self.sender.send((job, index))
         except OSError:
             pass  # the worker is gone: receiving says so
         first = self._receive(deadline, timeout_s, what)
@@ -213,6 +312,8 @@ class _Worker:
 
             return EbnfGrammar.loads(first, self.vocab)
         pattern = pickle.loads(first)
+        if not index:
+            return pattern, None
         budget = min(deadline, time.monotonic() + INDEX_BUDGET_S)
         try:
             return pattern, pickle.loads(self._receive(budget, timeout_s, what))
@@ -249,3 +350,15 @@ class _Worker:
         self.process.wait()
         self.sender.close()
         self.receiver.close()
+
+
+def _resident_bytes(pid: int) -> int:
+    """A process's resident memory (Linux; 0 elsewhere or once it has gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0

@@ -48,7 +48,7 @@ class JsonSchema:
                 ) from None
         if not isinstance(schema, (dict, bool)):
             raise ValueError(f"json_schema must be an object, got {type(schema).__name__}")
-        depth = _depth(schema)
+        depth = json_depth(schema)
         if depth > MAX_SCHEMA_DEPTH:
             raise ValueError(
                 f"json_schema is nested {depth} levels deep; at most {MAX_SCHEMA_DEPTH} "
@@ -63,7 +63,7 @@ class JsonSchema:
 MAX_SCHEMA_DEPTH = 128
 
 
-def _depth(value: Any) -> int:
+def json_depth(value: Any) -> int:
     """How deeply objects and arrays nest in a JSON value (iteratively: the value may be
     nested deeper than Python's recursion limit)."""
     deepest, stack = 0, [(value, 1)]

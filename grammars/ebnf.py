@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import io
 import pickle
+import sys
+import types
 from collections import OrderedDict
 from functools import lru_cache
 
@@ -76,12 +78,27 @@ class EbnfGrammar(Grammar):
         self._accepted: dict[Stack, frozenset[int]] = {}
         self._walks: dict[tuple[LexState, int], tuple] = {}
         self._masks: OrderedDict[Position, tuple[np.ndarray, bool]] = OrderedDict()
+        self._table_bytes: int | None = None  # memory_bytes' estimate of the tables
         start: Stack = (table.start_states["start"],)
         self.initial: Position = (self._fresh(start), start)
         self.mask(self.initial)  # the first mask's walk is the slow one: pay it here
 
     def matcher(self) -> EbnfMatcher:
         return EbnfMatcher(self)
+
+    def memory_bytes(self) -> int:
+        """An estimate: the parse table and terminal automata (their objects, counted once),
+        and the memo tables filled so far (per entry, what tracemalloc measured)."""
+        if self._table_bytes is None:
+            self._table_bytes = _deep_size((self._states, self.lexer, self._names, self._term_id))
+        # Snapshots: the engine's thread may be adding entries (copying a dict is atomic).
+        walks = tuple(self._walks.values())
+        masks = len(self._masks) * (self.words * 4 + 260)
+        walked = sum(
+            ids.nbytes + 260 + 140 * (len(ends) + len(later)) for ids, ends, later in walks
+        )
+        memos = 150 * len(self._feeds) + 250 * len(self._accepted) + 100 * self.lexer.memo_entries()
+        return self._table_bytes + masks + walked + memos + len(self.text)
 
     # The compile worker builds grammars (lark's tables and the terminals' automata can take
     # seconds); one travels back without the vocabulary and its trie, which the receiving
@@ -359,3 +376,36 @@ class _TokenTrie:
 @lru_cache(maxsize=4)
 def _token_trie(vocab: TokenVocabulary) -> _TokenTrie:
     return _TokenTrie(vocab)
+
+
+def _deep_size(root: object) -> int:
+    """sys.getsizeof over everything reachable from `root` through containers and object
+    attributes, each object once (numpy arrays with their buffers)."""
+    seen: set[int] = set()
+    total, todo = 0, [root]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or isinstance(obj, (type, types.ModuleType, types.FunctionType)):
+            continue  # code is shared, not the grammar's
+        seen.add(id(obj))
+        total += obj.nbytes if isinstance(obj, np.ndarray) else sys.getsizeof(obj)
+        if isinstance(obj, dict):
+            todo += [*obj.keys(), *obj.values()]
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            todo += obj
+        elif hasattr(obj, "__dict__"):
+            todo.append(vars(obj))
+        elif hasattr(type(obj), "__slots__"):
+            todo += [getattr(obj, a) for a in type(obj).__slots__ if hasattr(obj, a)]
+    return total
+
+
+@lru_cache(maxsize=4)
+def trie_memory_bytes(vocab: TokenVocabulary) -> int:
+    """What the byte trie every EBNF grammar over `vocab` shares holds (built now if it was
+    not): its dicts, token tuples and node ids, as sys.getsizeof counts them."""
+    trie = _token_trie(vocab)
+    nodes = sum(sys.getsizeof(c) for c in trie.children)
+    tokens = sum(sys.getsizeof(t) for t in trie.tokens if t)
+    ids = 28 * len(trie.children)  # each node id past 256 is an int object of its own
+    return nodes + tokens + ids + sys.getsizeof(trie.children) + sys.getsizeof(trie.tokens)

@@ -66,6 +66,10 @@ class Lexer:
         self._char_steps: dict[tuple[int, int, str], int | None] = {}
         self._byte_steps: dict[tuple[LexState, int], tuple] = {}
 
+    def memo_entries(self) -> int:
+        """Steps memoized so far (for the grammar's memory estimate)."""
+        return len(self._char_steps) + len(self._byte_steps)
+
     def fresh(self, accepted: frozenset[int]) -> LexState:
         """The state before a terminal the parser accepts (or an ignored one) starts."""
         restart = accepted | self.ignore

@@ -18,10 +18,14 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
+from urllib.parse import unquote
 
 from braid.grammars.index_builder import escape
+from braid.grammars.json_schema_arrays import array_regex, merged_items
+from braid.grammars.json_schema_formats import FORMAT_LENGTHS, FORMATS, MISSING_FORMATS
 from braid.grammars.json_schema_not import (
     excluded_values,
     forbidden_names,
@@ -31,6 +35,8 @@ from braid.grammars.json_schema_not import (
 from braid.grammars.json_schema_oneof import exclusive_branches
 from braid.grammars.json_schema_pattern import pattern_regex
 from braid.grammars.json_schema_ranges import integer_regex, number_bounds, number_regex
+from braid.grammars.json_schema_refs import local_refs
+from braid.grammars.json_schema_unevaluated import without_unevaluated
 from braid.grammars.json_schema_values import is_type, is_valid, json_equal
 from braid.grammars.schema_errors import InvalidSchema, UnsupportedSchema
 
@@ -60,100 +66,49 @@ MAX_STRING_CHARS = 4096
 BOOLEAN = "(true|false)"
 NULL = "null"
 
-# RFC 3986 URIs and references, host names as reg-names (IP literals like [::1] are left
-# out: stricter, safe). _U: the characters every component allows (unreserved, sub-delims,
-# percent-escapes); a path segment adds ":" and "@" (_P), a first relative segment only "@".
-_U = r"([a-zA-Z0-9._~!$&'()*+,;=-]|%[0-9a-fA-F]{2})"
-_P = rf"({_U}|[:@])"
-_AUTHORITY = rf"//(({_U}|:)*@)?{_U}*(:[0-9]*)?(/({_P}|/)*)?"
-_QUERY_FRAGMENT = rf"(\?({_P}|[/?])*)?(#({_P}|[/?])*)?"
-_ABSOLUTE_PATH = rf"/({_P}({_P}|/)*)?"
-_URI = rf"[a-zA-Z][a-zA-Z0-9+.-]*:({_AUTHORITY}|{_ABSOLUTE_PATH}|{_P}({_P}|/)*)?{_QUERY_FRAGMENT}"
-_RELATIVE_REF = rf"({_AUTHORITY}|{_ABSOLUTE_PATH}|({_U}|@)+(/({_P}|/)*)?)?{_QUERY_FRAGMENT}"
-# RFC 3339 durations (its appendix A): designators in order, none skipped between years and
-# days, weeks alone, whole numbers only (ISO 8601's fractions are left out: stricter, safe).
-_DURATION_TIME = "T([0-9]+H([0-9]+M([0-9]+S)?)?|[0-9]+M([0-9]+S)?|[0-9]+S)"
-_DURATION = (
-    f"P(([0-9]+D|[0-9]+M([0-9]+D)?|[0-9]+Y([0-9]+M([0-9]+D)?)?)({_DURATION_TIME})?"
-    f"|{_DURATION_TIME}|[0-9]+W)"
-)
-# Real calendar dates (validators check them: 2023-02-29 and 2024-04-31 are not dates):
-# days 1-28 in any month, 29-30 outside February, 31 in the long months, February 29 in
-# leap years (divisible by 4, centuries only by 400). Year 0000 does not exist.
-_YEAR = "([1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])"
-_LEAP_YEAR = "([0-9]{2}(0[48]|[2468][048]|[13579][26])|([2468][048]|[13579][26]|0[48])00)"
-_MONTH_DAY = "((0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])|(0[13-9]|1[0-2])-(29|30)|(0[13578]|1[02])-31)"
-_DATE = f"({_YEAR}-{_MONTH_DAY}|{_LEAP_YEAR}-02-29)"
-_TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
-FORMATS = {
-    "date": _DATE,
-    "time": _TIME,
-    "date-time": f"{_DATE}T{_TIME}",
-    "email": r"[a-zA-Z0-9._%+-]+@[a-zA-Z0-9-]+(\.[a-zA-Z0-9-]+)*\.[a-zA-Z]{2,}",
-    "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
-    "ipv4": r"((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}"
-    r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])",
-    "uri": _URI,
-    "hostname": r"[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}"
-    r"[a-zA-Z0-9])?)*",
-    # Stricter than the format (the full form only): safe.
-    "ipv6": r"([0-9a-fA-F]{1,4}:){7}[0-9a-fA-F]{1,4}",
-    "uri-reference": f"({_URI}|{_RELATIVE_REF})",
-    "duration": _DURATION,
-    "byte": r"([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?",
-}
-# Formats the spec defines that we have no regex for: refused by name. Other names (custom
-# or OpenAPI hints like "password") are annotations, as validators treat unknown formats.
-MISSING_FORMATS = {
-    "idn-email", "idn-hostname", "iri", "iri-reference", "uri-template", "json-pointer",
-    "relative-json-pointer", "regex",
-}  # fmt: skip
-
-# Keywords that describe and never constrain.
+# Keywords that describe and never constrain (identifiers and anchors are read when
+# references are, json_schema_refs.py; `nullable` is OpenAPI's, which JSON Schema
+# validators ignore: null is written only where `type` allows it).
 ANNOTATIONS = {
     "$schema", "$id", "id", "$comment", "title", "description", "default", "examples",
     "example", "deprecated", "readOnly", "writeOnly", "contentMediaType", "contentEncoding",
-    "$anchor", "$defs", "definitions", "discriminator", "xml", "externalDocs",
+    "contentSchema", "$anchor", "$dynamicAnchor", "$recursiveAnchor", "$vocabulary", "$defs",
+    "definitions", "discriminator", "xml", "externalDocs", "nullable",
 }  # fmt: skip
+# Keywords of one type (they say nothing about values of other types); the array ones are
+# json_schema_arrays.py's. unevaluatedProperties and unevaluatedItems are rewritten before
+# (json_schema_unevaluated.py).
 TYPE_KEYWORDS = {
     "string": {"minLength", "maxLength", "pattern", "format"},
     "integer": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
     "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
     "object": {
-        "properties", "required", "additionalProperties", "unevaluatedProperties",
-        "minProperties", "maxProperties", "patternProperties",
+        "properties", "required", "additionalProperties", "minProperties", "maxProperties",
+        "patternProperties", "propertyNames",
     },
-    "array": {"items", "prefixItems", "minItems", "maxItems", "additionalItems",
-              "unevaluatedItems"},
+    "array": {"items", "prefixItems", "minItems", "maxItems", "additionalItems", "uniqueItems",
+              "contains", "minContains", "maxContains"},
     "boolean": set(),
     "null": set(),
 }  # fmt: skip
-GENERAL = {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "nullable", "not"}
-# Validation keywords a regex cannot enforce (or that we do not yet): refused by name.
-UNSUPPORTED = {
-    "uniqueItems", "contains", "minContains", "maxContains", "propertyNames", "$dynamicRef",
-    "$recursiveRef",
-}  # fmt: skip
+GENERAL = {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "not"}
+UNEVALUATED = frozenset({"unevaluatedProperties", "unevaluatedItems"})
 ALL_TYPES = tuple(TYPE_KEYWORDS)
 _TYPED = set().union(*TYPE_KEYWORDS.values())
-# The lengths a format's strings can have, where (1, None) does not say it: length bounds
-# that hold for every such length need no lookahead.
-FORMAT_LENGTHS = {
-    "date": (10, 10), "uuid": (36, 36), "ipv4": (7, 15), "uri-reference": (0, None),
-    "byte": (0, None),
-}  # fmt: skip
 # Draft 4-7 `dependencies` (both forms) and their 2019-09 names: expanded into anyOf.
 DEPENDENCIES = ("dependencies", "dependentRequired", "dependentSchemas")
 MAX_DEPENDENCIES = 4  # each one doubles the alternatives
 CONDITIONAL = ("if", "then", "else")
-_CONSTRAINING = GENERAL | _TYPED | UNSUPPORTED | set(DEPENDENCIES) | {"if"}
+_CONSTRAINING = GENERAL | _TYPED | set(DEPENDENCIES) | {"if"}
 _KEYED = ("properties", "patternProperties")  # name -> schema maps, merged by name
+_ITEMS = ("items", "prefixItems", "additionalItems")  # merged by json_schema_arrays
 
 
 def schema_to_regex(
     schema: dict[str, Any] | bool, whitespace: str | None = None, strict: bool = True
 ) -> str:
     too_large = None
+    schema = local_refs(schema)
     for depth in range(MAX_DEPTH, MIN_DEPTH - 1, -1):
         try:
             regex = _Converter(schema, whitespace or "", depth, strict).convert(schema, "#", 0)
@@ -179,6 +134,19 @@ _ONE_REPEATED = re.compile(
 )
 
 
+def _schema_ids(root: Any) -> set[int]:
+    """The ids of every object in a document."""
+    ids, stack = set(), [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            ids.add(id(node))
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return ids
+
+
 def _alt(options: list[str | None]) -> str | None:
     kept = list(dict.fromkeys(o for o in options if o is not None))
     if not kept:
@@ -202,13 +170,23 @@ class _Converter:
         self.ws = ws
         self.strict = strict  # unlisted properties only where additionalProperties says so
         self.max_depth = depth  # $refs followed
+        # The document's own subschemas (alive as long as the converter, so their ids are
+        # theirs alone) -> their regex at each depth: a definition that many $refs name is
+        # converted once per depth, not once per reference.
+        self.document = _schema_ids(root)
+        self.converted: dict[tuple[int, int], str | None] = {}
 
     # ---- dispatch --------------------------------------------------------------------
 
     def convert(self, schema: Any, path: str, depth: int) -> str | None:
+        key = (id(schema), depth)
+        if key in self.converted:
+            return self.converted[key]
         regex = self._convert(schema, path, depth)
         if regex is not None and len(regex) > MAX_REGEX_CHARS:
             raise _TooLarge(f"the schema's regex is too large at {path}")
+        if key[0] in self.document:
+            self.converted[key] = regex
         return regex
 
     def _convert(self, schema: Any, path: str, depth: int) -> str | None:
@@ -218,6 +196,10 @@ class _Converter:
             return None
         if not isinstance(schema, dict):
             raise InvalidSchema(f"a schema must be an object or a boolean at {path}")
+        if schema.keys() & UNEVALUATED:
+            return self.convert(without_unevaluated(schema, self.resolver(path)), path, depth)
+        if "if" in schema and not schema.keys() & {"then", "else"}:
+            schema = {k: v for k, v in schema.items() if k != "if"}  # a condition alone: no-op
         if schema.get("format") not in (None, *FORMATS, *MISSING_FORMATS):
             # A custom format is an annotation: it neither constrains nor implies a string.
             schema = {k: v for k, v in schema.items() if k != "format"}
@@ -247,7 +229,6 @@ class _Converter:
                 return getattr(self, key.lower())(schema, path, depth)
         if "not" in schema and (excluded := excluded_values(schema["not"])) is not None:
             return self.without_values(schema, *excluded, path, depth)
-        self.check_keywords(schema, path)
         if not schema.keys() & _CONSTRAINING:
             return self.any_value(2)  # only annotations: any value
         types = self.types(schema, path)
@@ -255,10 +236,14 @@ class _Converter:
         return _alt(options)
 
     def types(self, schema: dict, path: str) -> list[str]:
+        """The types to write: declared (or inferred), less those `not` names; a number
+        that must not be an integer is a "fraction"."""
         types = self.declared_types(schema, path)
         if "not" in schema:  # only `not` of types is a regex: drop those types
             gone = self.excluded_types(schema["not"], path)
             types = [t for t in types if t not in gone and (t != "integer" or "number" not in gone)]
+            if "integer" in gone:
+                types = ["fraction" if t == "number" else t for t in types]
         return types
 
     def excluded_types(self, excluded: Any, path: str) -> list[str]:
@@ -285,17 +270,9 @@ class _Converter:
             types = [declared] if isinstance(declared, str) else declared
             if not isinstance(types, list) or not all(t in TYPE_KEYWORDS for t in types):
                 raise InvalidSchema(f"unknown 'type' {declared!r} at {path}")
-        if schema.get("nullable") is True and "null" not in types:
-            types = [*types, "null"]
         if "integer" in types and "number" in types:
             types = [t for t in types if t != "integer"]
         return types
-
-    def check_keywords(self, schema: dict, path: str) -> None:
-        for key in schema.keys() & UNSUPPORTED:
-            if key == "uniqueItems" and (schema[key] is False or schema.get("maxItems", 2) <= 1):
-                continue
-            raise UnsupportedSchema(f"unsupported JSON-schema keyword {key!r} at {path}")
 
     # ---- combinators -----------------------------------------------------------------
 
@@ -320,22 +297,37 @@ class _Converter:
 
     def dependent(self, schema: dict, path: str, depth: int) -> str | None:
         """Property dependencies as alternatives: for each one, either its property is
-        absent, or it is present with what it requires (more names, or a schema)."""
+        absent, or it is present with what it requires (more names, or a schema). A rule
+        whose property is required applies always, one whose property is forbidden or whose
+        names are required anyway never: neither costs alternatives."""
         base = {k: v for k, v in schema.items() if k not in DEPENDENCIES}
+        required = base.get("required", [])
+        required = set(required) if isinstance(required, list) else set()
+        listed = base.get("properties", {})
+        forbidden = (
+            {n for n, sub in listed.items() if sub is False} if isinstance(listed, dict) else set()
+        )
         rules: list[tuple[str, dict]] = []
         for key in DEPENDENCIES:
             table = schema.get(key, {})
             if not isinstance(table, dict):
                 raise InvalidSchema(f"'{key}' must be an object at {path}")
             for name, need in table.items():
+                if name in forbidden:
+                    continue
                 if isinstance(need, list):
-                    if need:
+                    if set(need) - required:
                         rules.append((name, {"required": [name, *need]}))
                 elif need is not True and need != {}:
                     rules.append((name, {"allOf": [{"required": [name]}, need]}))
+        always = [present for name, present in rules if name in required]
+        if always:
+            base = {"allOf": [base, *always]}
+        rules = [(name, present) for name, present in rules if name not in required]
         if len(rules) > MAX_DEPENDENCIES:
             raise UnsupportedSchema(
-                f"{len(rules)} property dependencies at {path} (at most {MAX_DEPENDENCIES})"
+                f"{'/'.join(k for k in DEPENDENCIES if k in schema)!r} at {path}: {len(rules)} "
+                f"property dependencies (at most {MAX_DEPENDENCIES})"
             )
         if not rules:
             return self.convert(base, path, depth)
@@ -417,9 +409,12 @@ class _Converter:
             return None
         merged: dict[str, Any] = {}
         checks: list[dict] = []  # conflicting enum/const: kept as checks on the values
+        tuples = sum(bool(p.keys() & {"items", "prefixItems"}) for p in parts) > 1
+        if tuples:  # item schemas merged position by position
+            merged.update(merged_items(parts))
         for part in parts:
             for key, value in part.items():
-                if key not in _CONSTRAINING:
+                if key not in _CONSTRAINING or (tuples and key in _ITEMS):
                     continue
                 if key not in merged:
                     merged[key] = dict(value) if key in _KEYED else value
@@ -439,12 +434,14 @@ class _Converter:
                     merged[key] = min(merged[key], value)
                 elif key == "not":
                     merged[key] = {"anyOf": [merged[key], value]}
+                elif key == "propertyNames":
+                    merged[key] = {"allOf": [merged[key], value]}
+                elif key == "uniqueItems":
+                    merged[key] = merged[key] is True or value is True
                 elif key == "anyOf" and len(merged[key]) * len(value) <= 64:
                     merged[key] = [{"allOf": [x, y]} for x in merged[key] for y in value]
                 elif key in ("enum", "const"):
                     checks.append({key: value})
-                elif key == "items" and _plain_items(parts):
-                    merged[key] = {"allOf": [merged[key], value]}
                 elif key == "additionalProperties" and not any(
                     "patternProperties" in p for p in parts
                 ):
@@ -467,6 +464,10 @@ class _Converter:
             return None
         if not isinstance(schema, dict):
             raise InvalidSchema(f"'allOf' entries must be schemas at {path}")
+        if schema.keys() & UNEVALUATED:
+            schema = without_unevaluated(schema, self.resolver(path))
+        if "if" in schema and not schema.keys() & {"then", "else"}:
+            schema = {k: v for k, v in schema.items() if k != "if"}
         if "if" in schema:
             schema = self.unconditional(schema, path)
         deepest = depth
@@ -498,8 +499,8 @@ class _Converter:
             if extra is not False:
                 if set(merged.get("properties", {})) - set(part.get("properties", {})):
                     raise UnsupportedSchema(
-                        f"'allOf' at {path}: additionalProperties with a schema meets "
-                        "another part's properties"
+                        f"'allOf' at {path}: additionalProperties (or unevaluatedProperties) "
+                        "with a schema meets another part's properties"
                     )
                 continue
             allowed = set(part.get("properties", {}))
@@ -531,6 +532,9 @@ class _Converter:
             if isinstance(schema, dict) and set(schema) - ANNOTATIONS == {"$ref"}:
                 schema = self.resolve(schema["$ref"], "#")
         return schema
+
+    def resolver(self, path: str) -> Callable[[str], Any]:
+        return lambda ref: self.resolve(ref, path)
 
     def resolve(self, ref: str, path: str) -> Any:
         target = resolve_pointer(self.root, ref)
@@ -666,10 +670,13 @@ class _Converter:
         required = schema.get("required", [])
         if not isinstance(props, dict) or not isinstance(required, list):
             raise InvalidSchema(f"'properties' must be an object and 'required' a list at {path}")
-        extra = schema.get("additionalProperties", schema.get("unevaluatedProperties", True))
+        extra = schema.get("additionalProperties", True)
         patterns = schema.get("patternProperties", {})
         if not isinstance(patterns, dict):
             raise InvalidSchema(f"'patternProperties' must be an object at {path}")
+        names_schema = schema.get("propertyNames", True)
+        if names_schema is not True and names_schema != {}:
+            return self.named_object(schema, names_schema, path, depth)
 
         def schema_of(name: str) -> Any:
             """A named property's schema: listed, or additionalProperties, plus every
@@ -702,15 +709,13 @@ class _Converter:
             if value is None:
                 return rf"\{{{w}\}}" if lo == 0 else None
             keys = [f'"{pattern_regex(p, CHAR, path)}"' for p in patterns]
-            member = f"{_alt(keys)}{w}:{w}{value}"
-            return _sequence(r"\{", r"\}", member, lo, hi, w, path, "Properties")
+            return self.map(_alt(keys), value, lo, hi, path)
         if not members and extra not in (False, None) and extra != {"not": {}}:
             # A map: any keys, each value under additionalProperties.
             value = self.convert(extra, f"{path}/additionalProperties", depth)
             if value is None:
                 return rf"\{{{w}\}}" if lo == 0 else None
-            member = f"{STRING}{w}:{w}{value}"
-            return _sequence(r"\{", r"\}", member, lo, hi, w, path, "Properties")
+            return self.map(STRING, value, lo, hi, path)
         num_required = sum(req for _, req in members)
         # minProperties 1 over optional members only: the object is not empty.
         nonempty = lo == 1 and num_required == 0
@@ -725,47 +730,104 @@ class _Converter:
                 members.append((f"{pair}({w},{w}{pair})*", False))
         return rf"\{{{w}{_members(members, w, nonempty)}{w}\}}"
 
+    def map(self, key: str, value: str, lo: int, hi: int | None, path: str) -> str:
+        """An object of lo to hi members, each a key matching `key` (a string's regex) and a
+        value matching `value`. A regex cannot keep keys apart, and a validator keeps one
+        member of each repeated key, so more than one member cannot be required."""
+        if lo > 1:
+            raise UnsupportedSchema(
+                f"'minProperties' {lo} at {path} on an object whose keys are not listed (a "
+                "regex cannot keep its keys distinct)"
+            )
+        if hi is not None:
+            hi = min(hi, MAX_REPEAT)  # larger objects are not written: stricter
+        member = f"{key}{self.ws}:{self.ws}{value}"
+        return _sequence(r"\{", r"\}", member, lo, hi, self.ws, path, "Properties")
+
+    def named_object(self, schema: dict, names_schema: Any, path: str, depth: int) -> str | None:
+        """An object whose keys obey `propertyNames`. Listed names that break it are not
+        written; finitely many names (enum, const) become listed properties; otherwise the
+        keys of a map are strings under it, and unlisted properties beside listed ones are
+        not written (stricter)."""
+        rest = {k: v for k, v in schema.items() if k != "propertyNames"}
+        props, required = dict(rest.get("properties", {})), rest.get("required", [])
+        allowed = self.key_check(names_schema, path)
+        for name in [*props, *required]:
+            if not allowed(name):
+                if name in required:
+                    return None
+                props[name] = False
+        finite = _finite_names(names_schema)
+        if finite is not None:
+            unlisted = rest.get("additionalProperties", True) if not props else self.extras(rest)
+            if unlisted is not None:
+                patterns = rest.get("patternProperties", {})
+                for name in finite:
+                    if name not in props and allowed(name):
+                        matched = [s for p, s in patterns.items() if _search(p, name, path)]
+                        props[name] = {"allOf": [unlisted, *matched]} if matched else unlisted
+            closed = {"properties": props, "additionalProperties": False}
+            others = {k: v for k, v in rest.items() if k != "patternProperties"}
+            return self.object({**others, **closed}, path, depth)
+        if props or required:
+            return self.object(
+                {**rest, "properties": props, "additionalProperties": False}, path, depth
+            )
+        if rest.get("patternProperties"):
+            raise UnsupportedSchema(
+                f"'propertyNames' beside 'patternProperties' at {path} (supported: names "
+                "listed, an enum or const of names, or the keys of an additionalProperties map)"
+            )
+        extra = rest.get("additionalProperties", True)
+        lo, hi = rest.get("minProperties", 0), rest.get("maxProperties")
+        value = (
+            None if extra is False else self.convert(extra, f"{path}/additionalProperties", depth)
+        )
+        key = self.convert(
+            {"allOf": [names_schema, {"type": "string"}]}, f"{path}/propertyNames", depth
+        )
+        if value is None or key is None:
+            return rf"\{{{self.ws}\}}" if lo == 0 else None
+        return self.map(key, value, lo, hi, path)
+
+    def key_check(self, names_schema: Any, path: str) -> Callable[[str], bool]:
+        def allowed(name: str) -> bool:
+            try:
+                return is_valid(name, names_schema, self.resolver(path))
+            except UnsupportedSchema as e:
+                raise UnsupportedSchema(f"'propertyNames' at {path}: {e}") from None
+
+        return allowed
+
     def extras(self, schema: dict) -> Any:
         """The schema of an object's unlisted properties where we write them, else None."""
-        for key in ("additionalProperties", "unevaluatedProperties"):
-            if key in schema:
-                extra = schema[key]
-                return None if extra in (False, None) or extra == {"not": {}} else extra
+        if "additionalProperties" in schema:
+            extra = schema["additionalProperties"]
+            return None if extra in (False, None) or extra == {"not": {}} else extra
         return None if self.strict else True
 
     def array(self, schema: dict, path: str, depth: int) -> str | None:
-        w = self.ws
-        prefix = schema.get("prefixItems", [])
-        items = schema.get("items", True)
-        if isinstance(items, list):  # draft 4-7 tuple form
-            prefix, items = items, schema.get("additionalItems", True)
-        lo, hi = schema.get("minItems", 0), schema.get("maxItems")
-        _check_bound(lo, hi, "minItems", "maxItems", path)
-        if prefix:
-            return self.tuple(prefix, items, lo, hi, path, depth)
-        item = self.convert(items, f"{path}/items", depth)
-        if item is None:
-            return rf"\[{w}\]" if lo == 0 else None
-        return _sequence(r"\[", r"\]", item, lo, hi, w, path, "Items")
+        _check_bound(
+            schema.get("minItems", 0), schema.get("maxItems"), "minItems", "maxItems", path
+        )
+        return array_regex(self, schema, path, depth)
 
-    def tuple(
-        self, prefix: list, rest: Any, lo: int, hi: int | None, path: str, depth: int
-    ) -> str | None:
-        w = self.ws
-        if rest not in (False, None) or lo > len(prefix) or (hi is not None and hi < len(prefix)):
+    def fraction(self, schema: dict, path: str, depth: int) -> str | None:
+        """A number that is not an integer (`not` of integer). A validator reads the JSON
+        number as a binary float, so 1.00000000000000001 is the integer 1: the digits are
+        kept within a float's precision (6 before the point, 8 after: stricter, safe)."""
+        if schema.keys() & {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                            "multipleOf"}:  # fmt: skip
             raise UnsupportedSchema(
-                f"tuple arrays at {path} are supported with exactly their listed items"
+                f"'not' of integer beside number bounds at {path} (supported without bounds)"
             )
-        parts = [self.convert(s, f"{path}/prefixItems/{i}", depth) for i, s in enumerate(prefix)]
-        if any(p is None for p in parts):
-            return None
-        return rf"\[{w}" + f"{w},{w}".join(parts) + rf"{w}\]"
+        return r"-?(0|[1-9][0-9]{0,5})\.[0-9]{0,7}[1-9]"
 
+    def dump(self, value: Any) -> str:
+        return _dump(value)
 
-def _plain_items(parts: list[dict]) -> bool:
-    """Whether every part's items is one schema for all items (no tuple form), so that two
-    of them merge into their allOf."""
-    return all(isinstance(p.get("items", {}), dict) and "prefixItems" not in p for p in parts)
+    def members(self, members: list[tuple[str, bool]], nonempty: bool) -> str:
+        return _members(members, self.ws, nonempty)
 
 
 def _both_extras(a: Any, b: Any) -> Any:
@@ -795,7 +857,7 @@ _MISSING = object()
 def resolve_pointer(root: Any, ref: str) -> Any:
     """What a local `$ref` ("#/a/b/0") points at in `root`, or _MISSING."""
     target = root
-    for part in filter(None, ref.lstrip("#").split("/")):
+    for part in filter(None, unquote(ref.lstrip("#")).split("/")):
         part = part.replace("~1", "/").replace("~0", "~")
         if isinstance(target, dict) and part in target:
             target = target[part]
@@ -813,6 +875,15 @@ def _search(pattern: str, name: str, path: str) -> bool:
         raise UnsupportedSchema(f"patternProperties pattern {pattern!r} at {path}: {e}") from None
 
 
+def _finite_names(names_schema: Any) -> list[str] | None:
+    """The names a propertyNames schema lists (enum, const), if it lists them."""
+    if isinstance(names_schema, dict):
+        listed = [names_schema["const"]] if "const" in names_schema else names_schema.get("enum")
+        if isinstance(listed, list):
+            return [n for n in listed if isinstance(n, str)]
+    return None
+
+
 def _members(members: list[tuple[str, bool]], w: str, nonempty: bool = False) -> str:
     """Members in order, each optional one present or not, commas only between present ones
     (at least one present when `nonempty`).
@@ -824,18 +895,22 @@ def _members(members: list[tuple[str, bool]], w: str, nonempty: bool = False) ->
     each would copy every later member once per earlier one.
     """
     sep = f"{w},{w}"
-    head = None  # None: nothing written yet is possible
+    # head(k) opens one group per member after the first, so it is built as a list of the
+    # pieces after those openings (re-copying a growing string was quadratic in the members).
+    pieces: list[str] = []
     rest = len(members)
     for i, (m, req) in enumerate(members):
         if req:
-            head = m if head is None else f"({head}{sep}{m}|{m})"
+            pieces.append(f"{sep}{m}|{m})" if pieces else m)
             rest = i + 1
             break
-        head = m if head is None else f"({head}({sep}{m})?|{m})"
+        pieces.append(f"({sep}{m})?|{m})" if pieces else m)
     else:
-        if head is None:
+        if not pieces:
             return ""
+        head = "(" * (len(pieces) - 1) + "".join(pieces)
         return f"({head})" if nonempty else f"({head})?"  # every member optional
+    head = "(" * (len(pieces) - 1) + "".join(pieces)
     later = "".join(f"{sep}{m}" if req else f"({sep}{m})?" for m, req in members[rest:])
     return f"{head}{later}"
 

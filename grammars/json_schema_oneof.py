@@ -26,7 +26,7 @@ from typing import Any
 
 import interegular
 
-from braid.grammars.json_schema_not import forbidden_names, required_clauses
+from braid.grammars.json_schema_not import excluded_values, forbidden_names, required_clauses
 from braid.grammars.json_schema_ranges import number_bounds
 from braid.grammars.json_schema_values import is_valid
 from braid.grammars.schema_errors import UnsupportedSchema
@@ -80,12 +80,14 @@ def exclusive_branches(subs: list, rest: dict, conv: Any, path: str, depth: int)
                 continue
             narrowed = _separate(gen, own, apart)
             if narrowed is None or not _excludes(narrowed, own, resolve, regex, apart):
+                narrowed = _without(gen, own, conv, resolve)
+            if narrowed is None:
                 raise UnsupportedSchema(
                     f"'oneOf' at {path}: branches {min(i, j)} and {max(i, j)} may both match "
                     "one value (supported: branches of distinct types or values, of disjoint "
                     "ranges, lengths or patterns, told apart by a required property's schemas, "
                     "by a property one requires and the other need not have, or by a closed "
-                    "branch)"
+                    "branch, or one whose negation is a schema: types, values, required names)"
                 )
             gen = narrowed
         out.append({"allOf": [subs[i], gen.narrowing]} if gen.narrowing else subs[i])
@@ -239,6 +241,40 @@ def _separate(gen: Facts, other: Facts, apart) -> Facts | None:
             if name not in other.props:
                 return _require(gen, name)
     return None
+
+
+def _without(gen: Facts, other: Facts, conv: Any, resolve) -> Facts | None:
+    """`gen` less every value `other` accepts, where that is a schema: a finite branch keeps
+    the values `other` refuses; any branch may take `not` of a branch of types, values or
+    required names (which the converter writes exactly, or stricter)."""
+    if gen.values is not None:
+        try:
+            kept = [v for v in gen.values if not is_valid(v, other.schema, resolve)]
+        except UnsupportedSchema:
+            kept = None
+        if kept is not None:
+            narrowing = {"enum": kept} if kept else {"not": {}}  # none left: no value
+            return replace(gen, values=kept, narrowing=_narrowed(gen.narrowing, narrowing))
+    schema = conv.deref(other.schema)
+    if not _negatable(schema):
+        return None
+    return replace(gen, narrowing=_narrowed(gen.narrowing, {"not": schema}))
+
+
+def _narrowed(narrowing: Any, more: Any) -> Any:
+    return more if not narrowing else {"allOf": [narrowing, more]}
+
+
+def _negatable(schema: Any) -> bool:
+    """Whether the converter writes `not` of this schema (json_schema_not)."""
+    if not isinstance(schema, dict):
+        return False
+    if set(schema) - _NEGATION_ANNOTATIONS == {"type"}:
+        return True
+    return excluded_values(schema) is not None or required_clauses(schema) is not None
+
+
+_NEGATION_ANNOTATIONS = {"title", "description", "$comment"}
 
 
 def _require(gen: Facts, name: str) -> Facts:

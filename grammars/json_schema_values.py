@@ -13,11 +13,10 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from braid.grammars.json_schema_formats import is_format
 from braid.grammars.schema_errors import UnsupportedSchema
 
-_UNCHECKED = {"dependencies", "dependentSchemas", "dependentRequired", "patternProperties",
-              "propertyNames", "contains", "unevaluatedProperties", "unevaluatedItems",
-              "$dynamicRef", "$recursiveRef"}  # fmt: skip
+_UNCHECKED = {"unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef"}
 
 
 def json_equal(a: Any, b: Any) -> bool:
@@ -69,7 +68,7 @@ def is_valid(value: Any, schema: Any, resolve: Callable[[str], Any], depth: int 
 def _check_general(value: Any, s: dict, resolve, depth: int) -> bool:
     if "$ref" in s and not is_valid(value, resolve(s["$ref"]), resolve, depth):
         return False
-    if "type" in s and not (value is None and s.get("nullable") is True):  # OpenAPI's null
+    if "type" in s:
         types = [s["type"]] if isinstance(s["type"], str) else s["type"]
         if not any(is_type(value, t) for t in types):
             return False
@@ -125,7 +124,8 @@ def _check_string(value: Any, s: dict, resolve, depth: int) -> bool:
             return re.search(s["pattern"], value) is not None
         except re.error:
             raise UnsupportedSchema(f"pattern {s['pattern']!r} next to enum/const") from None
-    return True  # 'format' is an annotation for validators by default
+    # An annotation for validators by default; the formats we write are checked (stricter).
+    return not isinstance(s.get("format"), str) or is_format(value, s["format"])
 
 
 def _check_array(value: Any, s: dict, resolve, depth: int) -> bool:
@@ -146,6 +146,11 @@ def _check_array(value: Any, s: dict, resolve, depth: int) -> bool:
         sub = prefix[i] if i < len(prefix) else rest
         if not is_valid(item, sub, resolve, depth):
             return False
+    if "contains" in s:
+        matches = sum(is_valid(item, s["contains"], resolve, depth) for item in value)
+        least, most = s.get("minContains", 1), s.get("maxContains", math.inf)
+        if not least <= matches <= most:
+            return False
     return True
 
 
@@ -157,8 +162,32 @@ def _check_object(value: Any, s: dict, resolve, depth: int) -> bool:
     if len(value) < s.get("minProperties", 0) or len(value) > s.get("maxProperties", math.inf):
         return False
     props = s.get("properties", {})
+    patterns = s.get("patternProperties", {})
     extra = s.get("additionalProperties", True)
     for name, item in value.items():
-        if not is_valid(item, props.get(name, extra), resolve, depth):
+        matched = [sub for p, sub in patterns.items() if _search(p, name)]
+        subs = [props[name]] if name in props else [] if matched else [extra]
+        if not all(is_valid(item, sub, resolve, depth) for sub in subs + matched):
             return False
+        if not is_valid(name, s.get("propertyNames", True), resolve, depth):
+            return False
+    for key in ("dependencies", "dependentRequired", "dependentSchemas"):
+        table = s.get(key, {})
+        if not isinstance(table, dict):
+            raise UnsupportedSchema(f"'{key}' must be an object")
+        for name, need in table.items():
+            if name not in value:
+                continue
+            if isinstance(need, list):
+                if any(n not in value for n in need):
+                    return False
+            elif not is_valid(value, need, resolve, depth):
+                return False
     return True
+
+
+def _search(pattern: str, text: str) -> bool:
+    try:
+        return re.search(pattern, text) is not None
+    except re.error:
+        raise UnsupportedSchema(f"pattern {pattern!r} next to enum/const") from None

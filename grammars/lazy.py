@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("lazy_dfa.cpp")
 _FLAGS = ["-O2", "-shared", "-fPIC", "-std=c++17"]
 _MAX_FORCED_BYTES = 4096
+_MAX_TABLES = 200_000  # lazy_dfa.cpp's kMaxTransitionTables
 STATE_MEMORY_MB = 128  # a grammar's DFA states, before it starts over (LazyRegexGrammar)
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 _SIGNATURES = {
@@ -56,6 +57,20 @@ def library() -> ctypes.CDLL:
         raise OSError(f"lazy regex grammars (grammars/lazy_dfa.cpp) are unavailable: {e}") from None
 
 
+def lazy_available() -> bool:
+    """Whether the lazy automaton's library builds and loads on this machine."""
+    try:
+        library()
+    except OSError:
+        return False
+    return True
+
+
+class LazyUnsupported(ValueError):
+    """The lazy automaton cannot compile this regex (syntax it lacks, or past its NFA
+    limits); an outlines index may still."""
+
+
 def _error(lib: ctypes.CDLL) -> str:
     return lib.lazy_last_error().decode("utf-8", errors="replace")
 
@@ -74,11 +89,25 @@ class _Vocab:
         if not self.handle:
             raise ValueError(f"lazy grammar vocabulary: {_error(lib)}")
         weakref.finalize(self, lib.lazy_vocab_free, self.handle)
+        # An estimate of what the C++ side holds: each token's std::string (its heap buffer
+        # past 15 bytes), per length a bitmask of the plain tokens that short, and two tries
+        # of at most one node per token byte (13 bytes a node, 4 a token).
+        lengths = [len(b or b"") for b in vocab.token_bytes]
+        longest = max(lengths, default=0)
+        strings = sum(32 + (n + 1 if n > 15 else 0) for n in lengths)
+        plain = (longest + 1) * (bitmask_words(vocab.size) * 4 + 24)
+        self.memory_bytes = strings + plain + 13 * (len(data) + 2) + 4 * vocab.size
 
 
 @lru_cache(maxsize=4)
 def _vocab(vocab: TokenVocabulary) -> _Vocab:
     return _Vocab(vocab)
+
+
+def vocab_memory_bytes(vocab: TokenVocabulary) -> int:
+    """An estimate of the vocabulary structures every lazy grammar over `vocab` shares (built
+    now if they were not)."""
+    return _vocab(vocab).memory_bytes
 
 
 class _Exhausted(Exception):
@@ -124,7 +153,7 @@ class LazyRegexGrammar(Grammar):
             budget = self.max_state_mb << 20
             handle = self.lib.lazy_grammar_new(self._vocab.handle, data, len(data), budget)
             if not handle:
-                raise ValueError(f"regex cannot be compiled: {_error(self.lib)}")
+                raise LazyUnsupported(f"regex cannot be compiled: {_error(self.lib)}")
             self.handle = handle
             self._free = weakref.finalize(self, self.lib.lazy_grammar_free, handle)
             self.start = self.lib.lazy_start(handle)
@@ -160,6 +189,16 @@ class LazyRegexGrammar(Grammar):
         out = (_I64 * 4)()
         self.lib.lazy_stats(self.handle, out)
         return {"nfa_nodes": out[0], "dfa_states": out[1], "masks": out[2], "state_bytes": out[3]}
+
+    def memory_bytes(self) -> int:
+        """From the automaton's own counts: the NFA (~32 bytes a node with its side arrays),
+        the states (the C++ side's exact figure), a 1 KB transition table per state at most
+        (it drops them past _MAX_TABLES) and the cached masks."""
+        with self._renew_lock:  # renew frees the handle
+            s = self.stats()
+        tables = min(s["dfa_states"], _MAX_TABLES) * 1048
+        masks = s["masks"] * (self.words * 4 + 96)
+        return 32 * s["nfa_nodes"] + s["state_bytes"] + tables + masks + len(self.source)
 
 
 class LazyMatcher(Matcher):

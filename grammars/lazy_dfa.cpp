@@ -657,20 +657,30 @@ class Nfa {
     return std::all_of(a.kids.begin(), a.kids.end(), [&](int k) { return one_character(k); });
   }
 
+  // Predecessor lists as one array (a list per node cost an allocation each: seconds for the
+  // millions of nodes of a large schema).
   void mark_live(int match) {
-    std::vector<std::vector<int>> preds(nodes.size());
-    for (size_t i = 0; i < nodes.size(); ++i) {
-      const NfaNode& n = nodes[i];
-      if (n.a >= 0) preds[n.a].push_back(i);
-      if (n.b >= 0) preds[n.b].push_back(i);
+    size_t n = nodes.size();
+    std::vector<int> first(n + 1, 0), preds;
+    for (const NfaNode& node : nodes) {
+      if (node.a >= 0) ++first[node.a + 1];
+      if (node.b >= 0) ++first[node.b + 1];
     }
-    live.assign(nodes.size(), 0);
+    for (size_t i = 0; i < n; ++i) first[i + 1] += first[i];
+    preds.resize(first[n]);
+    std::vector<int> fill(first.begin(), first.end() - 1);
+    for (size_t i = 0; i < n; ++i) {
+      if (nodes[i].a >= 0) preds[fill[nodes[i].a]++] = static_cast<int>(i);
+      if (nodes[i].b >= 0) preds[fill[nodes[i].b]++] = static_cast<int>(i);
+    }
+    live.assign(n, 0);
     std::vector<int> todo{match};
     live[match] = 1;
     while (!todo.empty()) {
-      int n = todo.back();
+      int node = todo.back();
       todo.pop_back();
-      for (int p : preds[n]) {
+      for (int i = first[node]; i < first[node + 1]; ++i) {
+        int p = preds[i];
         if (!live[p]) live[p] = 1, todo.push_back(p);
       }
     }

@@ -80,3 +80,9 @@ class Grammar(ABC):
 
     @abstractmethod
     def matcher(self) -> Matcher: ...
+
+    @abstractmethod
+    def memory_bytes(self) -> int:
+        """An estimate of the memory the grammar holds now (its automaton or tables and
+        what it has cached so far, not the vocabulary structures grammars share), for the
+        compile cache's budget. It may grow as requests reach new states; cheap to call."""

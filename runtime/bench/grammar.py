@@ -59,6 +59,11 @@ def add_parser(workloads: argparse._SubParsersAction) -> None:
         "--skip-e2e", action="store_true", help="skip constrained vs free decoding on the model"
     )
     grammar.add_argument(
+        "--peer-python",
+        help="MaskBench: also score llguidance, installed in this Python (its own venv, never "
+        "braid's), on the same schemas and tokenizer",
+    )
+    grammar.add_argument(
         "--spec-objects",
         action="store_true",
         help="MaskBench: compile with JsonSchema(strict=False), which writes unlisted properties "
@@ -441,7 +446,12 @@ def _bench_maskbench(args: argparse.Namespace, per_schema_path: Path) -> dict:
     per_schema_path.parent.mkdir(parents=True, exist_ok=True)
     per_schema_path.write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n")
     summary = _maskbench_summary(results)
-    _print_maskbench(summary, results)
+    peer = None
+    if args.peer_python:
+        peer_results = _score_peer(paths, args, per_schema_path.with_suffix(".peer.json"))
+        peer = {"engine": peer_results.pop(), **_maskbench_summary(peer_results)}
+        summary["peer"] = peer
+    _print_maskbench(summary, results, peer)
     print(f"wrote {per_schema_path}")
     return summary
 
@@ -590,6 +600,99 @@ def _maskbench_summary(results: list[dict]) -> dict:
     }
 
 
+# ---- a peer engine on the same schemas: llguidance, in a Python of its own ----------------
+
+# Run by --peer-python: reads {"tokenizer", "eos", "cases": [{"name", "schema", "tests":
+# [[valid, token ids]]}]} from the file named by argv[1], writes per-schema results in
+# _score_one's shape (plus the engine's name, last) to argv[2]. One thread; time to first
+# mask is making the grammar and the matcher and filling the first mask, as for braid.
+_LLGUIDANCE_SCORER = r"""
+import json, sys, time
+import llguidance, llguidance.hf, llguidance.numpy
+from transformers import AutoTokenizer
+
+job = json.load(open(sys.argv[1]))
+hf = AutoTokenizer.from_pretrained(job["tokenizer"])
+tokenizer = llguidance.hf.from_tokenizer(hf, n_vocab=len(hf), eos_token=job["eos"])
+mask = llguidance.numpy.allocate_token_bitmask(1, len(hf))
+out = []
+
+def allowed(token):
+    return (int(mask[0, token // 32]) >> (token % 32)) & 1 == 1
+
+for case in job["cases"]:
+    row = {"name": case["name"]}
+    start = time.perf_counter()
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(case["schema"])
+        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        if not matcher.is_error():
+            llguidance.numpy.fill_next_token_bitmask(matcher, mask, 0)
+    except Exception as e:
+        out.append({**row, "status": "compile_error", "error": str(e)[:300]})
+        continue
+    if matcher.is_error():
+        out.append({**row, "status": "compile_error", "error": matcher.get_error()[:300]})
+        continue
+    row.update(ttfm_s=time.perf_counter() - start, fill_s=[], validation_errors=[],
+               invalidation_errors=[])
+    for index, (valid, ids) in enumerate(case["tests"]):
+        matcher.reset()
+        refused = None
+        for i, token in enumerate(ids + [job["eos"]]):
+            tick = time.perf_counter()
+            llguidance.numpy.fill_next_token_bitmask(matcher, mask, 0)
+            row["fill_s"].append(time.perf_counter() - tick)
+            if not allowed(token):
+                refused = i
+                break
+            if i < len(ids):
+                matcher.consume_token(token)
+        if valid and refused is not None:
+            row["validation_errors"].append({"index": index, "refused_at": refused})
+        elif not valid and refused is None:
+            row["invalidation_errors"].append({"index": index})
+    bad = row["validation_errors"] or row["invalidation_errors"]
+    out.append({**row, "status": "fail" if bad else "pass"})
+out.append("llguidance " + llguidance.__version__)
+json.dump(out, open(sys.argv[2], "w"))
+"""
+
+
+def _score_peer(paths: list[Path], args: argparse.Namespace, out_path: Path) -> list[dict]:
+    """llguidance's results on the same schemas, instances and tokenizer (serialized and
+    tokenized here, as for braid), from a subprocess in --peer-python; its engine's name
+    last."""
+    import subprocess
+    import tempfile
+
+    from braid.runtime.model_loader import resolve_model_dir
+
+    tokenizer, _ = _load_vocabulary(args.model)
+    cases = []
+    for path in paths:
+        case = load_case(path)
+        tests = [
+            [valid, tokenizer.encode(serialize(data, case.schema), add_special_tokens=False)]
+            for valid, data in case.tests
+        ]
+        cases.append({"name": case.name, "schema": case.schema, "tests": tests})
+    job = {
+        "tokenizer": str(resolve_model_dir(args.model)),
+        "eos": tokenizer.eos_token_id,
+        "cases": cases,
+    }
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as job_file:
+        json.dump(job, job_file)
+        job_file.flush()
+        subprocess.run(
+            [args.peer_python, "-c", _LLGUIDANCE_SCORER, job_file.name, str(out_path)],
+            check=True,
+            timeout=3600,
+        )
+    return json.loads(out_path.read_text())
+
+
 def _reason(message: str) -> str:
     """An error message with its schema-specific parts (paths, numbers, long regexes) cut,
     so that equal causes count together."""
@@ -599,17 +702,20 @@ def _reason(message: str) -> str:
     return message[:160]
 
 
-def _print_maskbench(summary: dict, results: list[dict]) -> None:
+def _print_maskbench(summary: dict, results: list[dict], peer: dict | None = None) -> None:
     n = summary["schemas"]
     scale = n / MASKBENCH_SCHEMAS
     print(f"MaskBench: {n} schemas (published rows scaled from {MASKBENCH_SCHEMAS:,} to {n})")
-    print("| engine | passing | invalidation errors | TBM p50 / p99 (us) | TTFM p50 (ms) |")
+    print("| engine | passing | invalidation errors | TBM p50 / p99 (us) | TTFM p50 / p99 (ms) |")
     print("|---|---|---|---|---|")
+    measured = [("braid", summary)] + ([(f"{peer['engine']}, this run", peer)] if peer else [])
+    for engine, row in measured:
+        tbm, ttfm = row["tbm_us"], row["ttfm_ms"]
+        print(
+            f"| {engine} | {row['passing']:,} | {row['schemas_with_invalidation_errors']:,} "
+            f"| {tbm['p50']:.0f} / {tbm['p99']:.0f} | {ttfm['p50']:.1f} / {ttfm['p99']:.0f} |"
+        )
     tbm, ttfm = summary["tbm_us"], summary["ttfm_ms"]
-    print(
-        f"| braid | {summary['passing']:,} | {summary['schemas_with_invalidation_errors']:,} "
-        f"| {tbm['p50']:.0f} / {tbm['p99']:.0f} | {ttfm['p50']:.1f} |"
-    )
     for engine, (passing, invalid, p50, p99, ttfm_p50) in PUBLISHED.items():
         print(
             f"| {engine} | {passing * scale:,.0f} | {invalid * scale:,.0f} "

@@ -15,8 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from braid import grammars
+from braid.grammars import compiler as compiler_module
+from braid.grammars.index_builder import build_index
+from braid.grammars.json_schema import schema_to_regex
 from braid.grammars.lazy import LazyRegexGrammar
 from braid.grammars.matcher import allowed_token_ids
+from braid.grammars.regex import RegexGrammar
 
 # In the common subset of Python's and Rust's regex syntax (Rust's \d is Unicode: [0-9]).
 PATTERNS = [
@@ -33,7 +37,7 @@ BACKENDS = pytest.mark.parametrize("backend", ["index", "lazy"])
 def compile_regex(pattern: str, vocab, backend: str):
     if backend == "lazy":
         return LazyRegexGrammar(pattern, vocab)
-    return grammars.compile(grammars.Regex(pattern), vocab)
+    return RegexGrammar(build_index(pattern, vocab), vocab, pattern)
 
 
 SETTINGS = settings(
@@ -183,31 +187,47 @@ def test_compiler_limits_time_and_keeps_working(vocab):
         compiler.close()
 
 
-def test_an_index_past_the_time_limit_falls_back_to_the_lazy_automaton(vocab, feeds):
-    # Small enough to be sent to outlines, slow there: 40 counted JSON characters.
-    slow = grammars.Regex(r'"([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4}){0,40}"')
-    compiler = grammars.GrammarCompiler(vocab, timeout_s=0.5)
+def test_the_lazy_automaton_serves_and_an_index_only_without_it(vocab, feeds, monkeypatch):
+    # 40 counted JSON characters: an index of them takes seconds, the lazy automaton none.
+    counted = grammars.Regex(r'"([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4}){0,40}"')
+    compiler = grammars.GrammarCompiler(vocab, timeout_s=5)
     try:
-        grammar = compiler.submit(slow).result()
+        grammar = compiler.submit(counted).result()
         assert isinstance(grammar, LazyRegexGrammar)
         assert feeds(grammar, '"caf\\u00e9 \\"ok\\""')
         assert not feeds(grammar, '"' + "x" * 41 + '"')
-        # The worker killed at the limit is replaced for the next constraint.
-        assert type(compiler.submit(grammars.Regex("[0-9]{2}")).result()).__name__ == "RegexGrammar"
+        # Without the lazy automaton's library the worker builds an outlines index.
+        monkeypatch.setattr(compiler_module, "lazy_available", lambda: False)
+        grammar = compiler.submit(grammars.Regex("[0-9]{2}")).result()
+        assert isinstance(grammar, RegexGrammar) and feeds(grammar, "42")
     finally:
         compiler.close()
 
 
+# A JSON schema's regex: what compiling now sends to the lazy automaton instead of an index.
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer", "minimum": 0},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "uniqueItems": True},
+        "when": {"type": "string", "format": "date"},
+    },
+    "required": ["id"],
+}
+SCHEMA_TEXT = '{"id":12,"tags":["b","a"],"when":"2024-02-29"}'
+
+
 @pytest.mark.parametrize(
     "pattern",
-    [*PATTERNS, r'"([^"\\\x00-\x1f]|\\["\\/bfnrt])*"', r"(a|ab)(c|bcd)(d*)", r"[^a-c\n]+[\d]"],
-)
+    [*PATTERNS, r'"([^"\\\x00-\x1f]|\\["\\/bfnrt])*"', r"(a|ab)(c|bcd)(d*)", r"[^a-c\n]+[\d]",
+     schema_to_regex(SCHEMA)],
+)  # fmt: skip
 def test_lazy_masks_are_the_index_masks(pattern, vocab, tokenizer):
     """Along a matching text, the lazy automaton allows exactly the index's tokens."""
     index, lazy = compile_regex(pattern, vocab, "index"), compile_regex(pattern, vocab, "lazy")
     text = next(
         t for t in ["(555) 867-5309", "abc-de", "maybe because x", "2024-02-29", "-12.5",
-                    "Ab Cé", '"a\\"b"', "abcd", "xyz4"] if re.fullmatch(pattern, t)
+                    "Ab Cé", '"a\\"b"', "abcd", "xyz4", SCHEMA_TEXT] if re.fullmatch(pattern, t)
     )  # fmt: skip
     rows = grammars.allocate_bitmask(2, vocab.size)
     matchers = [index.matcher(), lazy.matcher()]

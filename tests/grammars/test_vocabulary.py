@@ -73,3 +73,20 @@ def _is_utf8(data: bytes) -> bool:
         return True
     except UnicodeDecodeError:
         return False
+
+
+def test_compile_takes_a_tokenizer_and_builds_its_vocabulary_once(tokenizer, vocab, feeds):
+    from braid.grammars.compiler import as_vocabulary
+
+    built = as_vocabulary(tokenizer)
+    assert as_vocabulary(tokenizer) is built  # cached per tokenizer
+    assert built.fingerprint == vocab.fingerprint  # what build_vocabulary gives
+    grammar = grammars.compile(grammars.Regex("[0-9]{2}"), tokenizer)
+    assert grammar is grammars.compile(grammars.Regex("[0-9]{2}"), vocab)
+    assert feeds(grammar, "42") and not feeds(grammar, "4")
+    compiler = grammars.GrammarCompiler(tokenizer)
+    try:
+        assert compiler.vocab is built
+        assert feeds(compiler.submit(grammars.Regex("[a-c]+")).result(), "abc")
+    finally:
+        compiler.close()
