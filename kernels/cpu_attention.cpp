@@ -174,46 +174,49 @@ inline const float* as_float(const bf16* x, int64_t n, float* buf) {
 
 template <typename T>
 void attend_rows_portable(const DecodeRows<T>& a) {
-  // Each slot's K (then V) row, all KV heads side by side, is read once and converted once
-  // for all the query heads that read it.
-  const int64_t heads = a.heads, head_dim = a.head_dim;
-  const int64_t group = heads / a.kv_heads;
-  const int64_t kv_row = a.kv_heads * head_dim;
+  // A work item is one row's query heads of one KV head: at batch 1 a row alone would leave
+  // every thread but one idle. Each slot's K (then V) row of that head is read once and
+  // converted once for all the query heads that read it.
+  const int64_t head_dim = a.head_dim, kv_heads = a.kv_heads;
+  const int64_t group = a.heads / kv_heads;
+  const int64_t kv_row = kv_heads * head_dim;
   constexpr int64_t kAhead = 16;  // slots prefetched ahead of the one being read
   auto prefetch = [&](const T* base, int64_t slot) {
-    prefetch_bytes(base + slot * kv_row, kv_row * sizeof(T), true);
+    prefetch_bytes(base + slot * kv_row, head_dim * sizeof(T), true);
   };
-  std::vector<float> scores, acc(heads * head_dim), qf(heads * head_dim), row_f(kv_row);
+  std::vector<float> scores, acc(group * head_dim), qf(group * head_dim), row_f(head_dim);
 #pragma omp for schedule(dynamic, 1)
-  for (int64_t i = 0; i < a.num_rows; ++i) {
+  for (int64_t item = 0; item < a.num_rows * kv_heads; ++item) {
+    const int64_t i = item / kv_heads, kvh = item % kv_heads;
     const int64_t len = a.kv_lens[i];
     const int64_t* slot = a.kv_indices + a.kv_starts[i];
-    const T* q_row = a.q + a.rows[i] * a.q_stride;
-    for (int64_t j = 0; j < heads * head_dim; ++j) qf[j] = to_float(q_row[j]) * a.scale;
-    scores.resize(heads * len);
+    const T* q_heads = a.q + a.rows[i] * a.q_stride + kvh * group * head_dim;
+    const T* k_head = a.k_cache + kvh * head_dim;
+    const T* v_head = a.v_cache + kvh * head_dim;
+    for (int64_t j = 0; j < group * head_dim; ++j) qf[j] = to_float(q_heads[j]) * a.scale;
+    scores.resize(group * len);
     for (int64_t l = 0; l < len; ++l) {
-      if (l + kAhead < len) prefetch(a.k_cache, slot[l + kAhead]);
-      const float* k = as_float(a.k_cache + slot[l] * kv_row, kv_row, row_f.data());
-      for (int64_t h = 0; h < heads; ++h) {
-        scores[h * len + l] = dot(qf.data() + h * head_dim, k + (h / group) * head_dim, head_dim);
+      if (l + kAhead < len) prefetch(k_head, slot[l + kAhead]);
+      const float* k = as_float(k_head + slot[l] * kv_row, head_dim, row_f.data());
+      for (int64_t g = 0; g < group; ++g) {
+        scores[g * len + l] = dot(qf.data() + g * head_dim, k, head_dim);
       }
     }
-    for (int64_t h = 0; h < heads; ++h) {
-      float* s = scores.data() + h * len;
+    for (int64_t g = 0; g < group; ++g) {
+      float* s = scores.data() + g * len;
       const float inv = softmax_numerators(s, len);
       for (int64_t l = 0; l < len; ++l) s[l] *= inv;
     }
     std::fill(acc.begin(), acc.end(), 0.0f);
     for (int64_t l = 0; l < len; ++l) {
-      if (l + kAhead < len) prefetch(a.v_cache, slot[l + kAhead]);
-      const float* v = as_float(a.v_cache + slot[l] * kv_row, kv_row, row_f.data());
-      for (int64_t h = 0; h < heads; ++h) {
-        axpy(scores[h * len + l], v + (h / group) * head_dim, acc.data() + h * head_dim,
-             head_dim);
+      if (l + kAhead < len) prefetch(v_head, slot[l + kAhead]);
+      const float* v = as_float(v_head + slot[l] * kv_row, head_dim, row_f.data());
+      for (int64_t g = 0; g < group; ++g) {
+        axpy(scores[g * len + l], v, acc.data() + g * head_dim, head_dim);
       }
     }
-    T* o = a.out + a.rows[i] * heads * head_dim;
-    for (int64_t j = 0; j < heads * head_dim; ++j) o[j] = from_float<T>(acc[j]);
+    T* o = a.out + (a.rows[i] * a.heads + kvh * group) * head_dim;
+    for (int64_t j = 0; j < group * head_dim; ++j) o[j] = from_float<T>(acc[j]);
   }
 }
 

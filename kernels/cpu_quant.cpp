@@ -15,6 +15,9 @@
 // and the inner loop is the same float32 FMAs as a dense linear.
 
 #include <omp.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cstdint>
@@ -94,9 +97,119 @@ void dot_rows(const float* x, int64_t M, int64_t K, const float* w, int64_t rows
   }
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+// A few input rows (decode steps): each block's weights are unpacked into registers and meet
+// every input row there, so a weight is read from memory once and never stored as a float.
+// The expanding path below writes and rereads each weight row as floats: ~3x slower at M = 1,
+// where reading the weights is all the work. Same sums as the reference twin up to the order
+// of the additions: dot(w, x) over a q4 block is scale * dot(q, x) + min * sum(x).
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+inline __m256 bytes_to_floats(__m128i bytes) {  // the low 8 unsigned bytes
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+}
+
+// Two accumulators per row, even and odd blocks: one chain of dependent FMAs would make each
+// block wait for the last.
+template <int R>
+void fused_row(const float* x, int64_t K, const BlockQ4* blocks, const float* xsums, float* out,
+               int64_t out_stride) {
+  const int64_t num_blocks = K / 32;
+  const __m128i nibble = _mm_set1_epi8(0x0F);
+  __m256 acc[2][R];
+  float mins[R];
+  for (int r = 0; r < R; ++r) acc[0][r] = acc[1][r] = _mm256_setzero_ps(), mins[r] = 0;
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const BlockQ4& blk = blocks[b];
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs));
+    const __m128i lo = _mm_and_si128(bytes, nibble);  // weights 0..15
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble);  // weights 16..31
+    const __m256 w0 = bytes_to_floats(lo), w1 = bytes_to_floats(_mm_srli_si128(lo, 8));
+    const __m256 w2 = bytes_to_floats(hi), w3 = bytes_to_floats(_mm_srli_si128(hi, 8));
+    const __m256 scale = _mm256_set1_ps(blk.scale);
+    for (int r = 0; r < R; ++r) {
+      const float* xb = x + r * K + b * 32;
+      __m256 d = _mm256_mul_ps(w0, _mm256_loadu_ps(xb));
+      d = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), d);
+      d = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xb + 16), d);
+      d = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + 24), d);
+      acc[b & 1][r] = _mm256_fmadd_ps(d, scale, acc[b & 1][r]);
+    }
+  }
+  // The mins' term apart: a scalar chain inside the loop above would be its bottleneck.
+  for (int r = 0; r < R; ++r) {
+    const float* xs = xsums + r * num_blocks;
+    for (int64_t b = 0; b < num_blocks; ++b) mins[r] += blocks[b].min * xs[b];
+    out[r * out_stride] = hsum(_mm256_add_ps(acc[0][r], acc[1][r])) + mins[r];
+  }
+}
+
+template <int R>
+void fused_row(const float* x, int64_t K, const BlockQ8* blocks, const float*, float* out,
+               int64_t out_stride) {
+  const int64_t num_blocks = K / 16;
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const BlockQ8& blk = blocks[b];
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs));
+    const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+    const __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8)));
+    const __m256 scale = _mm256_set1_ps(blk.scale);
+    for (int r = 0; r < R; ++r) {
+      const float* xb = x + r * K + b * 16;
+      __m256 d = _mm256_mul_ps(w0, _mm256_loadu_ps(xb));
+      d = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), d);
+      acc[r] = _mm256_fmadd_ps(d, scale, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r * out_stride] = hsum(acc[r]);
+}
+
+template <typename Block, int64_t kBlockSize, int R>
+void fused_matmul(const float* x, int64_t K, const Block* w, int64_t N, float* out, int threads) {
+  const int64_t num_blocks = K / kBlockSize;
+  std::vector<float> xsums(R * num_blocks);  // each input block's sum (the q4 mins' term)
+  for (int r = 0; r < R; ++r) {
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      float s = 0;
+      for (int64_t k = 0; k < kBlockSize; ++k) s += x[r * K + b * kBlockSize + k];
+      xsums[r * num_blocks + b] = s;
+    }
+  }
+#pragma omp parallel for num_threads(threads) schedule(static) if (N * K >= (1 << 15))
+  for (int64_t n = 0; n < N; ++n) {
+    fused_row<R>(x, K, w + n * num_blocks, xsums.data(), out + n, N);
+  }
+}
+
+template <typename Block, int64_t kBlockSize>
+bool fused_matmul(const float* x, int64_t M, int64_t K, const Block* w, int64_t N, float* out,
+                  int threads) {
+  switch (M) {
+    case 1: fused_matmul<Block, kBlockSize, 1>(x, K, w, N, out, threads); return true;
+    case 2: fused_matmul<Block, kBlockSize, 2>(x, K, w, N, out, threads); return true;
+    case 3: fused_matmul<Block, kBlockSize, 3>(x, K, w, N, out, threads); return true;
+    case 4: fused_matmul<Block, kBlockSize, 4>(x, K, w, N, out, threads); return true;
+    default: return false;
+  }
+}
+#else
+template <typename Block, int64_t kBlockSize>
+bool fused_matmul(const float*, int64_t, int64_t, const Block*, int64_t, float*, int) {
+  return false;  // the expanding path serves every M
+}
+#endif
+
 template <typename Block, int64_t kBlockSize>
 void quant_matmul(const float* x, int64_t M, int64_t K, const Block* w, int64_t N, float* out,
                   int threads) {
+  if (fused_matmul<Block, kBlockSize>(x, M, K, w, N, out, threads)) return;
   const int64_t num_blocks = K / kBlockSize;
   const int64_t passes = (N + kRowsPerPass - 1) / kRowsPerPass;
 #pragma omp parallel num_threads(threads) if (passes > 1)

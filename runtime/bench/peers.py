@@ -117,7 +117,8 @@ def _peer(python: Path, script: str, target: str, workload: str, tokens: int) ->
     run = subprocess.run([str(python), "-I", str(path), *args], capture_output=True, text=True)
     if run.returncode != 0:
         return {"error": run.stderr.strip().splitlines()[-1] if run.stderr else "failed"}
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    # The last JSON line: a peer may log to stdout after it (vLLM's shutdown does).
+    return json.loads([line for line in run.stdout.splitlines() if line.startswith("{")][-1])
 
 
 def bench_peers(args: argparse.Namespace) -> int:

@@ -37,7 +37,9 @@ def test_packing_rounds_each_weight_to_its_blocks_grid(fmt):
 
 
 @pytest.mark.parametrize("fmt", [quant.Q4, quant.Q8], ids=lambda f: f.name)
-@pytest.mark.parametrize("m, n, k", [(1, 7, 64), (2, 8, 96), (5, 13, 128), (64, 40, 256)])
+@pytest.mark.parametrize(
+    "m, n, k", [(1, 7, 64), (2, 8, 96), (3, 5, 32), (4, 9, 64), (5, 13, 128), (64, 40, 256)]
+)
 def test_quant_matmul_equals_its_twin(lib, fmt, m, n, k):
     blocks = quant.quantize(torch.randn(n, k), fmt)
     x = torch.randn(m, k)
