@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
+
+from braid.grammars.constraints import MAX_SCHEMA_DEPTH
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -63,6 +65,15 @@ class EngineConfig:
         "states a lazy automaton (a regex too large for an index) may make; past it, it "
         "starts over empty, and an output that alone needs more fails",
     )
+    # Each grammar has its own budget above, but a server meets many distinct constraints:
+    # without a total, N hostile ones held N budgets (resident memory grew 0.7 -> 1.9 GB over
+    # an 80-request sweep and stayed there).
+    grammar_memory_mb: int = _setting(
+        1024,
+        "all cached grammars, stop-regex automata and the vocabulary structures they share, "
+        "together (estimated from their own counts); past it the least recently used are "
+        "evicted",
+    )
     cpu_kernels: bool = _setting(
         True,
         "CPU: run norms, the activation, RoPE and decode attention in the C++ kernels "
@@ -102,6 +113,11 @@ class EngineConfig:
     spec_tree_width: int = _setting(
         4, "most candidate continuations (draft tree leaves) the n-gram proposer verifies a step"
     )
+    tp: int = _setting(
+        1,
+        "tensor-parallel ranks, one process each (the engine starts them): each holds a share "
+        "of the attention heads, MLP features and KV pool; gloo on the CPU, NCCL on GPUs",
+    )
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -136,11 +152,12 @@ class EngineConfig:
             or self.grammar_compile_memory_mb < 64
             or self.grammar_compile_workers < 1
             or self.grammar_state_memory_mb < 1
+            or self.grammar_memory_mb < 1
         ):
             raise ValueError(
                 "EngineConfig: grammar_compile_timeout_s must be > 0, "
-                "grammar_compile_memory_mb >= 64, grammar_compile_workers >= 1 and "
-                "grammar_state_memory_mb >= 1"
+                "grammar_compile_memory_mb >= 64, grammar_compile_workers >= 1, "
+                "grammar_state_memory_mb >= 1 and grammar_memory_mb >= 1"
             )
         if self.spec_method not in ("none", "ngram", "draft"):
             raise ValueError(
@@ -174,6 +191,18 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.spec_tree_width must be in [1, 16], got {self.spec_tree_width}"
             )
+        if self.tp < 1:
+            raise ValueError(f"EngineConfig.tp must be >= 1, got {self.tp}")
+        if self.tp > 1 and self.quantization == "gguf":
+            raise ValueError(
+                "EngineConfig.tp: a GGUF file's quantized blocks are not split over ranks; "
+                "use quantization='none', 'int8' or 'int4' with tp > 1"
+            )
+        if self.tp > 1 and (self.draft_model or "").split(":")[0] == "self":
+            raise ValueError(
+                "EngineConfig.tp: a self-draft (draft_model='self') would need a KV pool of its "
+                "own on every rank; use spec_method='ngram' or a separate draft model with tp > 1"
+            )
         if not 0 < self.kv_memory_fraction < 1:
             raise ValueError(
                 f"EngineConfig.kv_memory_fraction must be in (0, 1), got {self.kv_memory_fraction}"
@@ -197,6 +226,48 @@ class EngineConfig:
         else:
             budget = _available_host_memory() * self.kv_memory_fraction
         return max(int(budget // bytes_per_token), 1)
+
+
+@dataclass
+class RequestLimits:
+    """What one HTTP request may ask for (`braid serve` flags); past a bound the server
+    answers 400 naming the field, the bound and its flag. A request's body size and the
+    sequences the server holds have their own flags (--max-request-bytes,
+    --max-queued-requests); max_tokens is bounded by the model's context."""
+
+    max_prompt_tokens: int | None = _setting(
+        None, "longest prompt in tokens; None: the model's context less one"
+    )
+    max_n: int = _setting(128, "samples of one prompt a request may ask for (n, best_of)")
+    # Each stop string is looked for at every output character, on the engine's thread.
+    max_stop_strings: int = _setting(16, "entries of each of stop, stop_regex and stop_token_ids")
+    max_stop_length: int = _setting(512, "characters of one stop string or stop regex")
+    max_choices: int = _setting(
+        1024, "options of a choices constraint; continuations of one select (/braid/score)"
+    )
+    # Applied to each request's logits at every step; OpenAI's own bound.
+    max_logit_bias: int = _setting(300, "entries of logit_bias")
+    max_constraint_bytes: int = _setting(
+        1 << 20,
+        "a constraint's text in UTF-8: a regex, a lark grammar, a JSON schema as compact JSON "
+        "(each tool's parameters too), or the choices together",
+    )
+    max_schema_depth: int = _setting(
+        MAX_SCHEMA_DEPTH,
+        f"levels of objects and arrays a JSON schema may nest (the compiler takes at most "
+        f"{MAX_SCHEMA_DEPTH})",
+    )
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None and value < 1:
+                raise ValueError(f"RequestLimits.{f.name} must be >= 1, got {value}")
+        if self.max_schema_depth > MAX_SCHEMA_DEPTH:
+            raise ValueError(
+                f"RequestLimits.max_schema_depth must be <= {MAX_SCHEMA_DEPTH} (what the "
+                f"JSON-schema compiler takes), got {self.max_schema_depth}"
+            )
 
 
 def _available_host_memory() -> int:

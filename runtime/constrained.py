@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, TypeVar
 from transformers import PreTrainedTokenizerBase
 
 from braid.grammars.char_regex import CharPattern, CharRegex
-from braid.grammars.compiler import Compiled, Job
+from braid.grammars.compiler import COMPILER_STATS, Compiled, Job
 from braid.grammars.matcher import Grammar, Matcher
 from braid.grammars.vocabulary import TokenVocabulary, build_vocabulary
 from braid.runtime.config import EngineConfig
@@ -81,8 +81,23 @@ class GrammarService:
                     max_memory_mb=self.config.grammar_compile_memory_mb,
                     max_state_mb=self.config.grammar_state_memory_mb,
                     workers=self.config.grammar_compile_workers,
+                    max_cache_mb=self.config.grammar_memory_mb,
                 )
             return self._compiler.submit(job)
+
+    def stats(self) -> dict[str, int]:
+        """The compile cache's memory, entries and evictions, and the compile workers'
+        resident memory (all 0 before the first constrained request)."""
+        with self._lock:
+            compiler = self._compiler
+        if compiler is None:
+            return dict.fromkeys(COMPILER_STATS, 0)
+        return compiler.stats()
+
+    def worker_pids(self) -> list[int]:
+        """The live compile worker processes."""
+        with self._lock:
+            return [] if self._compiler is None else self._compiler.worker_pids()
 
     def close(self) -> None:
         with self._lock:

@@ -39,6 +39,7 @@ from braid.runtime.spec import Speculator, load_draft_proposer
 from braid.runtime.stats import EngineStats
 from braid.runtime.stop import StopMatcher
 from braid.runtime.tokenizer import eos_token_ids, load_tokenizer
+from braid.runtime.tp import RankFailure, RankReport, Ranks, start_ranks
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,12 @@ class Engine:
         self._inbox: list[tuple[str, object]] = []
         self._wake = threading.Condition()
         self._stopping = False
+        # Tensor parallelism: ranks 1..tp-1 (started by _setup), what every rank holds (rank
+        # 0 alone without tp), and why the ranks failed, once they have: from then on every
+        # request fails with that error.
+        self.ranks: Ranks | None = None
+        self.tp_ranks: list[RankReport] = []
+        self._failure: str | None = None
         self.grammars = GrammarService(self.tokenizer, self.eos_token_ids, self.config)
         # All of the engine's tensor work, loading included, happens on its own thread: an
         # OpenMP team left by the caller's thread makes libgomp stop spinning between
@@ -77,24 +84,35 @@ class Engine:
         dtype, why = resolve_dtype(c, mc)
         self.dtype = dtype  # what `auto` meant here
         log.info("dtype %s (%s)", str(dtype).removeprefix("torch."), why)
-        model_ = load_model(
-            path, mc, dtype, self.device, c.cpu_kernels, c.deterministic, c.quantization
-        )
+        if c.tp > 1:  # rank 0's shard and pool; the other ranks hold theirs
+            model_, self.kv, self.ranks = start_ranks(path, mc, dtype, c)
+            self.tp_ranks = self.ranks.reports
+        else:
+            model_ = load_model(
+                path, mc, dtype, self.device, c.cpu_kernels, c.deterministic, c.quantization
+            )
+            per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype)
+            self.kv = KVPool(
+                mc.num_layers, c.kv_pool_tokens(per_token), mc.num_kv_heads, mc.head_dim, dtype,
+                self.device,
+            )  # fmt: skip
+            self.tp_ranks = [RankReport.of(0, model_, self.kv)]
+        num_slots = self.kv.num_slots
         log.info("model ops: %s", model_.ops.name)
-        per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype)
-        num_slots = self.config.kv_pool_tokens(per_token)
-        self.kv = KVPool(mc.num_layers, num_slots, mc.num_kv_heads, mc.head_dim, dtype, self.device)
         log.info(
-            "KV pool: %d tokens (%.2f GB, %s, %s)",
+            "KV pool: %d tokens (%s GB%s, %s, %s)",
             num_slots,
-            num_slots * per_token / 1024**3,
+            " + ".join(f"{r.kv_bytes / 1024**3:.2f}" for r in self.tp_ranks),
+            f" on {c.tp} ranks" if c.tp > 1 else "",
             dtype,
             self.device,
         )
         self.cache = RadixCache(self.kv, enabled=self.config.prefix_cache)
         graphs = None
         max_graph_batch = min(self.config.cuda_graph_max_batch, self.config.max_running_requests)
-        if self.device.type == "cuda" and max_graph_batch > 0:
+        # With tp > 1 every rank would have to capture its graphs and replay them in step
+        # with rank 0's; not done: tensor-parallel steps run eagerly.
+        if self.device.type == "cuda" and max_graph_batch > 0 and c.tp == 1:
             try:
                 graphs = DecodeGraphs(model_, self.kv, max_graph_batch, self.context_length)
             except RuntimeError as e:
@@ -103,7 +121,9 @@ class Engine:
                     "EngineConfig(cuda_graph_max_batch=0) runs without them"
                 ) from e
             log.info("CUDA graphs: decode batches of %s", graphs.sizes)
-        self.runner = ModelRunner(model_, self.kv, self.device, len(self.tokenizer), graphs)
+        self.runner = ModelRunner(
+            model_, self.kv, self.device, len(self.tokenizer), graphs, self.ranks
+        )
         self.speculator = None
         if self.config.spec_method != "none":
             draft = None
@@ -125,6 +145,8 @@ class Engine:
         try:
             self._setup(path)
         except BaseException as e:  # handed to the constructor, which raises it
+            if self.ranks is not None:
+                self.ranks.close()
             failure.append(e)
             return
         finally:
@@ -288,6 +310,7 @@ class Engine:
             kv_slots_cached=self.cache.num_cached_tokens,
             running_requests=running,
             waiting_requests=waiting,
+            **self.grammars.stats(),
         )
         draft = self.speculator.draft if self.speculator is not None else None
         if draft is not None:  # the draft model's own pool: empty again once all are done
@@ -303,15 +326,17 @@ class Engine:
             self._wake.notify()
         self._thread.join()
         self.grammars.close()
+        if self.ranks is not None:
+            self.ranks.close()
 
     def encode(self, prompt: Prompt) -> list[int]:
         """Token ids of a prompt, checked against the vocabulary and the context length."""
         if isinstance(prompt, str):
-            longest = self.context_length * self._longest_token_chars
+            longest = self.context_length * self.longest_token_chars
             if len(prompt) > longest:  # refused without paying to tokenize it
                 raise ValueError(
                     f"prompt has {len(prompt)} characters; no token spells more than "
-                    f"{self._longest_token_chars}, so it cannot fit the model's context of "
+                    f"{self.longest_token_chars}, so it cannot fit the model's context of "
                     f"{self.context_length} tokens"
                 )
             ids = self.tokenizer.encode(prompt) if prompt else []
@@ -351,7 +376,7 @@ class Engine:
         return self.grammars.prepare(params)
 
     @functools.cached_property
-    def _longest_token_chars(self) -> int:
+    def longest_token_chars(self) -> int:
         """An upper bound on the characters one token stands for: the longest token string
         (byte-level and sentencepiece token strings are at least as long as their text)."""
         return max(len(t) for t in self.tokenizer.get_vocab())
@@ -417,9 +442,10 @@ class Engine:
                     log.exception("engine: %s failed", op)
                     if op == "add":
                         self.outputs.fail(arg, f"engine failed to admit it: {e!r}")
+            if self._failure is not None:
+                self._fail_live(self._failure)
             if stopping:
-                for r in list(self.outputs.live.values()):
-                    self.outputs.fail(r, "the engine was shut down")
+                self._fail_live("the engine was shut down")
                 return
             worked = self._step() or worked
 
@@ -429,8 +455,7 @@ class Engine:
             batch = self.scheduler.schedule()
         except Exception as e:  # the scheduler's own state is broken: no request to blame
             log.exception("engine: scheduling failed")
-            for r in list(self.outputs.live.values()):
-                self.outputs.fail(r, f"engine step failed: {e!r}")
+            self._fail_live(f"engine step failed: {e!r}")
             return False
         for r in self.scheduler.out_of_kv:
             self.outputs.finish(r, "length")
@@ -441,6 +466,10 @@ class Engine:
         started = time.perf_counter()
         try:
             results = self.runner.run(batch)
+        except RankFailure as e:  # no forward can run again (logged by the ranks)
+            self._failure = str(e)
+            self._fail_live(self._failure)
+            return False
         except Exception:
             log.exception("engine step failed; running its requests one at a time")
             batch, results = self._run_alone(batch)
@@ -466,6 +495,10 @@ class Engine:
                 log.exception("request %d: its step failed alone too; failing it", r.rid)
                 self.outputs.fail(r, f"engine step failed: {e!r}")
         return batch.subset(kept), results
+
+    def _fail_live(self, error: str) -> None:
+        for r in list(self.outputs.live.values()):
+            self.outputs.fail(r, error)
 
     def _handle(self, op: str, arg: object) -> None:
         if op == "add":

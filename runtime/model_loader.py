@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import SafetensorError
@@ -16,6 +17,9 @@ from braid.runtime.models import LlamaForCausalLM, ModelConfig
 from braid.runtime.models.batch_invariant import BatchInvariantLinear
 from braid.runtime.models.ops import layer_ops
 from braid.runtime.models.quantized import QuantLinear
+
+if TYPE_CHECKING:
+    from braid.runtime.tp.sharding import Shard
 
 
 def resolve_model_dir(model: str | Path | None) -> Path:
@@ -52,14 +56,18 @@ def load_model(
     cpu_kernels: bool = True,
     deterministic: bool = False,
     quantization: str = "none",
+    shard: Shard | None = None,
 ) -> LlamaForCausalLM:
     """The model on `device` in `dtype`; on the CPU its small ops run in the C++ kernels
     unless `cpu_kernels` is False (or they cannot be built here). `deterministic`: every
     row's output is the same whatever it is batched with (batch-invariant linears,
     attention row by row). `quantization` (CPU only): "int8" or "int4" quantizes every
-    linear at load; "gguf" keeps the quantized tensors of the GGUF file the model came from."""
+    linear at load; "gguf" keeps the quantized tensors of the GGUF file the model came from.
+    `shard`: only a tensor-parallel rank's share of the heads and MLP features (runtime/tp)."""
     if quantization != "none" and device.type != "cpu":
         raise ValueError(f"quantization={quantization!r}: quantized weights run on the CPU")
+    if shard is not None:
+        config = shard.model_config(config)
     linear = BatchInvariantLinear if deterministic else torch.nn.Linear
     with torch.device("meta"):
         model = LlamaForCausalLM(config, linear)
@@ -77,7 +85,10 @@ def load_model(
             model.lm_head.weight = model.embed_tokens.weight
         # Rope tables are computed, not loaded, and stay fp32 whatever the weights' dtype.
         model.rotary.float().reset()
-        model.load_hf_weights(_read_safetensors(path))
+        weights = _read_safetensors(path)
+        if shard is not None:
+            weights = shard.slice_weights(weights, config.head_dim)
+        model.load_hf_weights(weights)
         if quantization in QUANTIZED_FORMATS:
             _quantize_linears(model, QUANTIZED_FORMATS[quantization])
     model.ops = layer_ops(device, dtype, cpu_kernels, deterministic)

@@ -13,6 +13,7 @@ from braid.runtime.models import LlamaForCausalLM
 from braid.runtime.sampler import sample, sampling_probs, step_seed
 from braid.runtime.scheduler import Batch
 from braid.runtime.spec.verify import rejection_sample
+from braid.runtime.tp import Ranks
 
 # The acceptance test's uniform comes from its own stream of the request's seed.
 ACCEPT_SALT = 0x2545F4914F6CDD1D
@@ -40,11 +41,13 @@ class ModelRunner:
         device: torch.device,
         tokenizer_size: int,
         graphs: DecodeGraphs | None = None,
+        ranks: Ranks | None = None,
     ):
         self.model = model
         self.kv = kv
         self.device = device
         self.graphs = graphs  # decode steps replay these when they fit
+        self.ranks = ranks  # tensor parallelism: the other ranks run every forward too
         # Rows of the model's vocabulary past the tokenizer's are padding: never sampled.
         self.vocab_size = min(tokenizer_size, model.config.vocab_size)
         self.tokenizer_size = tokenizer_size
@@ -76,7 +79,11 @@ class ModelRunner:
             fb = ForwardBatch.build(
                 new_tokens, slot_tables, rows, device=self.device, parents=parents
             )
-            logits = self.model(fb, self.kv)
+            if self.ranks is None:
+                logits = self.model(fb, self.kv)
+            else:
+                with self.ranks.step(new_tokens, slot_tables, parents):
+                    logits = self.model(fb, self.kv)
         logits = logits[:, : self.vocab_size]
 
         results = [StepResult() for _ in batch.requests]

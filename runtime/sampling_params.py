@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgspec
@@ -10,6 +11,7 @@ from braid.grammars.constraints import Choices, Constraint, Ebnf, JsonSchema, Re
 from braid.runtime.stop import check_stop_regex
 
 _CONSTRAINTS = ("regex", "json_schema", "choices", "grammar")
+_INT64 = 2**63
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -54,16 +56,22 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     grammar: str | None = None
 
     def __post_init__(self) -> None:
+        # Ints a kernel or the sampler reads as int64 are bounded by it; floats must be finite
+        # (JSON cannot carry NaN or infinity, Python callers can).
         checks = [
             (self.max_tokens >= 0, "max_tokens must be >= 0"),
             (0 <= self.min_tokens, "min_tokens must be >= 0"),
-            (self.temperature >= 0, "temperature must be >= 0"),
+            (0 <= self.temperature < math.inf, "temperature must be >= 0 and finite"),
             (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
-            (self.top_k >= 0, "top_k must be >= 0 (0 turns it off)"),
+            (0 <= self.top_k < _INT64, "top_k must be >= 0 and < 2**63 (0 turns it off)"),
             (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
             (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
             (-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
-            (self.repetition_penalty > 0, "repetition_penalty must be > 0"),
+            (0 < self.repetition_penalty < math.inf, "repetition_penalty must be > 0 and finite"),
+            (
+                self.seed is None or -_INT64 <= self.seed < _INT64,
+                "seed must be in [-2**63, 2**63)",
+            ),
             (self.n >= 1, "n must be >= 1"),
             (0 <= self.top_logprobs <= 20, "top_logprobs must be in [0, 20]"),
             (

@@ -7,6 +7,9 @@ import argparse
 import json
 import multiprocessing
 import platform
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -105,6 +108,46 @@ def rss_mb(pid: int | str = "self") -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+class ServeProcess:
+    """`braid serve` (the model, then `flags`) in a subprocess on a free loopback port; the
+    context waits until it answers /health and stops it with SIGTERM (which drains it)."""
+
+    def __init__(self, model: str | None, flags: list[str]) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.command = [sys.executable, "-m", "braid.runtime.cli", "serve"]
+        self.command += ["--port", str(self.port), *flags]
+        if model:
+            self.command += ["--model", model]
+
+    def __enter__(self) -> ServeProcess:
+        import httpx
+
+        self.process = subprocess.Popen(self.command)
+        deadline = time.monotonic() + 600
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"braid serve exited with {self.process.returncode}")
+            if time.monotonic() > deadline:
+                self.__exit__()
+                raise RuntimeError("braid serve did not come up in 10 minutes")
+            try:
+                if httpx.get(self.url + "/health").status_code == 200:
+                    return self
+            except httpx.TransportError:
+                time.sleep(0.25)
+
+    def __exit__(self, *exc) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
 def add_workload(

@@ -1,9 +1,7 @@
 """`braid bench serve`: the HTTP server under streaming load, against a `braid serve` it starts.
 
-The sweep reports throughput and TTFT/TPOT percentiles at each concurrency. `--soak SECONDS`
-instead runs mixed traffic (streaming, non-streaming, constrained, clients that leave early)
-and checks afterwards that nothing was lost and the server is back to idle: no request
-running, every KV slot free or cached, resident memory where it was after the warm-up.
+The sweep reports throughput and TTFT/TPOT percentiles at each concurrency. (Long runs of
+mixed traffic are `braid bench soak`.)
 """
 
 from __future__ import annotations
@@ -12,93 +10,31 @@ import argparse
 import asyncio
 import json
 import random
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 
-from braid.runtime.bench.common import machine, rss_mb, write_result
+from braid.runtime.bench.common import ServeProcess, add_workload, machine, write_result
 from braid.runtime.stats import percentile
 
 _WORDS = "the a model cache token prefix batch answer question how why when kernel queue".split()
-_KINDS = ("stream", "plain", "regex", "json", "leave")
-_WEIGHTS = (4, 2, 1, 1, 2)
-# Resident memory may settle this much above its post-warm-up value (allocator noise).
-_RSS_TOLERANCE = 0.10
 
 
 def add_parser(workloads: argparse._SubParsersAction) -> None:
-    p = workloads.add_parser(
-        "serve", help="HTTP streaming load: concurrency sweep, or a soak run with --soak"
-    )
-    p.add_argument("--model")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument(
-        "--max-kv-tokens",
-        type=int,
-        help="KV pool size (default: 32768; 4096 for --soak, so its warm-up fills the pool)",
-    )
+    p = add_workload(workloads, "serve", "HTTP streaming load: a concurrency sweep", bench_serve)
+    p.add_argument("--max-kv-tokens", type=int, default=32768, help="KV pool size")
     p.add_argument("--concurrency", default="1,8,32", help="comma-separated levels")
     p.add_argument("--requests", type=int, default=2, help="requests per client per level")
     p.add_argument("--tokens", type=int, default=64, help="output tokens per request")
-    p.add_argument("--soak", type=float, metavar="SECONDS", help="run the soak instead")
-    p.add_argument("--soak-concurrency", type=int, default=16)
-    p.add_argument("--json", type=Path)
-    p.set_defaults(run=bench_serve)
 
 
 def bench_serve(args: argparse.Namespace) -> int:
-    with _Server(args) as server:
-        if args.soak:
-            result = asyncio.run(_soak(server, args))
-            ok = result["ok"]
-        else:
-            result = asyncio.run(_sweep(server, args))
-            ok = True
+    flags = ["--dtype", args.dtype, "--max-kv-tokens", str(args.max_kv_tokens)]
+    with ServeProcess(args.model, flags) as server:
+        result = asyncio.run(_sweep(server, args))
     result |= {"machine": machine(), "model": args.model or "default"}
-    default = Path(f"bench-results/serve{'-soak' if args.soak else ''}.json")
-    write_result(result, args.json or default)
-    return 0 if ok else 1
-
-
-class _Server:
-    """`braid serve` in a subprocess on a free loopback port."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.command = [sys.executable, "-m", "braid.runtime.cli", "serve"]
-        self.command += ["--port", str(self.port)]
-        kv = args.max_kv_tokens or (4096 if args.soak else 32768)
-        self.command += ["--dtype", args.dtype, "--max-kv-tokens", str(kv)]
-        if args.model:
-            self.command += ["--model", args.model]
-
-    def __enter__(self) -> _Server:
-        self.process = subprocess.Popen(self.command)
-        deadline = time.monotonic() + 600
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"braid serve exited with {self.process.returncode}")
-            if time.monotonic() > deadline:
-                raise RuntimeError("braid serve did not come up in 10 minutes")
-            try:
-                if httpx.get(self.url + "/health").status_code == 200:
-                    return self
-            except httpx.TransportError:
-                time.sleep(0.25)
-
-    def __exit__(self, *exc) -> None:
-        self.process.terminate()
-        self.process.wait(60)
-
-    def rss_mb(self) -> float:
-        return rss_mb(self.process.pid)
+    write_result(result, args.json)
+    return 0
 
 
 def _prompt(rng: random.Random) -> str:
@@ -145,7 +81,7 @@ def _client(url: str, n: int) -> httpx.AsyncClient:
     return httpx.AsyncClient(base_url=url, limits=limits, timeout=httpx.Timeout(600))
 
 
-async def _sweep(server: _Server, args: argparse.Namespace) -> dict:
+async def _sweep(server: ServeProcess, args: argparse.Namespace) -> dict:
     levels = [int(c) for c in args.concurrency.split(",")]
     rng = random.Random(0)
     rows = []
@@ -196,93 +132,3 @@ async def _sweep(server: _Server, args: argparse.Namespace) -> dict:
             f"{r['tpot_p50_s'] * 1e3:>9.1f}/{r['tpot_p99_s'] * 1e3:<8.1f}"
         )
     return {"workload": "serve", "tokens": args.tokens, "levels": rows}
-
-
-async def _soak(server: _Server, args: argparse.Namespace) -> dict:
-    """Mixed traffic for args.soak seconds, then the idle checks."""
-    rng = random.Random(0)
-    counts: dict[str, int] = {}
-    async with _client(server.url, args.soak_concurrency) as http:
-
-        async def traffic(seconds: float, counts: dict[str, int]) -> None:
-            deadline = time.monotonic() + seconds
-
-            async def worker() -> None:
-                while time.monotonic() < deadline:
-                    kind = rng.choices(_KINDS, _WEIGHTS)[0]
-                    outcome = await _soak_request(http, kind, rng)
-                    counts[outcome] = counts.get(outcome, 0) + 1
-
-            await asyncio.gather(*(worker() for _ in range(args.soak_concurrency)))
-
-        # The same traffic first, until the prefix cache has filled the KV pool (evictions
-        # begin) or for half the soak: the pool's pages are first touched then, so idle
-        # memory after it is the baseline that must hold.
-        warm_deadline = time.monotonic() + args.soak / 2
-        while time.monotonic() < warm_deadline:
-            await traffic(5.0, {})
-            if (await _wait_idle(http))["evicted_tokens"] > 0:
-                break
-        await http.post("/flush_cache")
-        baseline_rss = server.rss_mb()
-        await traffic(args.soak, counts)
-        stats = await _wait_idle(http)
-        await http.post("/flush_cache")
-        final_rss = server.rss_mb()
-    lost = sum(n for outcome, n in counts.items() if outcome not in ("complete", "left"))
-    kv_idle = stats["kv_slots_free"] + stats["kv_slots_cached"] == stats["kv_slots_total"]
-    rss_ok = final_rss <= baseline_rss * (1 + _RSS_TOLERANCE)
-    ok = lost == 0 and kv_idle and rss_ok
-    print(f"soak: {args.soak:.0f} s, {args.soak_concurrency} clients, outcomes {counts}")
-    print(
-        f"idle after: running {stats['running_requests']}, waiting {stats['waiting_requests']}, "
-        f"KV free+cached == total: {kv_idle}; RSS {baseline_rss:.0f} -> {final_rss:.0f} MB; "
-        f"lost requests: {lost} -> {'OK' if ok else 'FAILED'}"
-    )
-    return {
-        "workload": "serve-soak",
-        "seconds": args.soak,
-        "clients": args.soak_concurrency,
-        "outcomes": counts,
-        "lost": lost,
-        "kv_idle": kv_idle,
-        "rss_mb_baseline": baseline_rss,
-        "rss_mb_final": final_rss,
-        "ok": ok,
-    }
-
-
-async def _soak_request(http: httpx.AsyncClient, kind: str, rng: random.Random) -> str:
-    tokens = rng.randint(8, 48)
-    body = {"prompt": _prompt(rng), "max_tokens": tokens, "ignore_eos": True, "temperature": 0.8}
-    if kind in ("stream", "leave"):
-        body |= {"stream": True, "stream_options": {"include_usage": True}}
-        leave = rng.randint(1, max(1, tokens // 2)) if kind == "leave" else None
-        return (await _stream(http, body, leave))["outcome"]
-    if kind == "regex":
-        body |= {"regex": r"[a-z]{3,8}( [a-z]{3,8}){0,5}\.", "ignore_eos": False}
-    elif kind == "json":
-        schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
-        body |= {"response_format": {"type": "json_schema", "json_schema": {"schema": schema}}}
-        body |= {"ignore_eos": False}
-    if kind in ("regex", "json"):  # a chat request, so response_format applies
-        body = {k: v for k, v in body.items() if k != "prompt"}
-        body["messages"] = [{"role": "user", "content": _prompt(rng)}]
-        r = await http.post("/v1/chat/completions", json=body)
-        return "complete" if r.status_code == 200 else f"http {r.status_code}"
-    r = await http.post("/v1/completions", json=body)
-    if r.status_code != 200:
-        return f"http {r.status_code}"
-    done = r.json()["usage"]["completion_tokens"] == tokens
-    return "complete" if done else "incomplete"
-
-
-async def _wait_idle(http: httpx.AsyncClient, timeout: float = 120) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        stats = (await http.get("/server_info")).json()["stats"]
-        if stats["running_requests"] == stats["waiting_requests"] == 0:
-            return stats
-        if time.monotonic() > deadline:
-            return stats
-        await asyncio.sleep(0.05)

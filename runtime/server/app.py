@@ -11,6 +11,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from braid.runtime.config import RequestLimits
 from braid.runtime.engine import Engine
 from braid.runtime.server import native_routes, openai_routes, tools
 from braid.runtime.server.service import ClientGone, Overloaded, Service
@@ -34,10 +35,12 @@ def create_app(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     owns_engine: bool = False,
     accept_any_model: bool = False,
+    limits: RequestLimits | None = None,
 ) -> Starlette:
     """An app serving `engine` as `model_name`; with `owns_engine` the engine is shut down
     with the app, after the server has drained its in-flight requests. OpenAI requests naming
-    another model get a 404, unless `accept_any_model` (for clients that hard-code a name)."""
+    another model get a 404, unless `accept_any_model` (for clients that hard-code a name).
+    `limits` bound what one request may ask for (default: RequestLimits())."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -60,7 +63,7 @@ def create_app(
         },
         lifespan=lifespan,
     )
-    app.state.service = Service(engine, model_name, max_queued_requests)
+    app.state.service = Service(engine, model_name, max_queued_requests, limits)
     app.state.accept_any_model = accept_any_model
     # Whether the chat template renders tools and tool turns itself (see server/tools.py).
     app.state.tools_in_template = tools.template_renders_tools(engine.tokenizer)
@@ -92,7 +95,10 @@ class _BodyLimit:
     def __init__(self, app, max_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
-        self.message = f"the request body is over the server's limit of {max_bytes} bytes"
+        self.message = (
+            f"the request body is over the server's limit of {max_bytes} bytes "
+            "(--max-request-bytes)"
+        )
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":

@@ -3,7 +3,7 @@ the server's own latency histograms."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from braid.runtime.engine import Engine
@@ -20,6 +20,8 @@ class Metrics:
         # A registry per server, so several servers (tests) can live in one process.
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(engine))
+        # process_resident_memory_bytes and friends, what a soak watches for growth.
+        ProcessCollector(registry=self.registry)
 
         def histogram(name: str, doc: str) -> Histogram:
             return Histogram(name, doc, buckets=_LATENCY_BUCKETS, registry=self.registry)
@@ -56,8 +58,23 @@ class _EngineCollector:
                 s["cached_tokens"] / s["prompt_tokens"] if s["prompt_tokens"] else 0.0,
                 "prompt tokens found in the prefix cache / prompt tokens of finished requests",
             ),
+            "grammar_memory_bytes": (
+                s["grammar_memory_bytes"],
+                "cached grammars and the vocabulary structures they share (estimated; "
+                "bounded by grammar_memory_mb)",
+            ),
+            "grammar_cache_entries": (s["grammar_cache_entries"], "compiled grammars cached"),
+            "grammar_workers_resident_bytes": (
+                s["grammar_workers_resident_bytes"],
+                "resident memory of the grammar compile worker processes",
+            ),
         }
         for name, (value, doc) in gauges.items():
             yield GaugeMetricFamily(f"braid_{name}", doc, value=value)
         for name in EngineStats.COUNTERS:
             yield CounterMetricFamily(f"braid_{name}", f"engine counter {name}", value=s[name])
+        yield CounterMetricFamily(
+            "braid_grammar_cache_evictions",
+            "grammars evicted from the cache to keep within grammar_memory_mb",
+            value=s["grammar_cache_evictions"],
+        )

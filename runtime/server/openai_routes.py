@@ -15,6 +15,7 @@ from starlette.routing import Route
 from braid.runtime.outputs import StreamChunk
 from braid.runtime.sampling_params import SamplingParams
 from braid.runtime.server import tools
+from braid.runtime.server.limits import check_max_tokens, check_openai_body
 from braid.runtime.server.service import Service, samples, unless_disconnected
 from braid.runtime.server.sse import event_stream
 from braid.runtime.server.wire import (
@@ -61,10 +62,22 @@ def _check_model(request: Request, name: object) -> None:
 
 
 def _openai_request(request: Request, obj: dict, kind: type):
-    """The request's Struct and SamplingParams, its model checked first."""
+    """The request's Struct and SamplingParams, its model checked first, then its fields
+    against the server's limits."""
     _check_model(request, obj.get("model"))
     svc: Service = request.app.state.service
+    check_openai_body(obj, svc.limits)
     return openai_request(obj, kind, svc.engine.context_length)
+
+
+def _check_context(svc: Service, obj: dict, params: SamplingParams, prompt_ids: list) -> None:
+    """A max_tokens (or max_completion_tokens) the request gives must fit the model's context
+    with each prompt, as OpenAI requires; absent, it is the rest of the context."""
+    for field in ("max_completion_tokens", "max_tokens"):
+        if obj.get(field) is not None:
+            for ids in prompt_ids:
+                check_max_tokens(field, params.max_tokens, len(ids), svc.engine.context_length)
+            return
 
 
 async def completions(request: Request) -> Response:
@@ -75,6 +88,7 @@ async def completions(request: Request) -> Response:
     drawn = _best_of(req, params)  # best_of samples per prompt, of which n are returned
     svc.check_room(len(prompts) * drawn.n)  # before anything is tokenized or expanded
     prompt_ids = [await svc.encode(p) for p in prompts]
+    _check_context(svc, obj, params, prompt_ids)
     await svc.check_params(params)
     jobs = [(ids, p) for ids in prompt_ids for p in samples(drawn)]
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": svc.model_name}
@@ -150,10 +164,12 @@ async def chat_completions(request: Request) -> Response:
     req, params = _openai_request(request, obj, ChatCompletionRequest)
     svc.check_room(params.n)
     plan = tools.plan(req)
+    svc.check_text_length(sum(len(m.text) for m in req.messages), "messages")
     if tools.uses_tools(req):
         ids = await svc.encode(await _render_with_tools(request, req))
     else:
         ids = await svc.encode(await svc.render_chat([m.as_dict() for m in req.messages]))
+    _check_context(svc, obj, params, [ids])
     calling = plan is not None and plan.calls  # the output may be calls: constrained, parsed
     if calling:
         params = await tools.constrain(svc, plan, params)

@@ -15,6 +15,7 @@ import msgspec
 from starlette.requests import Request
 
 from braid.runtime.chat_template import ChatTemplate
+from braid.runtime.config import RequestLimits
 from braid.runtime.engine import Engine
 from braid.runtime.model_loader import resolve_model_dir
 from braid.runtime.outputs import GenerateOutput, StreamChunk
@@ -34,9 +35,16 @@ class ClientGone(Exception):
 
 
 class Service:
-    def __init__(self, engine: Engine, model_name: str, max_queued_requests: int) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        model_name: str,
+        max_queued_requests: int,
+        limits: RequestLimits | None = None,
+    ) -> None:
         self.engine = engine
         self.model_name = model_name
+        self.limits = limits or RequestLimits()
         # Sequences (n counts each sample) the server holds, running or waiting in the engine.
         self.capacity = engine.config.max_running_requests + max_queued_requests
         self.num_active = 0  # touched only on the event loop thread
@@ -79,11 +87,37 @@ class Service:
         return await asyncio.get_running_loop().run_in_executor(self._prep, fn, *args)
 
     async def encode(self, prompt: str | list[int]) -> list[int]:
-        """The prompt's token ids, checked against the context and the KV pool."""
+        """The prompt's token ids, checked against the context, the KV pool and
+        --max-prompt-tokens (text by its length first, where no tokenization could fit)."""
+        bound = self.limits.max_prompt_tokens
+        if bound is not None and isinstance(prompt, str):
+            self.check_text_length(len(prompt), "prompt")
+        elif bound is not None and len(prompt) > bound:
+            _too_long(len(prompt), bound)
         try:
-            return await self.off_loop(self.engine.encode, prompt)
+            ids = await self.off_loop(self.engine.encode, prompt)
         except ValueError as e:
             raise BadRequest(str(e)) from None
+        if bound is not None and len(ids) > bound:
+            _too_long(len(ids), bound)
+        return ids
+
+    def check_text_length(self, num_chars: int, what: str) -> None:
+        """Refuse text (a prompt, a conversation's messages) too long for any tokenization of
+        it to fit --max-prompt-tokens (without it, the model's context), before paying to
+        tokenize or render it."""
+        bound = self.limits.max_prompt_tokens
+        room = (
+            f"the {bound} tokens this server allows a prompt (--max-prompt-tokens)"
+            if bound is not None
+            else f"the model's context of {self.engine.context_length} tokens"
+        )
+        longest = self.engine.longest_token_chars
+        if num_chars > (bound or self.engine.context_length) * longest:
+            raise BadRequest(
+                f"{what} has {num_chars} characters; no token spells more than {longest}, so "
+                f"it cannot fit {room}"
+            )
 
     async def check_params(self, params: SamplingParams) -> None:
         """Compile the constraint and stop regexes now, in the engine's bounded compile
@@ -151,6 +185,12 @@ class Service:
     def token_texts(self, ids: list[int]) -> list[str]:
         """Each token's own text, for logprob listings."""
         return self.engine.tokenizer.batch_decode([[t] for t in ids]) if ids else []
+
+
+def _too_long(num_tokens: int, bound: int) -> None:
+    raise BadRequest(
+        f"prompt has {num_tokens} tokens; this server allows at most {bound} (--max-prompt-tokens)"
+    )
 
 
 def samples(params: SamplingParams) -> list[SamplingParams]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import threading
 import time
 
@@ -12,6 +14,7 @@ import httpx
 import pytest
 from conftest import LiveServer, assert_no_kv_leak, stream_events, wait_idle
 
+from braid import grammars
 from braid.runtime import Engine, SamplingParams
 from braid.runtime.output_processor import OutputProcessor
 
@@ -131,11 +134,47 @@ def test_a_constraint_min_tokens_leaves_no_token_for_fails_that_request_alone(en
     assert_refused(r, 400, "min_tokens=1")
 
 
-@pytest.mark.parametrize("n", [10_000, 1_000_000])
-def test_n_past_what_the_server_can_hold_is_a_400_naming_the_bound(server, n):
-    body = {"prompt": "x", "max_tokens": 1, "n": n}
+@pytest.mark.parametrize("prompts, n", [(40, 2), (10_000, 100)])
+def test_sequences_past_what_the_server_can_hold_are_a_400_naming_the_bound(server, prompts, n):
+    body = {"prompt": ["x"] * prompts, "max_tokens": 1, "n": n}
     r = under_attack(server, "/v1/completions", json=body)
-    assert_refused(r, 400, f"{n} sequences", "at most 64")
+    assert_refused(r, 400, f"{prompts * n} sequences", "at most 64")
+
+
+def test_a_compile_worker_killed_mid_compile_fails_only_its_request(engine, server):
+    """Both compile workers are killed while a slow stop regex compiles: that request alone
+    fails (the streams decoding meanwhile finish whole), and the next constraint gets a new
+    worker."""
+    warm = 0
+    while len(engine.grammars.worker_pids()) < 2:  # both compile threads have their worker
+        jobs = [engine.grammars.compile(grammars.Regex(f"warm{warm + i}")) for i in range(2)]
+        for job in jobs:
+            job.result(60)
+        warm += 2
+    killed = set(engine.grammars.worker_pids())
+    body = {"prompt": "x", "max_tokens": 1, "stop_regex": "b{20000}"}  # takes the 2 s limit
+
+    async def main() -> httpx.Response:
+        async with httpx.AsyncClient(timeout=120) as http:
+            starts = [asyncio.Event() for _ in range(3)]
+            victims = [
+                asyncio.create_task(_victim(server.url, http, i, s)) for i, s in enumerate(starts)
+            ]
+            await asyncio.wait_for(asyncio.gather(*(s.wait() for s in starts)), 60)
+            request = asyncio.create_task(http.post(server.url + "/v1/completions", json=body))
+            await asyncio.sleep(0.3)  # its compile is on its way, or under way
+            for pid in killed:
+                os.kill(pid, signal.SIGKILL)
+            response = await request
+            for final in await asyncio.gather(*victims):
+                assert final["usage"]["completion_tokens"] == VICTIM_TOKENS, final
+            return response
+
+    assert_refused(asyncio.run(main()), 400, "crashed the compile worker")
+    body = {"prompt": "x", "max_tokens": 4, "regex": "(19|20)[0-9]{2}"}  # not cached
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200 and len(r.json()["choices"][0]["text"]) == 4, r.text
+    assert engine.grammars.worker_pids() and not killed & set(engine.grammars.worker_pids())
 
 
 def test_a_body_over_the_limit_is_a_413(server):
@@ -243,12 +282,12 @@ def test_serve_help_gives_each_flag_its_meaning_and_default(capsys):
     import dataclasses
 
     from braid.runtime.cli import main
-    from braid.runtime.config import EngineConfig
+    from braid.runtime.config import EngineConfig, RequestLimits
 
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    for field in dataclasses.fields(EngineConfig):
+    for field in [*dataclasses.fields(EngineConfig), *dataclasses.fields(RequestLimits)]:
         flag = "--" + field.name.replace("_", "-")
         meaning = " ".join(field.metadata["help"].split())
         assert f"{meaning} (default: {field.default})" in text, flag
