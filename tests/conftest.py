@@ -22,6 +22,14 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Under pytest-xdist the workers split the cores between them, engines and the servers they
+# start included: two OpenMP teams spinning on the same cores wait on each other's barriers
+# for whole time slices (a decode step 50x slower).
+if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+
 import pytest  # noqa: E402
 import transformers  # noqa: E402
 
