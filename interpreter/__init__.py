@@ -5,6 +5,7 @@ from braid.interpreter.backend import Backend, default_backend, set_default_back
 from braid.interpreter.executor import ProgramError, StreamExecutor
 from braid.interpreter.local_backend import LocalBackend
 from braid.interpreter.openai_backend import OpenAIBackend
+from braid.interpreter.ray_backend import RayBackend
 from braid.interpreter.remote_backend import RemoteBackend
 from braid.runtime.chat_template import ChatTemplate
 
@@ -14,6 +15,7 @@ __all__ = [
     "LocalBackend",
     "OpenAIBackend",
     "ProgramError",
+    "RayBackend",
     "RemoteBackend",
     "StreamExecutor",
     "default_backend",

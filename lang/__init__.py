@@ -20,6 +20,7 @@ _EXPORTS = {
     "ProgramError": "braid.interpreter.executor",
     "LocalBackend": "braid.interpreter.local_backend",
     "OpenAIBackend": "braid.interpreter.openai_backend",
+    "RayBackend": "braid.interpreter.ray_backend",
     "RemoteBackend": "braid.interpreter.remote_backend",
     "assistant": "braid.api",
     "gen": "braid.api",
@@ -63,6 +64,7 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time the names load l
     from braid.interpreter.executor import ProgramError
     from braid.interpreter.local_backend import LocalBackend
     from braid.interpreter.openai_backend import OpenAIBackend
+    from braid.interpreter.ray_backend import RayBackend
     from braid.interpreter.remote_backend import RemoteBackend
     from braid.program import Program, program
     from braid.sglang import (

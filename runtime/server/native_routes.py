@@ -15,6 +15,7 @@ from starlette.routing import Route
 
 from braid.runtime.outputs import GenerateOutput, StreamChunk
 from braid.runtime.sampling_params import SamplingParams
+from braid.runtime.server.limits import check_continuations, check_fields, check_max_tokens
 from braid.runtime.server.metrics import CONTENT_TYPE
 from braid.runtime.server.service import Service, samples, unless_disconnected
 from braid.runtime.server.sse import event_stream
@@ -26,11 +27,20 @@ async def generate(request: Request) -> Response:
     req = convert(decode_object(await request.body()), GenerateRequest)
     prompts, batch = req.prompts()
     given_rids = req.rids(len(prompts))
+    fields = _sampling_fields(req)
+    for where, item in fields:
+        check_fields(item, svc.limits, where)
     svc.check_room(len(prompts))
     prepared: list[tuple[list[int], SamplingParams]] = []
     for i, prompt in enumerate(prompts):
         ids = await svc.encode(prompt)
-        prepared.append((ids, req.params(i, len(ids))))
+        params = req.params(i, len(ids))
+        where, item = fields[i if len(fields) > 1 else 0]  # one for all, or one each
+        for name in ("max_new_tokens", "max_tokens"):  # SGLang's check: given, it must fit
+            if item.get(name) is not None:
+                context = svc.engine.context_length
+                check_max_tokens(where + name, params.max_tokens, len(ids), context)
+        prepared.append((ids, params))
     svc.check_room(sum(params.n for _, params in prepared))  # before the samples expand
     jobs: list[tuple[list[int], SamplingParams]] = []
     rids: list[str] = []
@@ -81,6 +91,15 @@ async def generate(request: Request) -> Response:
     outs = await unless_disconnected(request, svc.collect_all(jobs))
     results = [result(i, o.text, o.token_ids, o) for i, o in enumerate(outs)]
     return JSONResponse(results if batch or len(results) > 1 else results[0])
+
+
+def _sampling_fields(req: GenerateRequest) -> list[tuple[str, dict]]:
+    """(the field names' prefix, the raw fields) of each sampling_params given: one for all
+    prompts, or one per prompt."""
+    raw = req.sampling_params
+    if isinstance(raw, list):
+        return [(f"sampling_params[{i}].", item) for i, item in enumerate(raw)]
+    return [("sampling_params.", raw or {})]
 
 
 def _finish_reason(reason: str, meta: dict) -> dict:
@@ -181,6 +200,7 @@ async def score(request: Request) -> Response:
     """The logprobs `select` ranks choices by, aligned exactly as a local engine aligns them."""
     svc: Service = request.app.state.service
     req = convert(decode_object(await request.body()), ScoreRequest)
+    check_continuations(len(req.continuations), svc.limits)
 
     async def run() -> list[list[float]]:
         with svc.admit(len(req.continuations)):
@@ -193,6 +213,8 @@ async def score(request: Request) -> Response:
 ROUTES = [
     Route("/generate", generate, methods=["POST"]),
     Route("/get_model_info", get_model_info, methods=["GET"]),
+    # SGLang's newer name, which its router asks for first.
+    Route("/model_info", get_model_info, methods=["GET"]),
     Route("/server_info", server_info, methods=["GET"]),
     Route("/get_server_info", server_info, methods=["GET"]),
     Route("/flush_cache", flush_cache, methods=["GET", "POST"]),

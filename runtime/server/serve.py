@@ -8,7 +8,8 @@ import logging
 import os
 from pathlib import Path
 
-from braid.runtime.config import EngineConfig
+from braid.runtime.cluster import serve as cluster_serve
+from braid.runtime.config import EngineConfig, RequestLimits
 from braid.runtime.server.app import DEFAULT_MAX_REQUEST_BYTES
 
 log = logging.getLogger("braid.serve")
@@ -55,18 +56,24 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     serve.add_argument("--log-level", default="info", help="debug, info, warning or error")
     serve.add_argument("--access-log", action="store_true", help="log every request")
-    engine = serve.add_argument_group("engine (EngineConfig)")
-    for field in dataclasses.fields(EngineConfig):
+    _add_fields(serve.add_argument_group("engine (EngineConfig)"), EngineConfig)
+    _add_fields(serve.add_argument_group("request limits (RequestLimits)"), RequestLimits)
+    cluster_serve.add_arguments(serve)
+    serve.set_defaults(run=run)
+
+
+def _add_fields(group: argparse._ArgumentGroup, config: type) -> None:
+    """A flag for each field of a config dataclass, with its meaning and default."""
+    for field in dataclasses.fields(config):
         flag = "--" + field.name.replace("_", "-")
         meaning = field.metadata["help"]
         if field.type == "bool":
-            engine.add_argument(
+            group.add_argument(
                 flag, action=argparse.BooleanOptionalAction, default=field.default, help=meaning
             )
         else:
             kind = _TYPES[field.type.removesuffix(" | None")]
-            engine.add_argument(flag, type=kind, default=field.default, help=meaning)
-    serve.set_defaults(run=run)
+            group.add_argument(flag, type=kind, default=field.default, help=meaning)
 
 
 def api_key(args: argparse.Namespace) -> str | None:
@@ -89,15 +96,20 @@ def run(args: argparse.Namespace) -> int:
 
     logging.getLogger().setLevel(args.log_level.upper())
     key = api_key(args)
+    name = args.served_model_name or (Path(args.model).name if args.model else "default")
+    if cluster_serve.is_cluster(args):
+        return cluster_serve.run(args, key, name, (EngineConfig, RequestLimits))
     config = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)}
     engine = Engine(**config)
-    name = args.served_model_name or (Path(args.model).name if args.model else "default")
     app = create_app(
         engine,
         model_name=name,
         api_key=key,
         max_queued_requests=args.max_queued_requests,
         max_request_bytes=args.max_request_bytes,
+        limits=RequestLimits(
+            **{f.name: getattr(args, f.name) for f in dataclasses.fields(RequestLimits)}
+        ),
         owns_engine=True,
         accept_any_model=args.accept_any_model,
     )

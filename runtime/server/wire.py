@@ -48,6 +48,8 @@ def decode_object(body: bytes) -> dict[str, Any]:
         obj = msgspec.json.decode(body)
     except msgspec.DecodeError as e:
         raise BadRequest(f"the request body is not valid JSON: {e}") from None
+    except RecursionError:  # msgspec's guard against arrays or objects nested thousands deep
+        raise BadRequest("the request body nests arrays or objects too deeply") from None
     if not isinstance(obj, dict):
         raise BadRequest("the request body must be a JSON object")
     return obj
@@ -113,6 +115,14 @@ class ResponseFormat(msgspec.Struct, forbid_unknown_fields=True):
         return {}
 
 
+def _check_fixed(req: msgspec.Struct, fixed: dict[str, bool]) -> None:
+    """SGLang's server switches that the SGLang router writes into every request it forwards
+    are accepted at the value braid implements, and refused at another."""
+    for name, value in fixed.items():
+        if getattr(req, name) != value:
+            raise ValueError(f"{name} must be {str(value).lower()} on braid")
+
+
 class _OpenAIRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # The served model's name (`--served-model-name`); another is a 404 unless the server
     # runs with --accept-any-model. Absent: the served model.
@@ -120,6 +130,14 @@ class _OpenAIRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted, unused
+    # SGLang's switches, which its router fills in (see _check_fixed).
+    no_stop_trim: bool = False
+    skip_special_tokens: bool = True
+    return_hidden_states: bool = False
+
+    def __post_init__(self) -> None:
+        fixed = {"no_stop_trim": False, "skip_special_tokens": True, "return_hidden_states": False}
+        _check_fixed(self, fixed)
 
 
 class CompletionRequest(_OpenAIRequest):
@@ -208,6 +226,15 @@ class ChatCompletionRequest(_OpenAIRequest):
     reasoning_effort: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
+    # SGLang's, filled in by its router: braid has no reasoning parser, so there is never
+    # reasoning to separate or stream apart.
+    continue_final_message: bool = False
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_fixed(self, {"continue_final_message": False})
 
 
 def openai_request(
@@ -239,8 +266,17 @@ def openai_request(
 # ---- SGLang's native /generate ------------------------------------------------------------
 
 # SGLang's names for our fields, and its switches we accept only at the value we implement.
-_SGLANG_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "ebnf": "grammar"}
-_SGLANG_FIXED = {"skip_special_tokens": True, "spaces_between_special_tokens": True}
+_SGLANG_NAMES = {
+    "max_new_tokens": "max_tokens",
+    "min_new_tokens": "min_tokens",
+    "ebnf": "grammar",
+    "sampling_seed": "seed",
+}
+_SGLANG_FIXED = {
+    "skip_special_tokens": True,
+    "spaces_between_special_tokens": True,
+    "no_stop_trim": False,
+}
 
 
 class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -253,6 +289,25 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     return_text_in_logprobs: bool = False
     stream: bool = False
     rid: str | list[str] | None = None
+    # What the SGLang router writes into every request it forwards (see _check_fixed).
+    model: str | None = None  # accepted, unused: the served model
+    log_metrics: bool = True
+    no_logs: bool = False
+    background: bool = False
+    return_hidden_states: bool = False
+    return_bytes: bool = False
+    return_entropy: bool = False
+
+    def __post_init__(self) -> None:
+        _check_fixed(
+            self,
+            {
+                "background": False,
+                "return_hidden_states": False,
+                "return_bytes": False,
+                "return_entropy": False,
+            },
+        )
 
     def prompts(self) -> tuple[list[str | list[int]], bool]:
         """(the prompts, whether the request was a batch)."""

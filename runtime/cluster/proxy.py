@@ -1,0 +1,104 @@
+"""Relaying a request to the router or a replica, and its answer back, streams included."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+import msgspec
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from braid.runtime.server.wire import error_body
+
+# Headers that belong to one connection, or that the front sets itself.
+_HOP_HEADERS = frozenset(
+    {
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "authorization",
+        "accept-encoding",  # so the bytes relayed are never compressed
+        "content-encoding",
+    }
+)
+_DONE = b"data: [DONE]"
+
+
+async def forward(
+    request: Request,
+    client: httpx.AsyncClient,
+    auth: dict[str, str],
+    base_url: str,
+    body: bytes,
+    upstream_name: str,
+    on_done: Callable[[], None] = lambda: None,
+) -> Response:
+    """Send the request on to `base_url` (with the `auth` headers instead of the client's)
+    and relay the answer; a stream is relayed as it comes. `on_done` runs once the upstream
+    answer is over, however it ended."""
+    headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS]
+    headers += list(auth.items())
+    url = base_url + request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    outgoing = client.build_request(request.method, url, headers=headers, content=body)
+    try:
+        upstream = await client.send(outgoing, stream=True)
+    except httpx.HTTPError as e:
+        on_done()
+        message = f"{upstream_name} did not answer ({type(e).__name__}: {e}); retry later"
+        return JSONResponse(error_body(503, "overloaded", message), 503)
+    reply_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS}
+    if upstream.headers.get("content-type", "").startswith("text/event-stream"):
+        return StreamingResponse(
+            _relay(upstream, upstream_name, on_done),
+            status_code=upstream.status_code,
+            headers=reply_headers,
+        )
+    try:
+        content = await upstream.aread()
+    except httpx.HTTPError as e:
+        message = f"{upstream_name} failed before answering ({type(e).__name__}: {e})"
+        return JSONResponse(error_body(502, "server_error", message), 502)
+    finally:
+        await upstream.aclose()
+        on_done()
+    if upstream.status_code >= 400 and not _is_json(content):
+        # The router's own errors are plain text: give them braid's (OpenAI's) error shape.
+        status = upstream.status_code
+        message = f"{upstream_name}: {content.decode(errors='replace').strip()}"
+        kind = "server_error" if status >= 500 else "invalid_request_error"
+        return JSONResponse(error_body(status, kind, message), status)
+    return Response(content, upstream.status_code, headers=reply_headers)
+
+
+async def _relay(
+    upstream: httpx.Response, upstream_name: str, on_done: Callable[[], None]
+) -> AsyncIterator[bytes]:
+    """The upstream's events as they come; if it breaks off before its `data: [DONE]`, an
+    error event and `[DONE]`, so the client knows the output is incomplete."""
+    seen, failure = b"", None
+    try:
+        async for chunk in upstream.aiter_raw():
+            seen = seen[-len(_DONE) :] + chunk
+            yield chunk
+    except httpx.HTTPError as e:
+        failure = f"{type(e).__name__}: {e}"
+    finally:
+        await upstream.aclose()
+        on_done()
+    if _DONE not in seen:
+        message = (
+            f"{upstream_name} failed in the middle of this stream ({failure or 'it ended early'})"
+        )
+        yield b"data: " + msgspec.json.encode(error_body(502, "server_error", message)) + b"\n\n"
+        yield _DONE + b"\n\n"
+
+
+def _is_json(content: bytes) -> bool:
+    try:
+        msgspec.json.decode(content)
+    except msgspec.DecodeError:
+        return False
+    return True
