@@ -350,3 +350,15 @@ class ServeProcess:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# Files that take minutes go first: each file runs on one worker (--dist loadfile), so a long
+# one handed out last keeps the whole suite waiting for it alone.
+_SLOW_FILES = {
+    "test_soak.py", "test_default_model.py", "test_quantized_models.py", "test_spec.py",
+    "test_cluster.py", "test_ray_backend.py", "test_length_lookahead.py",
+}  # fmt: skip
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.path.name not in _SLOW_FILES)  # stable: the rest in order
