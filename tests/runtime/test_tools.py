@@ -96,13 +96,6 @@ def engine(tmp_path_factory, default_model_path):
 
 
 @pytest.fixture(scope="module")
-def server(engine):
-    server = LiveServer(engine)
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
