@@ -77,6 +77,7 @@ class TorchAttention(AttentionBackend):
             tree_rows[i, :n] = torch.arange(row_starts[b], row_starts[b] + n)
             tree_row_valid[i, :n] = True
             tree_kv_index[i, :total] = batch.kv_indices[start : start + total]
+            tree_kv_index[i, total:] = batch.kv_indices[start]  # a written slot: see _padded_tables
             tree_kv_mask[i, :n, : total - n] = True
             tree_kv_mask[i, :n, total - n : total] = masks[b]
         extends = [
@@ -160,10 +161,12 @@ def _padded_tables(
     kv_indices: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor, width: int
 ) -> torch.Tensor:
     """[len(starts), width] int64: row i is kv_indices[starts[i] : starts[i] + lens[i]], then
-    zeros. A gather, where copying each row in costs a tensor op per sequence."""
-    offsets = torch.arange(width)
-    index = (starts[:, None] + offsets[None, :]).clamp_max(max(kv_indices.numel() - 1, 0))
-    return torch.where(offsets[None, :] < lens[:, None], kv_indices[index], 0)
+    its last slot repeated. A gather, where copying each row in costs a tensor op per sequence.
+
+    The padding must name written slots: the pool is uninitialised memory, and a masked
+    slot's V still enters the matmul with weight 0, where 0 * NaN is NaN."""
+    offsets = torch.minimum(torch.arange(width)[None, :], (lens - 1).clamp_min(0)[:, None])
+    return kv_indices[starts[:, None] + offsets]
 
 
 def _gather_rows(cache: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,8 @@ def load_both(path, cpu_kernels: bool):
     assert (ours.ops.name == "cpu-kernels") == cpu_kernels  # the kernels build on CI machines
     ref = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     kv = KVPool(config.num_layers, 1024, config.num_kv_heads, config.head_dim, torch.float32, "cpu")
+    for cache in kv.k + kv.v:  # the pool is uninitialised memory: no path may read unwritten slots
+        cache[: kv.scratch_slot].fill_(float("nan"))
     return config, ours, ref, kv
 
 
