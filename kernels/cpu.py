@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 # Compiled together into one library; the header is listed for the cache key.
 SOURCES = [
     Path(__file__).with_name(n)
-    for n in ("cpu.cpp", "cpu_attention.cpp", "cpu_quant.cpp", "cpu_common.h")
+    for n in ("cpu.cpp", "cpu_attention.cpp", "cpu_quant.cpp", "cpu_decoder.cpp", "cpu_common.h")
 ]
 _FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fopenmp"]
 _FLAGS += ["-shared", "-fPIC", "-std=c++17"]
@@ -52,6 +52,42 @@ _QUANT_FORMATS = ("q4", "q8")
 for _fmt in _QUANT_FORMATS:
     _SIGNATURES[f"quant_matmul_{_fmt}"] = ([_P, _I64, _I64, _P, _I64, _P, _INT], None)
     _SIGNATURES[f"dequantize_rows_{_fmt}"] = ([_P, _I64, _P, _I64, _P, _INT], None)
+_SIGNATURES["quant_int8_max_rows"] = ([], _I64)
+_SIGNATURES["quant_decode_layers"] = ([_P, _I64, _P, _P, _P, _P, _INT], None)
+
+
+# The structures quant_decode_layers takes (kernels/cpu_decoder.cpp), field for field.
+class QuantWeight(ctypes.Structure):
+    _fields_ = [("blocks", _P), ("format", _I64)]
+
+
+class QuantDecoderLayer(ctypes.Structure):
+    _fields_ = [
+        *((name, _P) for name in ("input_norm", "post_attention_norm", "q_norm", "k_norm")),
+        *((name, QuantWeight) for name in ("qkv", "o", "gate_up", "down")),
+        ("k_cache", _P),
+        ("v_cache", _P),
+    ]
+
+
+class QuantDecoderShape(ctypes.Structure):
+    _fields_ = [
+        *((name, _I64) for name in ("hidden", "heads", "kv_heads", "head_dim", "intermediate")),
+        ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+    ]
+
+
+class QuantDecoderBatch(ctypes.Structure):
+    _fields_ = [
+        ("tokens", _I64),
+        *((name, _P) for name in ("positions", "slots", "rows", "kv_starts", "kv_lens")),
+        ("kv_indices", _P),
+        ("num_rows", _I64),
+        ("cos", _P),
+        ("sin", _P),
+    ]
+
 
 _lock = threading.Lock()
 _loaded: dict[tuple[Path, tuple[str, ...]], CpuKernels | None] = {}
@@ -90,6 +126,9 @@ class CpuKernels:
             for name in ("quant_matmul", "dequantize_rows")
             for fmt in _QUANT_FORMATS
         }
+        # quant_matmul rounds inputs of up to this many rows to int8 (0 without AVX2).
+        self.quant_int8_max_rows = lib.quant_int8_max_rows()
+        self._decode_layers = lib.quant_decode_layers
 
     def supports(self, dtype: torch.dtype) -> bool:
         return dtype in _SUFFIX
@@ -216,6 +255,7 @@ class CpuKernels:
     def quant_matmul(self, x: torch.Tensor, blocks: torch.Tensor, fmt: str) -> torch.Tensor:
         """x [M, K] (float32) @ the quantized weight [N, K] (kernels/quant.py's `fmt`
         blocks, uint8 [N, row bytes]) transposed -> float32 [M, N]. As
+        kernels.reference.quant_matmul_int8 up to `quant_int8_max_rows` rows of x, else as
         kernels.reference.quant_matmul."""
         _check(torch.float32, data=[x])
         _check_blocks(blocks)
@@ -223,6 +263,27 @@ class CpuKernels:
         self._quant["quant_matmul", fmt](
             x.data_ptr(), x.shape[0], x.shape[1], blocks.data_ptr(), blocks.shape[0],
             out.data_ptr(), _threads(),
+        )  # fmt: skip
+        return out
+
+    def quant_decode_layers(
+        self,
+        layers: ctypes.Array,
+        num_layers: int,
+        shape: QuantDecoderShape,
+        batch: QuantDecoderBatch,
+        residual: torch.Tensor,
+    ) -> torch.Tensor:
+        """The first `num_layers` decoder layers of a quantized float32 model over decode
+        rows, in one call
+        (kernels/cpu_decoder.cpp): `residual` [T, hidden] is updated in place; returns the last
+        layer's MLP output [T, hidden]. The structures' pointers are the caller's to keep
+        valid (runtime/models/quant_decoder.py builds them)."""
+        _check(torch.float32, data=[residual])
+        out = torch.empty_like(residual)
+        self._decode_layers(
+            ctypes.addressof(layers), num_layers, ctypes.addressof(shape),
+            ctypes.addressof(batch), residual.data_ptr(), out.data_ptr(), _threads(),
         )  # fmt: skip
         return out
 

@@ -9,10 +9,12 @@
 //   q8: 16 weights per block: float scale, 16 int8; w = q * scale (GGUF's Q8_0 exactly; Q6_K
 //       requantized). 20 bytes per 16 weights.
 //
-// Each thread takes 4 output rows at a time, expands their blocks into floats in a small
-// buffer (a few KB, in L1) and then runs plain dot products against the input rows, two input
-// rows by four weight rows per pass: the expansion is paid once per weight row whatever M is,
-// and the inner loop is the same float32 FMAs as a dense linear.
+// Up to kInt8MaxRows input rows (decode steps, AVX2) the inputs are rounded to int8 blocks and
+// meet the weights in integer multiply-adds (int8_matmul below). More rows (prefill): each
+// thread takes 4 output rows at a time, expands their blocks into floats in a small buffer (a
+// few KB, in L1) and then runs plain dot products against the input rows, two input rows by
+// four weight rows per pass: the expansion is paid once per weight row whatever M is, and the
+// inner loop is the same float32 FMAs as a dense linear.
 
 #include <omp.h>
 #if defined(__AVX2__)
@@ -20,6 +22,7 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -98,11 +101,12 @@ void dot_rows(const float* x, int64_t M, int64_t K, const float* w, int64_t rows
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
-// A few input rows (decode steps): each block's weights are unpacked into registers and meet
-// every input row there, so a weight is read from memory once and never stored as a float.
-// The expanding path below writes and rereads each weight row as floats: ~3x slower at M = 1,
-// where reading the weights is all the work. Same sums as the reference twin up to the order
-// of the additions: dot(w, x) over a q4 block is scale * dot(q, x) + min * sum(x).
+// A few input rows (decode steps), llama.cpp's scheme: each input block is rounded to int8
+// with one float scale (amax / 127), and a weight block meets it in integer multiply-adds
+// (maddubs: unsigned weight bytes times signed input bytes, summed in pairs), one float FMA
+// per block and row. Unpacking weights into floats instead (the previous kernel) cost ~2x
+// as much per weight, and decode steps at batch 1 are all weights. The twin is
+// kernels/reference.quant_matmul_int8: the same sums over the rounded inputs.
 
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -110,106 +114,139 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-inline __m256 bytes_to_floats(__m128i bytes) {  // the low 8 unsigned bytes
-  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+// Each row of x [R, K] in blocks of kBlock: q = round(x * 127 / amax) (to nearest even, as
+// the twin), scale = amax / 127, and (q4's min term) sum = scale * sum(q).
+template <int64_t kBlock>
+void quantize_inputs(const float* x, int64_t rows, int64_t K, int8_t* q, float* scales,
+                     float* sums) {
+  for (int64_t i = 0; i < rows * K / kBlock; ++i) {
+    const float* xb = x + i * kBlock;
+    float amax = 0;
+    for (int64_t k = 0; k < kBlock; ++k) amax = std::max(amax, std::fabs(xb[k]));
+    const float inv = amax > 0 ? 127.0f / amax : 0.0f;
+    int32_t total = 0;
+    for (int64_t k = 0; k < kBlock; ++k) {
+      const int32_t v = static_cast<int32_t>(std::nearbyint(xb[k] * inv));
+      q[i * kBlock + k] = static_cast<int8_t>(v);
+      total += v;
+    }
+    scales[i] = amax / 127.0f;
+    sums[i] = scales[i] * static_cast<float>(total);
+  }
 }
 
-// Two accumulators per row, even and odd blocks: one chain of dependent FMAs would make each
-// block wait for the last.
+inline __m256 int_dot(__m256i unsigned_bytes, __m256i signed_bytes) {  // 8 sums of 4 products
+  const __m256i pairs = _mm256_maddubs_epi16(unsigned_bytes, signed_bytes);
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+// out[r] = dot(w, x[r]) for one weight row; q4: w = q * scale + min per block, so the dot is
+// scale * dot(q, x) + min * sum(x). Two accumulators per input row (even and odd blocks):
+// one chain of dependent FMAs would make each block wait for the last.
 template <int R>
-void fused_row(const float* x, int64_t K, const BlockQ4* blocks, const float* xsums, float* out,
-               int64_t out_stride) {
+void int8_row(const int8_t* xq, const float* xs, const float* xsums, int64_t K,
+              const BlockQ4* blocks, float* out, int64_t out_stride) {
   const int64_t num_blocks = K / 32;
-  const __m128i nibble = _mm_set1_epi8(0x0F);
-  __m256 acc[2][R];
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  __m256 even[R], odd[R];
   float mins[R];
-  for (int r = 0; r < R; ++r) acc[0][r] = acc[1][r] = _mm256_setzero_ps(), mins[r] = 0;
-  for (int64_t b = 0; b < num_blocks; ++b) {
+  for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm256_setzero_ps(), mins[r] = 0;
+  auto block_dot = [&](int64_t b, int r) {
     const BlockQ4& blk = blocks[b];
     const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs));
-    const __m128i lo = _mm_and_si128(bytes, nibble);  // weights 0..15
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble);  // weights 16..31
-    const __m256 w0 = bytes_to_floats(lo), w1 = bytes_to_floats(_mm_srli_si128(lo, 8));
-    const __m256 w2 = bytes_to_floats(hi), w3 = bytes_to_floats(_mm_srli_si128(hi, 8));
-    const __m256 scale = _mm256_set1_ps(blk.scale);
+    // weights 0..15 in the low nibbles, 16..31 in the high ones
+    const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes), nibble);
+    const int64_t i = r * num_blocks + b;
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * 32));
+    return _mm256_mul_ps(int_dot(w, x), _mm256_set1_ps(blk.scale * xs[i]));
+  };
+  int64_t b = 0;
+  for (; b + 2 <= num_blocks; b += 2) {
     for (int r = 0; r < R; ++r) {
-      const float* xb = x + r * K + b * 32;
-      __m256 d = _mm256_mul_ps(w0, _mm256_loadu_ps(xb));
-      d = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), d);
-      d = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xb + 16), d);
-      d = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + 24), d);
-      acc[b & 1][r] = _mm256_fmadd_ps(d, scale, acc[b & 1][r]);
+      even[r] = _mm256_add_ps(block_dot(b, r), even[r]);
+      odd[r] = _mm256_add_ps(block_dot(b + 1, r), odd[r]);
     }
+  }
+  for (; b < num_blocks; ++b) {
+    for (int r = 0; r < R; ++r) even[r] = _mm256_add_ps(block_dot(b, r), even[r]);
   }
   // The mins' term apart: a scalar chain inside the loop above would be its bottleneck.
   for (int r = 0; r < R; ++r) {
-    const float* xs = xsums + r * num_blocks;
-    for (int64_t b = 0; b < num_blocks; ++b) mins[r] += blocks[b].min * xs[b];
-    out[r * out_stride] = hsum(_mm256_add_ps(acc[0][r], acc[1][r])) + mins[r];
+    for (int64_t b = 0; b < num_blocks; ++b) mins[r] += blocks[b].min * xsums[r * num_blocks + b];
+    out[r * out_stride] = hsum(_mm256_add_ps(even[r], odd[r])) + mins[r];
   }
 }
 
+// q8: signed weights, so |w| meets x with w's sign (maddubs takes one unsigned operand). Two
+// 16-weight blocks per 256-bit pass, each with its own scale in its half of the lanes.
 template <int R>
-void fused_row(const float* x, int64_t K, const BlockQ8* blocks, const float*, float* out,
-               int64_t out_stride) {
+void int8_row(const int8_t* xq, const float* xs, const float*, int64_t K, const BlockQ8* blocks,
+              float* out, int64_t out_stride) {
   const int64_t num_blocks = K / 16;
   __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < num_blocks; ++b) {
-    const BlockQ8& blk = blocks[b];
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs));
-    const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
-    const __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8)));
-    const __m256 scale = _mm256_set1_ps(blk.scale);
+  float tail[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), tail[r] = 0;
+  int64_t b = 0;
+  for (; b + 2 <= num_blocks; b += 2) {
+    const __m128i w0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blocks[b].qs));
+    const __m128i w1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blocks[b + 1].qs));
+    const __m256i w = _mm256_set_m128i(w1, w0);
+    const __m256i magnitude = _mm256_sign_epi8(w, w);
     for (int r = 0; r < R; ++r) {
-      const float* xb = x + r * K + b * 16;
-      __m256 d = _mm256_mul_ps(w0, _mm256_loadu_ps(xb));
-      d = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), d);
-      acc[r] = _mm256_fmadd_ps(d, scale, acc[r]);
+      const int64_t i = r * num_blocks + b;
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * 16));
+      const __m256 scale = _mm256_set_m128(_mm_set1_ps(blocks[b + 1].scale * xs[i + 1]),
+                                           _mm_set1_ps(blocks[b].scale * xs[i]));
+      acc[r] = _mm256_fmadd_ps(int_dot(magnitude, _mm256_sign_epi8(x, w)), scale, acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) out[r * out_stride] = hsum(acc[r]);
+  for (; b < num_blocks; ++b) {  // an odd last block
+    for (int r = 0; r < R; ++r) {
+      const int64_t i = r * num_blocks + b;
+      int32_t dot = 0;
+      for (int k = 0; k < 16; ++k) dot += int32_t(blocks[b].qs[k]) * xq[i * 16 + k];
+      tail[r] += blocks[b].scale * xs[i] * static_cast<float>(dot);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r * out_stride] = hsum(acc[r]) + tail[r];
 }
 
 template <typename Block, int64_t kBlockSize, int R>
-void fused_matmul(const float* x, int64_t K, const Block* w, int64_t N, float* out, int threads) {
-  const int64_t num_blocks = K / kBlockSize;
-  std::vector<float> xsums(R * num_blocks);  // each input block's sum (the q4 mins' term)
-  for (int r = 0; r < R; ++r) {
-    for (int64_t b = 0; b < num_blocks; ++b) {
-      float s = 0;
-      for (int64_t k = 0; k < kBlockSize; ++k) s += x[r * K + b * kBlockSize + k];
-      xsums[r * num_blocks + b] = s;
-    }
-  }
+void int8_matmul(const float* x, int64_t K, const Block* w, int64_t N, float* out, int threads) {
+  const int64_t num_blocks = R * K / kBlockSize;
+  std::vector<int8_t> xq(R * K);
+  std::vector<float> xs(num_blocks), xsums(num_blocks);
+  quantize_inputs<kBlockSize>(x, R, K, xq.data(), xs.data(), xsums.data());
 #pragma omp parallel for num_threads(threads) schedule(static) if (N * K >= (1 << 15))
   for (int64_t n = 0; n < N; ++n) {
-    fused_row<R>(x, K, w + n * num_blocks, xsums.data(), out + n, N);
+    int8_row<R>(xq.data(), xs.data(), xsums.data(), K, w + n * (K / kBlockSize), out + n, N);
   }
 }
 
 template <typename Block, int64_t kBlockSize>
-bool fused_matmul(const float* x, int64_t M, int64_t K, const Block* w, int64_t N, float* out,
-                  int threads) {
+bool int8_matmul(const float* x, int64_t M, int64_t K, const Block* w, int64_t N, float* out,
+                 int threads) {
   switch (M) {
-    case 1: fused_matmul<Block, kBlockSize, 1>(x, K, w, N, out, threads); return true;
-    case 2: fused_matmul<Block, kBlockSize, 2>(x, K, w, N, out, threads); return true;
-    case 3: fused_matmul<Block, kBlockSize, 3>(x, K, w, N, out, threads); return true;
-    case 4: fused_matmul<Block, kBlockSize, 4>(x, K, w, N, out, threads); return true;
+    case 1: int8_matmul<Block, kBlockSize, 1>(x, K, w, N, out, threads); return true;
+    case 2: int8_matmul<Block, kBlockSize, 2>(x, K, w, N, out, threads); return true;
+    case 3: int8_matmul<Block, kBlockSize, 3>(x, K, w, N, out, threads); return true;
+    case 4: int8_matmul<Block, kBlockSize, 4>(x, K, w, N, out, threads); return true;
     default: return false;
   }
 }
+constexpr int64_t kInt8MaxRows = 4;
 #else
 template <typename Block, int64_t kBlockSize>
-bool fused_matmul(const float*, int64_t, int64_t, const Block*, int64_t, float*, int) {
+bool int8_matmul(const float*, int64_t, int64_t, const Block*, int64_t, float*, int) {
   return false;  // the expanding path serves every M
 }
+constexpr int64_t kInt8MaxRows = 0;
 #endif
 
 template <typename Block, int64_t kBlockSize>
 void quant_matmul(const float* x, int64_t M, int64_t K, const Block* w, int64_t N, float* out,
                   int threads) {
-  if (fused_matmul<Block, kBlockSize>(x, M, K, w, N, out, threads)) return;
+  if (int8_matmul<Block, kBlockSize>(x, M, K, w, N, out, threads)) return;
   const int64_t num_blocks = K / kBlockSize;
   const int64_t passes = (N + kRowsPerPass - 1) / kRowsPerPass;
 #pragma omp parallel num_threads(threads) if (passes > 1)
@@ -237,7 +274,10 @@ void dequantize_rows(const Block* w, int64_t K, const int64_t* ids, int64_t coun
 
 }  // namespace
 
-// C entry points. x: [M, K] float32, contiguous; w: [N, K / block size] blocks; out: [M, N].
+// C entry points. Inputs of up to this many rows are rounded to int8 (twin:
+// reference.quant_matmul_int8), more are not (twin: reference.quant_matmul).
+extern "C" int64_t quant_int8_max_rows() { return kInt8MaxRows; }
+// x: [M, K] float32, contiguous; w: [N, K / block size] blocks; out: [M, N].
 extern "C" void quant_matmul_q4(const float* x, int64_t M, int64_t K, const void* w, int64_t N,
                                 float* out, int threads) {
   quant_matmul<BlockQ4, 32>(x, M, K, static_cast<const BlockQ4*>(w), N, out, threads);

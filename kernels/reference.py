@@ -339,3 +339,14 @@ def dequantize(blocks: torch.Tensor, fmt: str, in_features: int) -> torch.Tensor
 def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, fmt: str) -> torch.Tensor:
     """x [M, K] @ the quantized weight [N, K] transposed -> float32 [M, N]."""
     return x.float() @ dequantize(blocks, fmt, x.shape[-1]).T
+
+
+def quant_matmul_int8(x: torch.Tensor, blocks: torch.Tensor, fmt: str) -> torch.Tensor:
+    """quant_matmul with x first rounded to int8 in blocks of the weight format's size, one
+    scale (amax / 127) a block: what the CPU kernel computes for decode rows."""
+    block = 32 if fmt == "q4" else 16
+    groups = x.float().reshape(x.shape[0], -1, block)
+    amax = groups.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, 0.0)
+    rounded = (groups * inv).round() * (amax / 127.0)
+    return quant_matmul(rounded.reshape(x.shape), blocks, fmt)

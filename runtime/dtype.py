@@ -42,6 +42,8 @@ def resolve_dtype(
         return DTYPES[config.dtype], "asked for"
     if config.torch_device.type == "cuda":
         return torch.bfloat16, "auto on CUDA"
+    if config.quantization != "none":  # the kernels compute in float32 (kernels/cpu_quant.cpp)
+        return torch.float32, "auto: quantized linears take float32 activations"
     if not cpu_has_bf16_matmuls():
         return torch.float32, "auto: this CPU has no bfloat16 matmuls"
     shape = (model.hidden_size, model.intermediate_size)

@@ -16,6 +16,7 @@ from braid.runtime.default_model import INSTALL_HINT, default_model_dir
 from braid.runtime.models import LlamaForCausalLM, ModelConfig
 from braid.runtime.models.batch_invariant import BatchInvariantLinear
 from braid.runtime.models.ops import layer_ops
+from braid.runtime.models.quant_decoder import QuantDecoder
 from braid.runtime.models.quantized import QuantLinear
 
 if TYPE_CHECKING:
@@ -92,6 +93,7 @@ def load_model(
         if quantization in QUANTIZED_FORMATS:
             _quantize_linears(model, QUANTIZED_FORMATS[quantization])
     model.ops = layer_ops(device, dtype, cpu_kernels, deterministic)
+    model.decoder = QuantDecoder.of(model)
     return model.eval().requires_grad_(False)
 
 

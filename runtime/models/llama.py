@@ -7,6 +7,8 @@ q/k/v and gate/up are fused into one matmul each.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -14,6 +16,9 @@ from braid.runtime.forward_batch import ForwardBatch
 from braid.runtime.kv_cache import KVPool
 from braid.runtime.models.config import ModelConfig
 from braid.runtime.models.ops import TORCH_OPS, LayerOps
+
+if TYPE_CHECKING:
+    from braid.runtime.models.quant_decoder import QuantDecoder
 
 
 class RMSNorm(nn.Module):
@@ -148,6 +153,9 @@ class LlamaForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.ops = TORCH_OPS  # the loader picks them for the device and dtype of the weights
+        # The layers in one kernel call for decode batches (quant_decoder.py), when the
+        # loader finds every linear quantized.
+        self.decoder: QuantDecoder | None = None
 
     @torch.inference_mode()
     def forward(
@@ -159,10 +167,13 @@ class LlamaForCausalLM(nn.Module):
         convert to float32 themselves. With `num_layers`, only the first layers run before
         the head (a self-draft)."""
         residual = self.embed_tokens(batch.input_ids)  # (T, hidden)
-        x = None
-        # Slicing a ModuleList builds a new one (30 add_module calls a step): only to cut it.
-        for layer in self.layers if num_layers is None else self.layers[:num_layers]:
-            x = layer(x, residual, batch, kv, self.rotary, self.ops)
+        if self.decoder is not None and self.decoder.serves(batch):
+            x = self.decoder(residual, batch, kv, num_layers or len(self.layers))
+        else:
+            x = None
+            # Slicing a ModuleList builds a new one (30 add_module calls a step): only to cut it.
+            for layer in self.layers if num_layers is None else self.layers[:num_layers]:
+                x = layer(x, residual, batch, kv, self.rotary, self.ops)
         # Only the rows whose logits are wanted go through the last add and norm.
         rows = batch.logits_indices
         x = self.norm(x[rows], self.ops, residual[rows])

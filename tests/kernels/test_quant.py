@@ -41,12 +41,38 @@ def test_packing_rounds_each_weight_to_its_blocks_grid(fmt):
     "m, n, k", [(1, 7, 64), (2, 8, 96), (3, 5, 32), (4, 9, 64), (5, 13, 128), (64, 40, 256)]
 )
 def test_quant_matmul_equals_its_twin(lib, fmt, m, n, k):
+    """Decode rows (x rounded to int8) against quant_matmul_int8, more rows against
+    quant_matmul; both against the float product within the rounding's bound."""
     blocks = quant.quantize(torch.randn(n, k), fmt)
     x = torch.randn(m, k)
+    got = lib.quant_matmul(x, blocks, fmt.name)
+    rounded = m <= lib.quant_int8_max_rows
+    twin = reference.quant_matmul_int8 if rounded else reference.quant_matmul
+    torch.testing.assert_close(got, twin(x, blocks, fmt.name), atol=1e-4, rtol=1e-5)
+    # Each input moves by at most half its block's step (amax / 127) when rounded.
+    step = x.reshape(m, -1, fmt.block).abs().amax(-1) / 127
+    w = reference.dequantize(blocks, fmt.name, k).reshape(n, -1, fmt.block)
+    bound = torch.einsum("mb,nb->mn", step / 2, w.abs().sum(-1)) if rounded else 0
+    exact = x.double() @ w.reshape(n, k).double().T
+    assert ((got.double() - exact).abs() <= bound + 1e-4).all()
+
+
+def test_quant_matmul_int8_rounds_like_its_twin(lib):
+    """Inputs on a block's rounding boundaries (ties to even), zero blocks and huge inputs,
+    through an identity weight so each output is one rounded input: a single input rounded
+    the other way moves its output by a whole step (>= 1/127 of it)."""
+    if lib.quant_int8_max_rows == 0:
+        pytest.skip("no int8 decode path on this CPU")
+    blocks = quant.quantize(torch.eye(64), quant.Q8)
+    x = torch.zeros(2, 64)
+    x[0, :16] = torch.arange(16) - 7.5  # exact halves once scaled by 127 / amax = 1:
+    x[0, 0] = 127.0  # 0.5 -> 0, 1.5 -> 2, -2.5 -> -2 to nearest even
+    x[0, 16:32] = 1e30
+    x[1, 32:] = torch.linspace(-1, 1, 32)
     torch.testing.assert_close(
-        lib.quant_matmul(x, blocks, fmt.name),
-        reference.quant_matmul(x, blocks, fmt.name),
-        atol=1e-4,
+        lib.quant_matmul(x, blocks, "q8"),
+        reference.quant_matmul_int8(x, blocks, "q8"),
+        atol=0,
         rtol=1e-5,
     )
 

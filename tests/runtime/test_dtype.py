@@ -47,6 +47,21 @@ def test_auto_is_float32_without_bf16_matmuls_and_explicit_dtypes_are_kept(
     assert dtype_choice.resolve_dtype(explicit, mc, never) == (torch.bfloat16, "asked for")
 
 
+def test_auto_is_float32_for_quantized_linears_whatever_the_timings(tiny_model_path, monkeypatch):
+    """The quantized kernels take float32 activations: bfloat16 would only add conversions
+    (and keep the decode stack of quant_decoder.py from serving)."""
+    monkeypatch.setattr(dtype_choice, "cpu_has_bf16_matmuls", lambda: True)
+    mc = model_config(tiny_model_path)
+    bf16_faster = lambda dtype, *shape: 1.0 if dtype == torch.bfloat16 else 3.0  # noqa: E731
+    for quantization in ("gguf", "int8", "int4"):
+        config = EngineConfig(device="cpu", quantization=quantization)
+        chosen, why = dtype_choice.resolve_dtype(config, mc, bf16_faster)
+        assert chosen == torch.float32 and "quantized" in why
+    assert dtype_choice.resolve_dtype(EngineConfig(device="cpu"), mc, bf16_faster)[0] == (
+        torch.bfloat16
+    )
+
+
 def test_the_engine_runs_in_the_resolved_dtype(tiny_model_path, tmp_path, monkeypatch):
     from braid.runtime import Engine
 

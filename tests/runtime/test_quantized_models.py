@@ -15,6 +15,7 @@ import transformers
 from braid.runtime.forward_batch import ForwardBatch
 from braid.runtime.gguf_file import load_quantized, unpermute_rope
 from braid.runtime.kv_cache import KVPool
+from braid.runtime.model_loader import load_model, load_model_config
 from braid.runtime.models import LlamaForCausalLM, ModelConfig
 from braid.runtime.models.ops import layer_ops
 from braid.runtime.models.quantized import QuantEmbedding, QuantLinear
@@ -178,3 +179,82 @@ def test_quantized_default_model_perplexity_stays_within_bounds(default_model_pa
     assert 1 < base < 100, values  # the model reads English
     for mode, bound in BOUNDS.items():
         assert abs(values[mode] / base - 1) <= bound, values
+
+
+# Decode steps (one row) round each input block of a quantized linear to int8 as well
+# (kernels/cpu_quant.cpp): each input moves by up to amax / 254 of its block. The same text
+# fed one token a step, measured 2026-11-25: 37.03 float32, 36.79 gguf, 36.92 int8, 38.81
+# int4 (-0.6%, -0.3%, +4.8%).
+DECODE_BOUNDS = {"gguf": 0.02, "int8": 0.02, "int4": 0.10}
+
+
+@pytest.mark.model
+def test_quantized_decode_steps_perplexity_stays_within_bounds(default_model_path):
+    config = load_model_config(default_model_path)
+    ids = transformers.AutoTokenizer.from_pretrained(default_model_path)(TEXT.read_text())
+    ids = ids["input_ids"]
+    values = {}
+    for mode in ("none", *DECODE_BOUNDS):
+        model = load_model(
+            default_model_path, config, torch.float32, torch.device("cpu"), quantization=mode
+        )
+        assert (model.decoder is not None) == (mode != "none")
+        kv = KVPool(config.num_layers, len(ids), config.num_kv_heads, config.head_dim,
+                    torch.float32, "cpu")  # fmt: skip
+        slots, nll = kv.allocate(len(ids)), 0.0
+        for i in range(len(ids) - 1):
+            step = model(ForwardBatch.build([[ids[i]]], [slots[: i + 1]]), kv).float()
+            nll -= torch.log_softmax(step[0], -1)[ids[i + 1]].item()
+        values[mode] = math.exp(nll / (len(ids) - 1))
+    for mode, bound in DECODE_BOUNDS.items():
+        assert abs(values[mode] / values["none"] - 1) <= bound, values
+
+
+# ---- decode batches in one kernel call (runtime/models/quant_decoder.py) ----------------
+
+
+@pytest.mark.parametrize("variant", ["llama", "qwen3"])
+@pytest.mark.parametrize("quantization", ["int4", "int8"])
+def test_quant_decoder_equals_the_layer_by_layer_path(make_tiny_model, variant, quantization):
+    """Decode batches of 1, 3 and 6 rows (the int8 path and the expanding one) over contexts
+    of different lengths: the one-call stack gives the layer-by-layer logits, bit for bit
+    (Qwen3's per-head norms run in the torch twin on the layer path: close there)."""
+    path = make_tiny_model(variant)
+    config = load_model_config(path)
+    model = load_model(path, config, torch.float32, torch.device("cpu"), quantization=quantization)
+    decoder = model.decoder
+    assert decoder is not None
+    kv = KVPool(config.num_layers, 512, config.num_kv_heads, config.head_dim, torch.float32, "cpu")
+    for cache in kv.k + kv.v:
+        cache[: kv.scratch_slot].fill_(float("nan"))  # unwritten slots must never be read
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, config.vocab_size, (n,), generator=gen).tolist() for n in
+               (5, 12, 30, 7, 19, 3)]  # fmt: skip
+    tables = [kv.allocate(len(p) + 1) for p in prompts]
+    model(ForwardBatch.build(prompts, [t[:-1] for t in tables]), kv)
+    for rows in ([0], [1, 2, 3], [0, 1, 2, 3, 4, 5]):
+        batch = ForwardBatch.build([[7 + r] for r in rows], [tables[r] for r in rows])
+        assert decoder.serves(batch)
+        got = model(batch, kv)  # stores the new tokens' K/V; the layer path stores the same
+        model.decoder = None
+        want = model(ForwardBatch.build([[7 + r] for r in rows], [tables[r] for r in rows]), kv)
+        model.decoder = decoder
+        assert torch.isfinite(got).all()
+        if variant == "llama":
+            assert torch.equal(got, want)
+        else:
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_quant_decoder_only_for_fully_quantized_float32_models(tiny_model_path):
+    config = load_model_config(tiny_model_path)
+
+    def decoder(dtype: torch.dtype, quantization: str):
+        model = load_model(
+            tiny_model_path, config, dtype, torch.device("cpu"), quantization=quantization
+        )
+        return model.decoder
+
+    assert decoder(torch.float32, "none") is None
+    assert decoder(torch.bfloat16, "int8") is None
+    assert decoder(torch.float32, "int8") is not None
