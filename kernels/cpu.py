@@ -90,24 +90,27 @@ class QuantDecoderBatch(ctypes.Structure):
 
 
 _lock = threading.Lock()
-_loaded: dict[tuple[Path, tuple[str, ...]], CpuKernels | None] = {}
+_loaded: dict[tuple[Path | None, tuple[str, ...]], CpuKernels | None] = {}
 
 
 def load(build_dir: Path | None = None, extra_flags: tuple[str, ...] = ()) -> CpuKernels | None:
     """The kernels, built on first use (a few seconds, once per machine); None when they
     cannot be built here (the reason is logged once). `extra_flags` go to the compiler after
     the usual ones: tests build the paths of other CPUs with them (e.g. -mno-avx512f)."""
-    build_dir = build_dir or Path.home() / ".cache" / "braid" / "kernels"
+    key = (build_dir, extra_flags)
+    if key in _loaded:  # the sampler asks every step: no lock, no home directory lookup
+        return _loaded[key]
     with _lock:
-        if (build_dir, extra_flags) not in _loaded:
+        if key not in _loaded:
+            target = build_dir or Path.home() / ".cache" / "braid" / "kernels"
             try:
-                path = _native.build("cpu", SOURCES, [*_FLAGS, *extra_flags], build_dir)
+                path = _native.build("cpu", SOURCES, [*_FLAGS, *extra_flags], target)
                 kernels = CpuKernels(_native.load(path, _SIGNATURES))
             except OSError as e:
                 log.warning("CPU kernels unavailable (%s): the CPU path uses torch ops", e)
                 kernels = None
-            _loaded[build_dir, extra_flags] = kernels
-        return _loaded[build_dir, extra_flags]
+            _loaded[key] = kernels
+        return _loaded[key]
 
 
 class CpuKernels:
@@ -271,15 +274,28 @@ class CpuKernels:
         layers: ctypes.Array,
         num_layers: int,
         shape: QuantDecoderShape,
-        batch: QuantDecoderBatch,
         residual: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        rows: torch.Tensor,
+        kv_starts: torch.Tensor,
+        kv_lens: torch.Tensor,
+        kv_indices: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
     ) -> torch.Tensor:
         """The first `num_layers` decoder layers of a quantized float32 model over decode
-        rows, in one call
-        (kernels/cpu_decoder.cpp): `residual` [T, hidden] is updated in place; returns the last
-        layer's MLP output [T, hidden]. The structures' pointers are the caller's to keep
-        valid (runtime/models/quant_decoder.py builds them)."""
-        _check(torch.float32, data=[residual])
+        rows in one call (kernels/cpu_decoder.cpp): `residual` [T, hidden] is updated in
+        place; returns the last layer's MLP output [T, hidden]. The other arguments are
+        rope_store_attend's; the layers' pointers are the caller's to keep valid
+        (runtime/models/quant_decoder.py builds them)."""
+        _check(torch.float32, data=[residual, cos, sin])
+        index = [positions, slots, rows, kv_starts, kv_lens, kv_indices]
+        _check_index(index)
+        ptrs = [t.data_ptr() for t in index]
+        batch = QuantDecoderBatch(
+            residual.shape[0], *ptrs, rows.numel(), cos.data_ptr(), sin.data_ptr()
+        )
         out = torch.empty_like(residual)
         self._decode_layers(
             ctypes.addressof(layers), num_layers, ctypes.addressof(shape),

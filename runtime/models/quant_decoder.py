@@ -11,13 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from braid.kernels.cpu import (
-    QuantDecoderBatch,
-    QuantDecoderLayer,
-    QuantDecoderShape,
-    QuantWeight,
-    _check_index,
-)
+from braid.kernels.cpu import QuantDecoderLayer, QuantDecoderShape, QuantWeight
 from braid.runtime.attention.cpu_kernels import CpuKernelAttention
 from braid.runtime.forward_batch import ForwardBatch
 from braid.runtime.kv_cache import KVPool
@@ -71,22 +65,12 @@ class QuantDecoder:
         """The first `num_layers` layers over `batch` (which `serves`): `residual` (the
         embeddings) is updated in place; returns the last layer's MLP output."""
         meta = batch.metadata(self.attention)
-        index = [
-            batch.positions, batch.out_slots, meta.decode_rows, meta.decode_kv_starts,
-            meta.decode_kv_lens, batch.kv_indices,
-        ]  # fmt: skip
-        _check_index(index)
-        positions, slots, rows, kv_starts, kv_lens, kv_indices = (t.data_ptr() for t in index)
         rotary = self.model.rotary
-        rows_batch = QuantDecoderBatch(
-            tokens=residual.shape[0], positions=positions, slots=slots, rows=rows,
-            kv_starts=kv_starts, kv_lens=kv_lens, kv_indices=kv_indices,
-            num_rows=meta.decode_rows.numel(), cos=rotary.cos.data_ptr(),
-            sin=rotary.sin.data_ptr(),
-        )  # fmt: skip
         return self.attention.lib.quant_decode_layers(
-            self._layers_for(kv), num_layers, self.shape, rows_batch, residual
-        )
+            self._layers_for(kv), num_layers, self.shape, residual, batch.positions,
+            batch.out_slots, meta.decode_rows, meta.decode_kv_starts, meta.decode_kv_lens,
+            batch.kv_indices, rotary.cos, rotary.sin,
+        )  # fmt: skip
 
     def _layers_for(self, kv: KVPool):
         if self._kv is not kv:
