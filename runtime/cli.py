@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--model", help="HF model directory (default: SmolLM2-135M-Instruct)")
     gen.add_argument("--device", default="auto")
     gen.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    gen.add_argument("--quantization", default="none", help="CPU weights: none, int8, int4 or gguf")
     gen.add_argument("--stats", action="store_true", help="print load time and tokens/s")
     gen.set_defaults(run=_generate)
     serve.add_parser(commands)
@@ -47,7 +48,9 @@ def _generate(args: argparse.Namespace) -> int:
     from braid.runtime import Engine, SamplingParams
 
     t0 = time.perf_counter()
-    engine = Engine(model=args.model, device=args.device, dtype=args.dtype)
+    engine = Engine(
+        model=args.model, device=args.device, dtype=args.dtype, quantization=args.quantization
+    )
     load_s = time.perf_counter() - t0
     params = SamplingParams(
         max_tokens=args.max_tokens,

@@ -26,7 +26,8 @@ class EngineConfig:
     dtype: str = _setting(
         "auto",
         "auto, float32, bfloat16 or float16; auto: bfloat16 on cuda; on a CPU whichever of "
-        "float32 and bfloat16 runs the model's linears faster there (timed once, cached)",
+        "float32 and bfloat16 runs the model's linears faster there (timed once, cached); "
+        "float32 with quantized weights",
     )
     max_kv_tokens: int | None = _setting(
         None, "KV pool size in tokens; overrides kv_cache_gb and kv_memory_fraction"

@@ -43,6 +43,22 @@ def test_generate_streams_the_engines_greedy_text(tiny_model_path, tiny_engine):
     assert out.stdout == expected.text + "\n"
 
 
+def test_generate_with_quantized_weights_is_the_engines_text(tiny_model_path):
+    from braid.runtime import Engine, SamplingParams
+
+    engine = Engine(model=str(tiny_model_path), device="cpu", quantization="int8")
+    try:
+        expected = engine.generate("Once upon", SamplingParams(temperature=0, max_tokens=8))
+    finally:
+        engine.shutdown()
+    out = braid(
+        "generate", "Once upon", "--model", str(tiny_model_path), "--max-tokens", "8",
+        "--device", "cpu", "--quantization", "int8",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == expected.text + "\n"
+
+
 def test_generate_chat(tiny_model_path):
     out = braid(
         "generate",
@@ -65,6 +81,7 @@ def test_generate_chat(tiny_model_path):
     [
         (["--model", "/nonexistent/model"], "model directory /nonexistent/model does not exist"),
         (["--max-tokens", "-3"], "max_tokens must be >= 0"),
+        (["--quantization", "int3"], "expected none, int8, int4 or gguf, got 'int3'"),
     ],
 )
 def test_errors_are_one_line(tiny_model_path, args, message):
