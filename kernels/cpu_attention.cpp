@@ -7,8 +7,9 @@
 // The attention contract, for both implementations below: row rows[i] of q (stride q_stride between
 // tokens, heads packed [heads, head_dim]) attends the kv_lens[i] slots at kv_indices +
 // kv_starts[i], and the result goes to row rows[i] of out [tokens, heads, head_dim]. A work
-// item is a row with all its heads. Its scores are kept whole (a context fits in cache);
-// softmax and sums are float32. A sequence's slots are scattered over the pool, where the
+// item is a row with all its heads (AVX-512), or one KV head of a row, in chunks of 256 slots
+// past that length (portable). Its scores are kept whole (a context fits in cache); softmax
+// and sums are float32. A sequence's slots are scattered over the pool, where the
 // hardware cannot guess them, so the rows about to be read are prefetched.
 
 #include <omp.h>
@@ -80,7 +81,38 @@ struct DecodeRows {
   const int64_t* kv_indices;
   int64_t num_rows, heads, kv_heads, head_dim;
   float scale;
+  // The portable path's partial softmaxes of long rows, split_partials_size floats.
+  float* partials;
 };
+
+// The portable path cuts contexts longer than this into chunks, one work item each, and
+// merges their partial softmaxes: at batch 1 a row's few KV heads alone leave threads idle
+// (SmolLM2's 3 on 2 threads). A row's chunks follow from its own length only, so its result
+// does not depend on the rest of the batch (deterministic mode), and rows up to this length
+// are attended exactly as without chunks.
+constexpr int64_t kChunk = 256;
+
+inline int64_t num_chunks(int64_t len) { return len <= kChunk ? 1 : (len + kChunk - 1) / kChunk; }
+
+// Whether attend_rows takes the portable path for heads of this size.
+inline bool portable_heads(int64_t head_dim) {
+#if defined(__AVX512F__)
+  return head_dim != 64 && head_dim != 128;
+#else
+  return head_dim > 0;
+#endif
+}
+
+// Floats the portable path needs for partials: per chunk of a long row and KV head, each
+// query head's running max, sum and weighted V.
+inline int64_t split_partials_size(const int64_t* kv_lens, int64_t num_rows, int64_t heads,
+                                   int64_t kv_heads, int64_t head_dim) {
+  int64_t chunks = 0;
+  for (int64_t i = 0; i < num_rows && portable_heads(head_dim); ++i) {
+    if (kv_lens[i] > kChunk) chunks += num_chunks(kv_lens[i]);
+  }
+  return chunks * heads * (head_dim + 2);
+}
 
 // The functions named *_rows share out their loop among the threads of the parallel region
 // they are called in (an orphaned omp for, with its barrier at the end).
@@ -174,49 +206,96 @@ inline const float* as_float(const bf16* x, int64_t n, float* buf) {
 
 template <typename T>
 void attend_rows_portable(const DecodeRows<T>& a) {
-  // A work item is one row's query heads of one KV head: at batch 1 a row alone would leave
-  // every thread but one idle. Each slot's K (then V) row of that head is read once and
-  // converted once for all the query heads that read it.
+  // A work item is one chunk of a row's slots for the query heads of one KV head: at batch 1
+  // a row alone would leave every thread but one idle. Each slot's K (then V) row of that head
+  // is read once and converted once for all the query heads that read it.
   const int64_t head_dim = a.head_dim, kv_heads = a.kv_heads;
   const int64_t group = a.heads / kv_heads;
   const int64_t kv_row = kv_heads * head_dim;
+  const int64_t partial_size = group * (head_dim + 2);  // per item: maxes, sums, weighted V
   constexpr int64_t kAhead = 16;  // slots prefetched ahead of the one being read
   auto prefetch = [&](const T* base, int64_t slot) {
     prefetch_bytes(base + slot * kv_row, head_dim * sizeof(T), true);
   };
+  // first[i]: row i's first work item; split[i]: its first partial (long rows only).
+  std::vector<int64_t> first(a.num_rows + 1, 0), split(a.num_rows + 1, 0);
+  for (int64_t i = 0; i < a.num_rows; ++i) {
+    const int64_t chunks = num_chunks(a.kv_lens[i]);
+    first[i + 1] = first[i] + chunks * kv_heads;
+    split[i + 1] = split[i] + (chunks > 1 ? chunks * kv_heads : 0);
+  }
   std::vector<float> scores, acc(group * head_dim), qf(group * head_dim), row_f(head_dim);
 #pragma omp for schedule(dynamic, 1)
-  for (int64_t item = 0; item < a.num_rows * kv_heads; ++item) {
-    const int64_t i = item / kv_heads, kvh = item % kv_heads;
-    const int64_t len = a.kv_lens[i];
-    const int64_t* slot = a.kv_indices + a.kv_starts[i];
+  for (int64_t item = 0; item < first[a.num_rows]; ++item) {
+    const int64_t i = std::upper_bound(first.begin(), first.end(), item) - first.begin() - 1;
+    const int64_t local = item - first[i], kvh = local % kv_heads, chunk = local / kv_heads;
+    const int64_t len = a.kv_lens[i], chunks = num_chunks(len);
+    const int64_t l0 = chunk * kChunk, n = std::min(len, l0 + kChunk) - l0;
+    const int64_t* slot = a.kv_indices + a.kv_starts[i] + l0;
     const T* q_heads = a.q + a.rows[i] * a.q_stride + kvh * group * head_dim;
     const T* k_head = a.k_cache + kvh * head_dim;
     const T* v_head = a.v_cache + kvh * head_dim;
     for (int64_t j = 0; j < group * head_dim; ++j) qf[j] = to_float(q_heads[j]) * a.scale;
-    scores.resize(group * len);
-    for (int64_t l = 0; l < len; ++l) {
-      if (l + kAhead < len) prefetch(k_head, slot[l + kAhead]);
+    scores.resize(group * n);
+    for (int64_t l = 0; l < n; ++l) {
+      if (l + kAhead < n) prefetch(k_head, slot[l + kAhead]);
       const float* k = as_float(k_head + slot[l] * kv_row, head_dim, row_f.data());
       for (int64_t g = 0; g < group; ++g) {
-        scores[g * len + l] = dot(qf.data() + g * head_dim, k, head_dim);
+        scores[g * n + l] = dot(qf.data() + g * head_dim, k, head_dim);
       }
     }
+    float* partial = chunks > 1 ? a.partials + (split[i] + local) * partial_size : nullptr;
     for (int64_t g = 0; g < group; ++g) {
-      float* s = scores.data() + g * len;
-      const float inv = softmax_numerators(s, len);
-      for (int64_t l = 0; l < len; ++l) s[l] *= inv;
+      float* s = scores.data() + g * n;
+      float top = -INFINITY;
+      for (int64_t l = 0; l < n; ++l) top = std::max(top, s[l]);
+      const float inv = softmax_numerators(s, n);
+      if (partial == nullptr) {  // the whole row: normalise now
+        for (int64_t l = 0; l < n; ++l) s[l] *= inv;
+      } else {
+        partial[g] = top, partial[group + g] = 1.0f / inv;
+      }
     }
     std::fill(acc.begin(), acc.end(), 0.0f);
-    for (int64_t l = 0; l < len; ++l) {
-      if (l + kAhead < len) prefetch(v_head, slot[l + kAhead]);
+    for (int64_t l = 0; l < n; ++l) {
+      if (l + kAhead < n) prefetch(v_head, slot[l + kAhead]);
       const float* v = as_float(v_head + slot[l] * kv_row, head_dim, row_f.data());
       for (int64_t g = 0; g < group; ++g) {
-        axpy(scores[g * len + l], v, acc.data() + g * head_dim, head_dim);
+        axpy(scores[g * n + l], v, acc.data() + g * head_dim, head_dim);
       }
+    }
+    if (partial != nullptr) {
+      std::copy(acc.begin(), acc.end(), partial + 2 * group);
+      continue;
     }
     T* o = a.out + (a.rows[i] * a.heads + kvh * group) * head_dim;
     for (int64_t j = 0; j < group * head_dim; ++j) o[j] = from_float<T>(acc[j]);
+  }
+  // (the barrier of the loop above: every chunk is done) Long rows: their chunks' softmaxes
+  // rescaled to the largest max and summed.
+#pragma omp for schedule(dynamic, 1)
+  for (int64_t pair = 0; pair < a.num_rows * kv_heads; ++pair) {
+    const int64_t i = pair / kv_heads, kvh = pair % kv_heads;
+    const int64_t chunks = num_chunks(a.kv_lens[i]);
+    if (chunks == 1) continue;
+    const float* base = a.partials + split[i] * partial_size;
+    T* o = a.out + (a.rows[i] * a.heads + kvh * group) * head_dim;
+    for (int64_t g = 0; g < group; ++g) {
+      float top = -INFINITY, total = 0.0f;
+      for (int64_t c = 0; c < chunks; ++c) {
+        top = std::max(top, base[(c * kv_heads + kvh) * partial_size + g]);
+      }
+      std::fill(acc.begin(), acc.begin() + head_dim, 0.0f);
+      for (int64_t c = 0; c < chunks; ++c) {
+        const float* p = base + (c * kv_heads + kvh) * partial_size;
+        const float w = exp_approx(p[g] - top);
+        total += w * p[group + g];
+        axpy(w, p + 2 * group + g * head_dim, acc.data(), head_dim);
+      }
+      for (int64_t d = 0; d < head_dim; ++d) {
+        o[g * head_dim + d] = from_float<T>(acc[d] / total);
+      }
+    }
   }
 }
 
@@ -419,7 +498,7 @@ void attend_rows(const DecodeRows<T>& a) {
   if (a.head_dim == 64) return attend_rows_avx512<T, 64>(a);
   if (a.head_dim == 128) return attend_rows_avx512<T, 128>(a);
 #endif
-  attend_rows_portable(a);
+  attend_rows_portable(a);  // portable_heads(a.head_dim)
 }
 
 }  // namespace
@@ -447,18 +526,22 @@ void attend_rows(const DecodeRows<T>& a) {
       const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, T* out,                \
       BRAID_ROWS_ARGS, int64_t heads, int64_t kv_heads, int64_t head_dim, float scale,         \
       int threads) {                                                                           \
+    std::vector<float> partials(                                                               \
+        split_partials_size(kv_lens, num_rows, heads, kv_heads, head_dim));                    \
     const DecodeRows<T> a{q,         q_stride,   k_cache, v_cache, out,      rows,             \
                           kv_starts, kv_lens,    kv_indices, num_rows, heads, kv_heads,        \
-                          head_dim,  scale};                                                   \
+                          head_dim,  scale,      partials.data()};                             \
     _Pragma("omp parallel num_threads(threads)") attend_rows(a);                              \
   }                                                                                            \
   extern "C" void rope_store_attend_##SUFFIX(BRAID_ROPE_ARGS(T), T* out, BRAID_ROWS_ARGS,     \
                                              float scale, int threads) {                      \
     const RopeStore<T> r{qkv,    positions, cos,      sin,     k_cache, v_cache,              \
                          slots,  tokens,    heads,    kv_heads, head_dim};                     \
+    std::vector<float> partials(                                                               \
+        split_partials_size(kv_lens, num_rows, heads, kv_heads, head_dim));                    \
     const DecodeRows<T> a{qkv,       (heads + 2 * kv_heads) * head_dim, k_cache, v_cache,     \
                           out,       rows, kv_starts, kv_lens, kv_indices, num_rows, heads,    \
-                          kv_heads,  head_dim, scale};                                         \
+                          kv_heads,  head_dim, scale, partials.data()};                        \
     _Pragma("omp parallel num_threads(threads)") {                                            \
       rope_store_rows(r);                                                                      \
       attend_rows(a);                                                                          \

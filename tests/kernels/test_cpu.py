@@ -112,15 +112,16 @@ def test_rope_store_kv(path_lib, threads, dtype, head_dim):
 )
 def test_decode_attention(path_lib, threads, dtype, heads, kv_heads, head_dim):
     """Decode rows of a hybrid batch: some rows of q are not decodes and stay untouched; q is
-    a strided view of qkv, as the model passes it."""
-    lengths = [1, 7, 70, 33]
+    a strided view of qkv, as the model passes it. Rows past 256 slots are attended in chunks
+    whose softmaxes are merged (the portable path)."""
+    lengths = [1, 257, 700, 33]
     rows = torch.tensor([0, 3, 4, 9])  # rows 1, 2 and 5-8 belong to a prefill chunk
     tokens = 10
     qkv = randn(tokens, heads + 2 * kv_heads, head_dim, dtype=dtype)
     q = qkv[:, :heads]
-    k_cache = randn(200, kv_heads, head_dim, dtype=dtype, seed=1)
-    v_cache = randn(200, kv_heads, head_dim, dtype=dtype, seed=2)
-    indices = torch.randperm(200, generator=torch.Generator().manual_seed(3))[: sum(lengths)]
+    k_cache = randn(1000, kv_heads, head_dim, dtype=dtype, seed=1)
+    v_cache = randn(1000, kv_heads, head_dim, dtype=dtype, seed=2)
+    indices = torch.randperm(1000, generator=torch.Generator().manual_seed(3))[: sum(lengths)]
     starts = torch.tensor([0, *lengths[:-1]]).cumsum(0)
     out = torch.full((tokens, heads, head_dim), 7.0, dtype=dtype)
     path_lib.decode_attention(
@@ -141,15 +142,15 @@ def test_rope_store_attend_is_rope_store_then_attention(
 ):
     """One call for both: every new token is rotated and stored before the decode rows attend,
     so a row sees its own new slot; rows 1, 2 and 5-8 only get RoPE and the store."""
-    tokens, lengths, rows = 10, [1, 7, 70, 33], torch.tensor([0, 3, 4, 9])
+    tokens, lengths, rows = 10, [1, 7, 300, 33], torch.tensor([0, 3, 4, 9])
     qkv = randn(tokens, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
     angles = torch.arange(128)[:, None] * 0.37 ** torch.arange(head_dim // 2)[None, :]
     cos, sin = angles.cos(), angles.sin()
     positions = torch.randperm(128, generator=torch.Generator().manual_seed(3))[:tokens]
-    caches = [randn(200, kv_heads, head_dim, dtype=dtype, seed=s) for s in (5, 6)]
+    caches = [randn(400, kv_heads, head_dim, dtype=dtype, seed=s) for s in (5, 6)]
     # Each decode row's table ends with the slot its token is stored in.
-    slots = torch.randperm(200, generator=torch.Generator().manual_seed(4))[:tokens]
-    others = torch.randperm(200, generator=torch.Generator().manual_seed(7))
+    slots = torch.randperm(400, generator=torch.Generator().manual_seed(4))[:tokens]
+    others = torch.randperm(400, generator=torch.Generator().manual_seed(7))
     others = others[~torch.isin(others, slots)]
     tables, used = [], 0
     for row, n in zip(rows.tolist(), lengths, strict=True):
@@ -178,12 +179,14 @@ def test_rope_store_attend_is_rope_store_then_attention(
 
 @pytest.mark.parametrize("head_dim", [16, 64])
 def test_results_do_not_depend_on_the_thread_count(path_lib, head_dim):
-    """Each row is computed by one thread whole: the same bits with 1 or 2 threads."""
+    """Each row (or chunk of a long row) is computed by one thread whole, chunks merged in a
+    fixed order: the same bits with 1 or 2 threads."""
     q = randn(64, 4, head_dim)
-    k_cache, v_cache = randn(512, 2, head_dim, seed=1), randn(512, 2, head_dim, seed=2)
+    k_cache, v_cache = randn(2048, 2, head_dim, seed=1), randn(2048, 2, head_dim, seed=2)
     lengths = torch.randint(1, 8, (64,), generator=torch.Generator().manual_seed(3))
+    lengths[0], lengths[5] = 600, 300
     starts = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)[:-1]])
-    indices = torch.randperm(512)[: int(lengths.sum())]
+    indices = torch.randperm(2048)[: int(lengths.sum())]
     outs = []
     before = torch.get_num_threads()
     for n in (1, 2):
