@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from braid.runtime.models import LlamaForCausalLM, ModelConfig
+from braid.runtime.models.quant_decoder import QuantDecoder
 
 # The intermediate features are split in units of this many where they can be: each rank's
 # rows of down_proj stay whole blocks of the quantized formats (kernels/quant.py: 16 and 32
@@ -152,3 +153,6 @@ def parallelize(model: LlamaForCausalLM, reducer: AllReducer) -> None:
     for layer in model.layers:
         layer.self_attn.o_proj = RowParallel(layer.self_attn.o_proj, reducer)
         layer.mlp.down_proj = RowParallel(layer.mlp.down_proj, reducer)
+    # The one-call decode stack of a quantized shard would skip the all-reduces: asked
+    # again, it declines the RowParallel layers.
+    model.decoder = QuantDecoder.of(model)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,9 +16,12 @@ from conftest import assert_no_kv_leak
 
 from braid.kernels.quant import FORMATS
 from braid.runtime import Engine, SamplingParams
+from braid.runtime.forward_batch import ForwardBatch
+from braid.runtime.kv_cache import KVPool
 from braid.runtime.model_loader import load_model, load_model_config
 from braid.runtime.models import ModelConfig
 from braid.runtime.tp import plan_shards
+from braid.runtime.tp.sharding import parallelize
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
@@ -121,6 +125,27 @@ def test_tiny_tp2_prefix_cache_and_concurrent_requests(tiny_model_path):
     finally:
         two.shutdown()
     assert exited(rank1.pid)
+
+
+def test_a_parallelized_quantized_shard_decodes_through_its_all_reduces(tiny_model_path):
+    """A quantized shard has the one-call decode stack (quant_decoder.py) until its o and
+    down projections sum over the ranks: then every step must take the layers with them."""
+    mc = load_model_config(tiny_model_path)
+    shard = plan_shards(mc, 2)[0]
+    model = load_model(
+        tiny_model_path, mc, torch.float32, torch.device("cpu"), quantization="int8", shard=shard
+    )
+    assert model.decoder is not None
+    summed = []
+    parallelize(model, SimpleNamespace(all_reduce=summed.append))
+    assert model.decoder is None
+    smc = shard.model_config(mc)
+    kv = KVPool(smc.num_layers, 16, smc.num_kv_heads, smc.head_dim, torch.float32, "cpu")
+    slots = kv.allocate(3)
+    model(ForwardBatch.build([[1, 2]], [slots[:2]]), kv)
+    summed.clear()
+    model(ForwardBatch.build([[3]], [slots]), kv)  # a decode step
+    assert len(summed) == 2 * mc.num_layers
 
 
 def test_quantized_shards_are_slices_of_the_quantized_model(tiny_model_path):
