@@ -248,13 +248,10 @@ async def _flush_cache(request: Request) -> Response:
 
 async def _generation(request: Request) -> Response:
     cluster: Cluster = request.app.state.cluster
-    body = await _body(request, cluster)
-    if isinstance(body, Response):
-        return body
-    try:
-        obj = decode_object(body)
-    except BadRequest as e:
-        return JSONResponse(error_body(400, "invalid_request_error", str(e)), 400)
+    got = await _json_body(request, cluster)
+    if isinstance(got, Response):
+        return got
+    body, obj = got
     routed = for_router(request.url.path, obj, cluster.model_name)
     if routed is None:
         return await _to_replica(request, cluster, body, routing_text(request.url.path, obj))
@@ -272,14 +269,11 @@ async def _generation(request: Request) -> Response:
 
 async def _to_replica_route(request: Request) -> Response:
     cluster: Cluster = request.app.state.cluster
-    body = await _body(request, cluster)
-    if isinstance(body, Response):
-        return body
-    try:
-        text = routing_text(request.url.path, decode_object(body))
-    except BadRequest as e:
-        return JSONResponse(error_body(400, "invalid_request_error", str(e)), 400)
-    return await _to_replica(request, cluster, body, text)
+    got = await _json_body(request, cluster)
+    if isinstance(got, Response):
+        return got
+    body, obj = got
+    return await _to_replica(request, cluster, body, routing_text(request.url.path, obj))
 
 
 async def _to_any_replica(request: Request) -> Response:
@@ -312,6 +306,17 @@ async def _body(request: Request, cluster: Cluster) -> bytes | Response:
         )
         return JSONResponse(error_body(413, "request_too_large", message), 413)
     return body
+
+
+async def _json_body(request: Request, cluster: Cluster) -> tuple[bytes, dict] | Response:
+    """The body and the JSON object it holds, or the 413 or 400 answer to it."""
+    body = await _body(request, cluster)
+    if isinstance(body, Response):
+        return body
+    try:
+        return body, decode_object(body)
+    except BadRequest as e:
+        return JSONResponse(error_body(400, "invalid_request_error", str(e)), 400)
 
 
 # ---- helpers ---------------------------------------------------------------------------

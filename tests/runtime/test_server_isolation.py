@@ -56,6 +56,14 @@ async def _victim(url: str, http: httpx.AsyncClient, i: int, started: asyncio.Ev
     return json.loads(events[-2])
 
 
+async def _decoding_victims(url: str, http: httpx.AsyncClient) -> list[asyncio.Task]:
+    """Three greedy streams, returned once each has its first token."""
+    starts = [asyncio.Event() for _ in range(3)]
+    victims = [asyncio.create_task(_victim(url, http, i, s)) for i, s in enumerate(starts)]
+    await asyncio.wait_for(asyncio.gather(*(s.wait() for s in starts)), 60)
+    return victims
+
+
 async def _health(url: str, http: httpx.AsyncClient, stop: asyncio.Event) -> int:
     """Probe /health until stopped (for four minutes at most), each probe allowed one second;
     returns the probe count."""
@@ -76,11 +84,7 @@ def under_attack(server: LiveServer, path: str, **request) -> httpx.Response:
 
     async def main() -> httpx.Response:
         async with httpx.AsyncClient(timeout=120) as http:
-            starts = [asyncio.Event() for _ in range(3)]
-            victims = [
-                asyncio.create_task(_victim(server.url, http, i, s)) for i, s in enumerate(starts)
-            ]
-            await asyncio.wait_for(asyncio.gather(*(s.wait() for s in starts)), 60)
+            victims = await _decoding_victims(server.url, http)
             stop = asyncio.Event()
             health = asyncio.create_task(_health(server.url, http, stop))
             response = await http.post(server.url + path, **request)
@@ -156,11 +160,7 @@ def test_a_compile_worker_killed_mid_compile_fails_only_its_request(engine, serv
 
     async def main() -> httpx.Response:
         async with httpx.AsyncClient(timeout=120) as http:
-            starts = [asyncio.Event() for _ in range(3)]
-            victims = [
-                asyncio.create_task(_victim(server.url, http, i, s)) for i, s in enumerate(starts)
-            ]
-            await asyncio.wait_for(asyncio.gather(*(s.wait() for s in starts)), 60)
+            victims = await _decoding_victims(server.url, http)
             request = asyncio.create_task(http.post(server.url + "/v1/completions", json=body))
             await asyncio.sleep(0.3)  # its compile is on its way, or under way
             for pid in killed:
