@@ -67,6 +67,8 @@ struct RopeStore {
   int64_t tokens, heads, kv_heads, head_dim;
 };
 
+struct RowChunks;
+
 // The work of one decode attention call (the contract above).
 template <typename T>
 struct DecodeRows {
@@ -81,8 +83,7 @@ struct DecodeRows {
   const int64_t* kv_indices;
   int64_t num_rows, heads, kv_heads, head_dim;
   float scale;
-  // The portable path's partial softmaxes of long rows, split_partials_size floats.
-  float* partials;
+  RowChunks* chunks;  // the portable path's plan (below)
 };
 
 // The portable path cuts contexts longer than this into chunks, one work item each, and
@@ -103,16 +104,25 @@ inline bool portable_heads(int64_t head_dim) {
 #endif
 }
 
-// Floats the portable path needs for partials: per chunk of a long row and KV head, each
-// query head's running max, sum and weighted V.
-inline int64_t split_partials_size(const int64_t* kv_lens, int64_t num_rows, int64_t heads,
-                                   int64_t kv_heads, int64_t head_dim) {
-  int64_t chunks = 0;
-  for (int64_t i = 0; i < num_rows && portable_heads(head_dim); ++i) {
-    if (kv_lens[i] > kChunk) chunks += num_chunks(kv_lens[i]);
+// The portable path's plan for one call, built once before its parallel region: row i's
+// work items start at first[i], its partials at split[i] (long rows only), and the partials
+// hold, per chunk of a long row and KV head, each query head's max, sum and weighted V.
+struct RowChunks {
+  std::vector<int64_t> first, split;
+  std::vector<float> partials;
+
+  RowChunks(const int64_t* kv_lens, int64_t num_rows, int64_t heads, int64_t kv_heads,
+            int64_t head_dim)
+      : first(num_rows + 1, 0), split(num_rows + 1, 0) {
+    if (!portable_heads(head_dim)) return;
+    for (int64_t i = 0; i < num_rows; ++i) {
+      const int64_t chunks = num_chunks(kv_lens[i]);
+      first[i + 1] = first[i] + chunks * kv_heads;
+      split[i + 1] = split[i] + (chunks > 1 ? chunks * kv_heads : 0);
+    }
+    partials.resize(split[num_rows] * (heads / kv_heads) * (head_dim + 2));
   }
-  return chunks * heads * (head_dim + 2);
-}
+};
 
 // The functions named *_rows share out their loop among the threads of the parallel region
 // they are called in (an orphaned omp for, with its barrier at the end).
@@ -217,13 +227,8 @@ void attend_rows_portable(const DecodeRows<T>& a) {
   auto prefetch = [&](const T* base, int64_t slot) {
     prefetch_bytes(base + slot * kv_row, head_dim * sizeof(T), true);
   };
-  // first[i]: row i's first work item; split[i]: its first partial (long rows only).
-  std::vector<int64_t> first(a.num_rows + 1, 0), split(a.num_rows + 1, 0);
-  for (int64_t i = 0; i < a.num_rows; ++i) {
-    const int64_t chunks = num_chunks(a.kv_lens[i]);
-    first[i + 1] = first[i] + chunks * kv_heads;
-    split[i + 1] = split[i] + (chunks > 1 ? chunks * kv_heads : 0);
-  }
+  const std::vector<int64_t>&first = a.chunks->first, &split = a.chunks->split;
+  float* partials = a.chunks->partials.data();  // each item writes only its own
   std::vector<float> scores, acc(group * head_dim), qf(group * head_dim), row_f(head_dim);
 #pragma omp for schedule(dynamic, 1)
   for (int64_t item = 0; item < first[a.num_rows]; ++item) {
@@ -244,7 +249,7 @@ void attend_rows_portable(const DecodeRows<T>& a) {
         scores[g * n + l] = dot(qf.data() + g * head_dim, k, head_dim);
       }
     }
-    float* partial = chunks > 1 ? a.partials + (split[i] + local) * partial_size : nullptr;
+    float* partial = chunks > 1 ? partials + (split[i] + local) * partial_size : nullptr;
     for (int64_t g = 0; g < group; ++g) {
       float* s = scores.data() + g * n;
       float top = -INFINITY;
@@ -278,7 +283,7 @@ void attend_rows_portable(const DecodeRows<T>& a) {
     const int64_t i = pair / kv_heads, kvh = pair % kv_heads;
     const int64_t chunks = num_chunks(a.kv_lens[i]);
     if (chunks == 1) continue;
-    const float* base = a.partials + split[i] * partial_size;
+    const float* base = partials + split[i] * partial_size;
     T* o = a.out + (a.rows[i] * a.heads + kvh * group) * head_dim;
     for (int64_t g = 0; g < group; ++g) {
       float top = -INFINITY, total = 0.0f;
@@ -526,22 +531,20 @@ void attend_rows(const DecodeRows<T>& a) {
       const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, T* out,                \
       BRAID_ROWS_ARGS, int64_t heads, int64_t kv_heads, int64_t head_dim, float scale,         \
       int threads) {                                                                           \
-    std::vector<float> partials(                                                               \
-        split_partials_size(kv_lens, num_rows, heads, kv_heads, head_dim));                    \
+    RowChunks chunks(kv_lens, num_rows, heads, kv_heads, head_dim);                            \
     const DecodeRows<T> a{q,         q_stride,   k_cache, v_cache, out,      rows,             \
                           kv_starts, kv_lens,    kv_indices, num_rows, heads, kv_heads,        \
-                          head_dim,  scale,      partials.data()};                             \
+                          head_dim,  scale,      &chunks};                                     \
     _Pragma("omp parallel num_threads(threads)") attend_rows(a);                              \
   }                                                                                            \
   extern "C" void rope_store_attend_##SUFFIX(BRAID_ROPE_ARGS(T), T* out, BRAID_ROWS_ARGS,     \
                                              float scale, int threads) {                      \
     const RopeStore<T> r{qkv,    positions, cos,      sin,     k_cache, v_cache,              \
                          slots,  tokens,    heads,    kv_heads, head_dim};                     \
-    std::vector<float> partials(                                                               \
-        split_partials_size(kv_lens, num_rows, heads, kv_heads, head_dim));                    \
+    RowChunks chunks(kv_lens, num_rows, heads, kv_heads, head_dim);                            \
     const DecodeRows<T> a{qkv,       (heads + 2 * kv_heads) * head_dim, k_cache, v_cache,     \
                           out,       rows, kv_starts, kv_lens, kv_indices, num_rows, heads,    \
-                          kv_heads,  head_dim, scale, partials.data()};                        \
+                          kv_heads,  head_dim, scale, &chunks};                                \
     _Pragma("omp parallel num_threads(threads)") {                                            \
       rope_store_rows(r);                                                                      \
       attend_rows(a);                                                                          \
