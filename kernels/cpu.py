@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from braid import _native
+from braid.kernels.quant import GROUP
 
 log = logging.getLogger(__name__)
 
@@ -255,16 +256,18 @@ class CpuKernels:
             _threads(),
         )
 
-    def quant_matmul(self, x: torch.Tensor, blocks: torch.Tensor, fmt: str) -> torch.Tensor:
-        """x [M, K] (float32) @ the quantized weight [N, K] (kernels/quant.py's `fmt`
-        blocks, uint8 [N, row bytes]) transposed -> float32 [M, N]. As
-        kernels.reference.quant_matmul_int8 up to `quant_int8_max_rows` rows of x, else as
-        kernels.reference.quant_matmul."""
+    def quant_matmul(
+        self, x: torch.Tensor, packed: torch.Tensor, fmt: str, out_features: int
+    ) -> torch.Tensor:
+        """x [M, K] (float32) @ the quantized weight [N = out_features, K] transposed ->
+        float32 [M, N]. `packed`: the weight's `fmt` blocks as kernels/quant.py's
+        `interleave` lays them out. As kernels.reference.quant_matmul_int8 up to
+        `quant_int8_max_rows` rows of x, else as kernels.reference.quant_matmul."""
         _check(torch.float32, data=[x])
-        _check_blocks(blocks)
-        out = torch.empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
+        _check_packed(packed, out_features)
+        out = torch.empty(x.shape[0], out_features, dtype=torch.float32)
         self._quant["quant_matmul", fmt](
-            x.data_ptr(), x.shape[0], x.shape[1], blocks.data_ptr(), blocks.shape[0],
+            x.data_ptr(), x.shape[0], x.shape[1], packed.data_ptr(), out_features,
             out.data_ptr(), _threads(),
         )  # fmt: skip
         return out
@@ -304,19 +307,20 @@ class CpuKernels:
         return out
 
     def dequantize_rows(
-        self, blocks: torch.Tensor, fmt: str, in_features: int, ids: torch.Tensor
+        self, packed: torch.Tensor, fmt: str, shape: tuple[int, int], ids: torch.Tensor
     ) -> torch.Tensor:
-        """Rows `ids` of the quantized weight as float32 [len(ids), in_features] (a
-        quantized embedding table's lookup). As kernels.reference.dequantize's rows."""
-        _check_blocks(blocks)
+        """Rows `ids` of the quantized weight of `shape` (N, K) as float32 [len(ids), K] (a
+        quantized embedding table's lookup); `packed` as quant_matmul's. As
+        kernels.reference.dequantize's rows."""
+        n, k = shape
+        _check_packed(packed, n)
         _check_index([ids])
-        if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < blocks.shape[0]:
-            raise ValueError(f"dequantize_rows: ids outside [0, {blocks.shape[0]})")
-        out = torch.empty(ids.numel(), in_features, dtype=torch.float32)
+        if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < n:
+            raise ValueError(f"dequantize_rows: ids outside [0, {n})")
+        out = torch.empty(ids.numel(), k, dtype=torch.float32)
         self._quant["dequantize_rows", fmt](
-            blocks.data_ptr(), in_features, ids.data_ptr(), ids.numel(), out.data_ptr(),
-            _threads(),
-        )  # fmt: skip
+            packed.data_ptr(), k, ids.data_ptr(), ids.numel(), out.data_ptr(), _threads()
+        )
         return out
 
     def argmax(self, x: torch.Tensor) -> torch.Tensor:
@@ -365,9 +369,14 @@ def _check(
     _check_index(index)
 
 
-def _check_blocks(blocks: torch.Tensor) -> None:
-    if not (blocks.dtype == torch.uint8 and blocks.is_cpu and blocks.is_contiguous()):
-        raise _refused(blocks, torch.uint8)
+def _check_packed(packed: torch.Tensor, rows: int) -> None:
+    if not (packed.dtype == torch.uint8 and packed.is_cpu and packed.is_contiguous()):
+        raise _refused(packed, torch.uint8)
+    if packed.shape[0] != -(-rows // GROUP) * GROUP:
+        raise ValueError(
+            f"{rows} rows come interleaved in {-(-rows // GROUP)} groups of {GROUP}, "
+            f"not {packed.shape[0]} rows (kernels/quant.py's interleave)"
+        )
 
 
 def _check_index(index: list[torch.Tensor]) -> None:

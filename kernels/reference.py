@@ -325,14 +325,14 @@ def dequantize(blocks: torch.Tensor, fmt: str, in_features: int) -> torch.Tensor
     """A quantized weight (kernels/quant.py's `fmt` blocks, uint8 [N, row bytes]) as float32
     [N, in_features]."""
     n = blocks.shape[0]
-    if fmt == "q4":  # per 32 weights: float scale, float min, 16 bytes of nibbles
-        b = blocks.reshape(n, in_features // 32, 24)
-        scale, low = b[..., :4].view(torch.float32), b[..., 4:8].view(torch.float32)
-        qs = b[..., 8:].to(torch.int32)
+    if fmt == "q4":  # per 32 weights: float16 scale and min, 16 bytes of nibbles
+        b = blocks.reshape(n, in_features // 32, 20)
+        scale, low = b[..., :2].view(torch.float16).float(), b[..., 2:4].view(torch.float16).float()
+        qs = b[..., 4:].to(torch.int32)
         q = torch.cat([qs & 15, qs >> 4], dim=-1).float()  # weight j, then weight j + 16
         return (q * scale + low).reshape(n, in_features)
-    b = blocks.reshape(n, in_features // 16, 20)  # q8: per 16 weights: float scale, 16 int8
-    scale, q = b[..., :4].view(torch.float32), b[..., 4:].view(torch.int8).float()
+    b = blocks.reshape(n, in_features // 16, 18)  # q8: per 16 weights: float16 scale, 16 int8
+    scale, q = b[..., :2].view(torch.float16).float(), b[..., 2:].view(torch.int8).float()
     return (q * scale).reshape(n, in_features)
 
 

@@ -59,11 +59,12 @@ def load_model(
     quantization: str = "none",
     shard: Shard | None = None,
 ) -> LlamaForCausalLM:
-    """The model on `device` in `dtype`; on the CPU its small ops run in the C++ kernels
-    unless `cpu_kernels` is False (or they cannot be built here). `deterministic`: every
-    row's output is the same whatever it is batched with (batch-invariant linears,
-    attention row by row). `quantization` (CPU only): "int8" or "int4" quantizes every
-    linear at load; "gguf" keeps the quantized tensors of the GGUF file the model came from.
+    """The model on `device` in `dtype`; on the CPU its small ops and quantized linears run
+    in the C++ kernels unless `cpu_kernels` is False (or they cannot be built here).
+    `deterministic`: every row's output is the same whatever it is batched with
+    (batch-invariant linears, attention row by row). `quantization` (CPU only): "int8" or
+    "int4" quantizes every linear at load; "gguf" keeps the quantized tensors of the GGUF
+    file the model came from.
     `shard`: only a tensor-parallel rank's share of the heads and MLP features (runtime/tp)."""
     if quantization != "none" and device.type != "cpu":
         raise ValueError(f"quantization={quantization!r}: quantized weights run on the CPU")
@@ -93,6 +94,10 @@ def load_model(
         if quantization in QUANTIZED_FORMATS:
             _quantize_linears(model, QUANTIZED_FORMATS[quantization])
     model.ops = layer_ops(device, dtype, cpu_kernels, deterministic)
+    if cpu_kernels:
+        for module in model.modules():
+            if isinstance(module, QuantLinear):
+                module.pack()
     model.decoder = QuantDecoder.of(model)
     return model.eval().requires_grad_(False)
 

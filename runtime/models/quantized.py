@@ -1,8 +1,9 @@
 """Layers whose weights stay quantized in memory (kernels/quant.py's q4 and q8 blocks).
 
-The CPU kernels read the blocks directly (kernels/cpu_quant.cpp); without them the PyTorch
-twins dequantize on every call (correct, slow). Activations go in and come out in the
-model's dtype; the kernels compute in float32.
+The CPU kernels read the blocks directly (kernels/cpu_quant.cpp) once `pack` has laid them
+out for them; until then, or without the kernels, the PyTorch twins dequantize on every call
+(correct, slow). Activations go in and come out in the model's dtype; the kernels compute in
+float32.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import torch
 from torch import nn
 
 from braid.kernels import cpu, reference
-from braid.kernels.quant import FORMATS, quantize
+from braid.kernels.quant import FORMATS, interleave, quantize
 
 
 class QuantLinear(nn.Module):
@@ -19,8 +20,9 @@ class QuantLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features, self.fmt = in_features, out_features, fmt
         row_bytes = FORMATS[fmt].row_bytes(in_features)
+        # The rows' blocks in order as loaded; after `pack`, interleaved for the kernels.
         self.register_buffer("blocks", torch.empty(out_features, row_bytes, dtype=torch.uint8))
-        self.kernels = cpu.load()
+        self.kernels: cpu.CpuKernels | None = None  # set by `pack`
 
     @classmethod
     def of(cls, linear: nn.Linear, fmt: str) -> QuantLinear:
@@ -31,10 +33,18 @@ class QuantLinear(nn.Module):
         layer.blocks = quantize(linear.weight, FORMATS[fmt])
         return layer
 
+    def pack(self) -> None:
+        """Hand the blocks to the CPU kernels in their layout (kernels/quant.py's
+        `interleave`), if the kernels can be built here. Done once, when loading is over."""
+        kernels = cpu.load()
+        if kernels is not None and self.kernels is None:
+            self.blocks = interleave(self.blocks, FORMATS[self.fmt])
+            self.kernels = kernels
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float().contiguous()
         if self.kernels is not None:
-            out = self.kernels.quant_matmul(x32, self.blocks, self.fmt)
+            out = self.kernels.quant_matmul(x32, self.blocks, self.fmt, self.out_features)
         else:
             out = reference.quant_matmul(x32, self.blocks, self.fmt)
         return out.to(x.dtype)
@@ -54,7 +64,8 @@ class QuantEmbedding(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         t = self.table
         if t.kernels is not None:
-            rows = t.kernels.dequantize_rows(t.blocks, t.fmt, t.in_features, ids)
+            shape = (t.out_features, t.in_features)
+            rows = t.kernels.dequantize_rows(t.blocks, t.fmt, shape, ids)
         else:
             rows = reference.dequantize(t.blocks[ids], t.fmt, t.in_features)
         return rows.to(self.dtype)

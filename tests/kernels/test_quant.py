@@ -28,12 +28,14 @@ def test_packing_rounds_each_weight_to_its_blocks_grid(fmt):
     assert blocks.dtype == torch.uint8 and blocks.shape == (20, fmt.row_bytes(96))
     got = reference.dequantize(blocks, fmt.name, 96)
     groups = w.reshape(20, -1, fmt.block)
-    if fmt is quant.Q4:  # 16 levels between each block's min and max
-        step = (groups.amax(-1) - groups.amin(-1)) / 15
-    else:  # 255 levels symmetric around 0
-        step = groups.abs().amax(-1) / 127
+    # The float16 scale, rounded up from the range's: 16 levels between each block's min and
+    # max (q4), or 255 symmetric around 0 (q8).
+    scale = torch.from_numpy(blocks.numpy().view(fmt.dtype)["scale"].astype(np.float32))
+    levels = groups.amax(-1) - groups.amin(-1) if fmt is quant.Q4 else groups.abs().amax(-1)
+    assert (scale >= levels / (15 if fmt is quant.Q4 else 127)).all()
+    assert (scale <= levels / (15 if fmt is quant.Q4 else 127) * (1 + 2**-9) + 1e-7).all()
     err = (got - w).abs().reshape(20, -1, fmt.block)
-    assert (err <= step[..., None] / 2 + 1e-6).all()
+    assert (err <= scale[..., None] / 2 + 1e-6).all()
 
 
 @pytest.mark.parametrize("fmt", [quant.Q4, quant.Q8], ids=lambda f: f.name)
@@ -45,7 +47,7 @@ def test_quant_matmul_equals_its_twin(lib, fmt, m, n, k):
     quant_matmul; both against the float product within the rounding's bound."""
     blocks = quant.quantize(torch.randn(n, k), fmt)
     x = torch.randn(m, k)
-    got = lib.quant_matmul(x, blocks, fmt.name)
+    got = lib.quant_matmul(x, quant.interleave(blocks, fmt), fmt.name, n)
     rounded = m <= lib.quant_int8_max_rows
     twin = reference.quant_matmul_int8 if rounded else reference.quant_matmul
     torch.testing.assert_close(got, twin(x, blocks, fmt.name), atol=1e-4, rtol=1e-5)
@@ -70,7 +72,7 @@ def test_quant_matmul_int8_rounds_like_its_twin(lib):
     x[0, 16:32] = 1e30
     x[1, 32:] = torch.linspace(-1, 1, 32)
     torch.testing.assert_close(
-        lib.quant_matmul(x, blocks, "q8"),
+        lib.quant_matmul(x, quant.interleave(blocks, quant.Q8), "q8", 64),
         reference.quant_matmul_int8(x, blocks, "q8"),
         atol=0,
         rtol=1e-5,
@@ -80,15 +82,19 @@ def test_quant_matmul_int8_rounds_like_its_twin(lib):
 @pytest.mark.parametrize("fmt", [quant.Q4, quant.Q8], ids=lambda f: f.name)
 def test_dequantized_rows_equal_the_twins(lib, fmt):
     blocks = quant.quantize(torch.randn(30, 64), fmt)
-    ids = torch.tensor([0, 29, 7, 7])
+    packed = quant.interleave(blocks, fmt)
+    assert packed.shape == (32, blocks.shape[1])  # 30 rows in 4 groups of 8
+    ids = torch.tensor([0, 29, 7, 7, 8, 15])
     torch.testing.assert_close(
-        lib.dequantize_rows(blocks, fmt.name, 64, ids),
+        lib.dequantize_rows(packed, fmt.name, (30, 64), ids),
         reference.dequantize(blocks, fmt.name, 64)[ids],
-        atol=1e-6,
-        rtol=1e-6,
+        atol=0,
+        rtol=0,
     )
     with pytest.raises(ValueError, match="ids outside"):
-        lib.dequantize_rows(blocks, fmt.name, 64, torch.tensor([30]))
+        lib.dequantize_rows(packed, fmt.name, (30, 64), torch.tensor([30]))
+    with pytest.raises(ValueError, match="groups of 8"):  # rows not interleaved
+        lib.dequantize_rows(blocks, fmt.name, (30, 64), ids)
 
 
 def gguf_blocks(ggml_type, n: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
