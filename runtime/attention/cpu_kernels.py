@@ -46,6 +46,11 @@ class CpuKernelAttention(TorchAttention):
     def rope_store_kv(self, *args) -> None:
         self.lib.rope_store_kv(*args)
 
+    def _padded_decodes(self, num_decodes: int) -> bool:
+        # One decode is attended by row; several are scored together (from padded tables)
+        # only when they share a long prefix, which the tables tell.
+        return not self.rows_only and num_decodes > 1
+
     def prepare(self, batch: ForwardBatch) -> CpuMetadata:
         short = [
             1 < n and (self.rows_only or n * total <= SHORT_EXTEND_WORK) and m is None

@@ -8,6 +8,7 @@ slots every row shares (a common few-shot prompt) scored once for all rows; tree
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -30,8 +31,9 @@ class TorchMetadata:
     decode_rows: torch.Tensor  # [Bd]
     decode_kv_starts: torch.Tensor  # [Bd]
     decode_kv_lens: torch.Tensor  # [Bd]
-    decode_kv_index: torch.Tensor  # [Bd, Lmax]
-    decode_kv_valid: torch.Tensor  # [Bd, 1, 1, Lmax] bool
+    # None where the backend attends the decodes row by row (no padded tables to build).
+    decode_kv_index: torch.Tensor | None  # [Bd, Lmax]
+    decode_kv_valid: torch.Tensor | None  # [Bd, 1, 1, Lmax] bool
     # Leading slots every decode sequence shares: their K/V are read once for all rows.
     decode_shared_len: int
     # Tree extends: their rows of T padded to the largest tree, which padded rows are real,
@@ -51,51 +53,42 @@ class TorchAttention(AttentionBackend):
     def prepare(self, batch: ForwardBatch) -> TorchMetadata:
         return self._prepare(batch, lambda b: True)
 
+    def _padded_decodes(self, num_decodes: int) -> bool:
+        """Whether the decodes need padded slot tables (and their shared prefix) this
+        step: here always; a subclass attending them row by row says when."""
+        return True
+
     def _prepare(self, batch: ForwardBatch, attended_alone) -> TorchMetadata:
         """The metadata, with `extends` holding only the plain extends for which
         `attended_alone(b)` holds (subclasses attend the others their own way)."""
         extend_lens, seq_lens, masks = batch.extend_lens, batch.seq_lens, batch.tree_masks
         kv_starts_list = batch.kv_starts
-        kv_starts = torch.tensor(kv_starts_list, dtype=torch.int64)
-        row_starts = torch.tensor([0, *extend_lens]).cumsum(0)
+        row_starts = list(itertools.accumulate(extend_lens, initial=0))
         decodes = [b for b, n in enumerate(extend_lens) if n == 1 and masks[b] is None]
-        longest = max((seq_lens[b] for b in decodes), default=0)
+        starts = torch.tensor([kv_starts_list[b] for b in decodes], dtype=torch.int64)
         lens = torch.tensor([seq_lens[b] for b in decodes], dtype=torch.int64)
-        kv_index = _padded_tables(batch.kv_indices.cpu(), kv_starts[decodes], lens, longest)
-        kv_valid = (torch.arange(longest)[None, :] < lens[:, None])[:, None, None, :]
-        same = (kv_index == kv_index[:1]) & kv_valid[:, 0, 0]  # (Bd, Lmax)
-        shared_len = int(same.all(0).int().cumprod(0).sum()) if len(decodes) > 1 else 0
-        trees = [b for b, m in enumerate(masks) if m is not None]
-        most = max((extend_lens[b] for b in trees), default=0)
-        widest = max((seq_lens[b] for b in trees), default=0)
-        tree_rows = torch.zeros(len(trees), most, dtype=torch.int64)
-        tree_row_valid = torch.zeros(len(trees), most, dtype=torch.bool)
-        tree_kv_index = torch.zeros(len(trees), widest, dtype=torch.int64)
-        tree_kv_mask = torch.zeros(len(trees), most, widest, dtype=torch.bool)
-        for i, b in enumerate(trees):
-            n, total, start = extend_lens[b], seq_lens[b], kv_starts_list[b]
-            tree_rows[i, :n] = torch.arange(row_starts[b], row_starts[b] + n)
-            tree_row_valid[i, :n] = True
-            tree_kv_index[i, :total] = batch.kv_indices[start : start + total]
-            tree_kv_index[i, total:] = batch.kv_indices[start]  # a written slot: see _padded_tables
-            tree_kv_mask[i, :n, : total - n] = True
-            tree_kv_mask[i, :n, total - n : total] = masks[b]
+        kv_index = kv_valid = None
+        shared_len = 0
+        if self._padded_decodes(len(decodes)):
+            longest = max((seq_lens[b] for b in decodes), default=0)
+            kv_index = _padded_tables(batch.kv_indices.cpu(), starts, lens, longest)
+            kv_valid = (torch.arange(longest)[None, :] < lens[:, None])[:, None, None, :]
+            if len(decodes) > 1:
+                same = (kv_index == kv_index[:1]) & kv_valid[:, 0, 0]  # (Bd, Lmax)
+                shared_len = int(same.all(0).int().cumprod(0).sum())
         extends = [
-            (int(row_starts[b]), n, kv_starts_list[b], seq_lens[b])
+            (row_starts[b], n, kv_starts_list[b], seq_lens[b])
             for b, n in enumerate(extend_lens)
             if n > 1 and masks[b] is None and attended_alone(b)
         ]
         return TorchMetadata(
-            decode_rows=row_starts[decodes],
-            decode_kv_starts=kv_starts[decodes],
+            decode_rows=torch.tensor([row_starts[b] for b in decodes], dtype=torch.int64),
+            decode_kv_starts=starts,
             decode_kv_lens=lens,
             decode_kv_index=kv_index,
             decode_kv_valid=kv_valid,
             decode_shared_len=shared_len,
-            tree_rows=tree_rows,
-            tree_row_valid=tree_row_valid,
-            tree_kv_index=tree_kv_index,
-            tree_kv_mask=tree_kv_mask[:, None, None],
+            **_tree_tables(batch, row_starts),
             extends=extends,
         )
 
@@ -155,6 +148,44 @@ def grouped_attention(
     scores.masked_fill_(~mask, float("-inf"))
     probs = scores.softmax(-1).to(v.dtype).view(*batch, num_kv_heads, group * n, length)
     return torch.matmul(probs, v).view(*batch, num_heads, n, head_dim)
+
+
+def _tree_tables(batch: ForwardBatch, row_starts: list[int]) -> dict[str, torch.Tensor]:
+    """TorchMetadata's tree_* fields: each tree extend's rows of T and slot table, padded to
+    the largest, and each row's visibility (its prefix and its ancestors)."""
+    extend_lens, seq_lens, masks = batch.extend_lens, batch.seq_lens, batch.tree_masks
+    trees = [b for b, m in enumerate(masks) if m is not None]
+    if not trees:
+        return _NO_TREES
+    most = max(extend_lens[b] for b in trees)
+    widest = max(seq_lens[b] for b in trees)
+    rows = torch.zeros(len(trees), most, dtype=torch.int64)
+    row_valid = torch.zeros(len(trees), most, dtype=torch.bool)
+    kv_index = torch.zeros(len(trees), widest, dtype=torch.int64)
+    kv_mask = torch.zeros(len(trees), most, widest, dtype=torch.bool)
+    for i, b in enumerate(trees):
+        n, total, start = extend_lens[b], seq_lens[b], batch.kv_starts[b]
+        rows[i, :n] = torch.arange(row_starts[b], row_starts[b] + n)
+        row_valid[i, :n] = True
+        kv_index[i, :total] = batch.kv_indices[start : start + total]
+        kv_index[i, total:] = batch.kv_indices[start]  # a written slot: see _padded_tables
+        kv_mask[i, :n, : total - n] = True
+        kv_mask[i, :n, total - n : total] = masks[b]
+    return {
+        "tree_rows": rows,
+        "tree_row_valid": row_valid,
+        "tree_kv_index": kv_index,
+        "tree_kv_mask": kv_mask[:, None, None],
+    }
+
+
+# A batch without trees (only read: attention checks tree_rows.numel()).
+_NO_TREES = {
+    "tree_rows": torch.zeros(0, 0, dtype=torch.int64),
+    "tree_row_valid": torch.zeros(0, 0, dtype=torch.bool),
+    "tree_kv_index": torch.zeros(0, 0, dtype=torch.int64),
+    "tree_kv_mask": torch.zeros(0, 1, 1, 0, 0, dtype=torch.bool),
+}
 
 
 def _padded_tables(
