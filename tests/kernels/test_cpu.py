@@ -28,7 +28,8 @@ def lib() -> cpu.CpuKernels:
 PATHS = {
     "native": (),
     "avx512-no-bf16-dot": ("-mno-avx512bf16",),
-    "portable": ("-mno-avx512f",),
+    "avx2": ("-mno-avx512f",),
+    "portable": ("-mno-avx512f", "-mno-avx2"),
 }
 
 
