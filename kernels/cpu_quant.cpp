@@ -262,6 +262,61 @@ bool int8_matmul(const float*, int64_t, int64_t, const Group*, int64_t, float*, 
 constexpr int64_t kInt8MaxRows = 0;
 #endif
 
+// All 8 rows of a group as floats: row r at out + r * K, two rows at a time in the blocks'
+// own order. Expanding row by row (expand_row: scalar, strided bytes) made a whole 3,072 x
+// 576 q4 call at 64 rows 5.8 ms instead of 3.2, at 512 rows 44 instead of 25.
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+// Two rows' units at a time: their 8 bytes widened to 8 lanes, scaled with each row's scale.
+inline __m256 pair_lanes(__m256 per_row, int r) {  // lanes 0-3: row r's value, 4-7: r + 1's
+  return _mm256_permutevar8x32_ps(per_row, _mm256_setr_epi32(r, r, r, r, r + 1, r + 1, r + 1,
+                                                             r + 1));
+}
+inline void store_pair(float* row, int64_t K, __m256 v) {
+  _mm_storeu_ps(row, _mm256_castps256_ps128(v));
+  _mm_storeu_ps(row + K, _mm256_extractf128_ps(v, 1));
+}
+
+void expand_group(const GroupQ4* group, int64_t num_blocks, int64_t K, float* out) {
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const GroupQ4& g = group[b];
+    const __m256 scale = load_halves(g.scale), min = load_halves(g.min);
+    for (int r = 0; r < kGroup; r += 2) {
+      const __m256 s = pair_lanes(scale, r), m = pair_lanes(min, r);
+      float* o = out + r * K + b * 32;
+      for (int c = 0; c < 4; ++c) {
+        const __m256i bytes = _mm256_cvtepu8_epi32(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(g.qs[c][r])));
+        const __m256 low = _mm256_cvtepi32_ps(_mm256_and_si256(bytes, _mm256_set1_epi32(15)));
+        const __m256 high = _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4));
+        store_pair(o + 4 * c, K, _mm256_fmadd_ps(low, s, m));
+        store_pair(o + 16 + 4 * c, K, _mm256_fmadd_ps(high, s, m));
+      }
+    }
+  }
+}
+
+void expand_group(const GroupQ8* group, int64_t num_blocks, int64_t K, float* out) {
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const GroupQ8& g = group[b];
+    const __m256 scale = load_halves(g.scale);
+    for (int r = 0; r < kGroup; r += 2) {
+      const __m256 s = pair_lanes(scale, r);
+      float* o = out + r * K + b * 16;
+      for (int c = 0; c < 4; ++c) {
+        const __m256i q = _mm256_cvtepi8_epi32(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(g.qs[c][r])));
+        store_pair(o + 4 * c, K, _mm256_mul_ps(_mm256_cvtepi32_ps(q), s));
+      }
+    }
+  }
+}
+#else
+template <typename Group>
+void expand_group(const Group* group, int64_t num_blocks, int64_t K, float* out) {
+  for (int r = 0; r < kGroup; ++r) expand_row(group, num_blocks, r, out + r * K);
+}
+#endif
+
 template <typename Group>
 void quant_matmul(const float* x, int64_t M, int64_t K, const Group* w, int64_t N, float* out,
                   int threads) {
@@ -272,9 +327,7 @@ void quant_matmul(const float* x, int64_t M, int64_t K, const Group* w, int64_t 
     std::vector<float> buffer(kGroup * K);
 #pragma omp for schedule(static)
     for (int64_t g = 0; g < groups; ++g) {
-      for (int r = 0; r < kGroup; ++r) {
-        expand_row(w + g * num_blocks, num_blocks, r, buffer.data() + r * K);
-      }
+      expand_group(w + g * num_blocks, num_blocks, K, buffer.data());
       for (int64_t half = 0; half < kGroup; half += 4) {
         const int64_t n0 = g * kGroup + half;
         if (n0 >= N) break;

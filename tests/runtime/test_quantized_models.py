@@ -12,11 +12,12 @@ import pytest
 import torch
 import transformers
 
+from braid.kernels import cpu, reference
 from braid.runtime.forward_batch import ForwardBatch
 from braid.runtime.gguf_file import load_quantized, unpermute_rope
 from braid.runtime.kv_cache import KVPool
 from braid.runtime.model_loader import load_model, load_model_config
-from braid.runtime.models import LlamaForCausalLM, ModelConfig
+from braid.runtime.models import LlamaForCausalLM, ModelConfig, quantized
 from braid.runtime.models.ops import layer_ops
 from braid.runtime.models.quantized import QuantEmbedding, QuantLinear
 
@@ -261,3 +262,25 @@ def test_quant_decoder_only_for_fully_quantized_float32_models(tiny_model_path):
     assert decoder(torch.float32, "none") is None
     assert decoder(torch.bfloat16, "int8") is None
     assert decoder(torch.float32, "int8") is not None
+
+
+@pytest.mark.parametrize("rows", [1, 4, 5, 31, 70])
+@pytest.mark.parametrize("fmt", ["q4", "q8"])
+def test_packed_quant_linears_equal_the_twin(monkeypatch, rows, fmt):
+    """A packed QuantLinear (45 rows: 6 groups of 8, the last padded) against the twin on
+    its blocks as loaded: the int8 kernel up to 4 rows (inputs rounded), the expanding one
+    past them, and from DENSE_MIN_ROWS (64 here) torch's GEMM over the weight expanded 16
+    rows at a time."""
+    if cpu.load() is None:
+        pytest.skip("the CPU kernels cannot be built here")
+    monkeypatch.setattr(quantized, "DENSE_MIN_ROWS", 64)
+    monkeypatch.setattr(quantized, "DENSE_CHUNK", 16 * 64)
+    torch.manual_seed(0)
+    layer = QuantLinear.of(torch.nn.Linear(64, 45, bias=False), fmt)
+    blocks = layer.blocks.clone()
+    layer.pack()
+    assert layer.blocks.shape[0] == 48
+    x = torch.randn(rows, 64)
+    rounded = rows <= layer.kernels.quant_int8_max_rows
+    twin = reference.quant_matmul_int8 if rounded else reference.quant_matmul
+    torch.testing.assert_close(layer(x), twin(x, blocks, fmt), atol=1e-4, rtol=1e-5)
