@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from braid import _native
-from braid.kernels.quant import GROUP
+from braid.kernels.quant import GROUP, interleaved_rows
 
 log = logging.getLogger(__name__)
 
@@ -372,10 +372,10 @@ def _check(
 def _check_packed(packed: torch.Tensor, rows: int) -> None:
     if not (packed.dtype == torch.uint8 and packed.is_cpu and packed.is_contiguous()):
         raise _refused(packed, torch.uint8)
-    if packed.shape[0] != -(-rows // GROUP) * GROUP:
+    if packed.shape[0] != interleaved_rows(rows):
         raise ValueError(
-            f"{rows} rows come interleaved in {-(-rows // GROUP)} groups of {GROUP}, "
-            f"not {packed.shape[0]} rows (kernels/quant.py's interleave)"
+            f"{rows} rows come interleaved in {interleaved_rows(rows) // GROUP} groups of "
+            f"{GROUP}, not {packed.shape[0]} rows (kernels/quant.py's interleave)"
         )
 
 

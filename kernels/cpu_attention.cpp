@@ -26,11 +26,12 @@ namespace {
 using namespace braid;
 
 // Softmax numerators exp(s - max s) of s[0, len), in place (-inf scores, padding, give 0);
-// returns 1 / their sum.
-inline float softmax_numerators(float* s, int64_t len) {
+// returns 1 / their sum, and the max in *max_out if given.
+inline float softmax_numerators(float* s, int64_t len, float* max_out = nullptr) {
   float top = -INFINITY;
 #pragma omp simd reduction(max : top)
   for (int64_t l = 0; l < len; ++l) top = s[l] > top ? s[l] : top;
+  if (max_out != nullptr) *max_out = top;
   float total = 0.0f;
 #pragma omp simd reduction(+ : total)
   for (int64_t l = 0; l < len; ++l) {
@@ -252,9 +253,8 @@ void attend_rows_portable(const DecodeRows<T>& a) {
     float* partial = chunks > 1 ? partials + (split[i] + local) * partial_size : nullptr;
     for (int64_t g = 0; g < group; ++g) {
       float* s = scores.data() + g * n;
-      float top = -INFINITY;
-      for (int64_t l = 0; l < n; ++l) top = std::max(top, s[l]);
-      const float inv = softmax_numerators(s, n);
+      float top;
+      const float inv = softmax_numerators(s, n, &top);
       if (partial == nullptr) {  // the whole row: normalise now
         for (int64_t l = 0; l < n; ++l) s[l] *= inv;
       } else {

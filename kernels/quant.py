@@ -80,13 +80,18 @@ def _half(x: np.ndarray, down: bool) -> np.ndarray:
 GROUP = 8  # rows interleaved together (kernels/cpu_quant.cpp)
 
 
+def interleaved_rows(n: int) -> int:
+    """The rows of an interleaved weight of n rows: n rounded up to whole groups."""
+    return -(-n // GROUP) * GROUP
+
+
 def interleave(blocks: torch.Tensor, fmt: QuantFormat) -> torch.Tensor:
     """`fmt` blocks [N, row bytes] in the CPU kernels' layout: the rows in groups of GROUP
     (the last one padded with zero rows), and for each group and block column its rows'
     scales (then mins), then their quant bytes 4 at a time: bytes 0..3 of each row, then
     bytes 4..7 of each row, and so on. Returns uint8 [N rounded up to GROUP, row bytes]."""
     n, row_bytes = blocks.shape
-    padded = -(-n // GROUP) * GROUP
+    padded = interleaved_rows(n)
     rows = np.zeros((padded, row_bytes), np.uint8)
     rows[:n] = blocks.numpy()
     groups = rows.view(fmt.dtype).reshape(padded // GROUP, GROUP, -1).transpose(0, 2, 1)

@@ -88,7 +88,7 @@ class TorchAttention(AttentionBackend):
             decode_kv_index=kv_index,
             decode_kv_valid=kv_valid,
             decode_shared_len=shared_len,
-            **_tree_tables(batch, row_starts),
+            **_tree_tables(batch, row_starts, kv_starts_list),
             extends=extends,
         )
 
@@ -150,7 +150,9 @@ def grouped_attention(
     return torch.matmul(probs, v).view(*batch, num_heads, n, head_dim)
 
 
-def _tree_tables(batch: ForwardBatch, row_starts: list[int]) -> dict[str, torch.Tensor]:
+def _tree_tables(
+    batch: ForwardBatch, row_starts: list[int], kv_starts: list[int]
+) -> dict[str, torch.Tensor]:
     """TorchMetadata's tree_* fields: each tree extend's rows of T and slot table, padded to
     the largest, and each row's visibility (its prefix and its ancestors)."""
     extend_lens, seq_lens, masks = batch.extend_lens, batch.seq_lens, batch.tree_masks
@@ -164,7 +166,7 @@ def _tree_tables(batch: ForwardBatch, row_starts: list[int]) -> dict[str, torch.
     kv_index = torch.zeros(len(trees), widest, dtype=torch.int64)
     kv_mask = torch.zeros(len(trees), most, widest, dtype=torch.bool)
     for i, b in enumerate(trees):
-        n, total, start = extend_lens[b], seq_lens[b], batch.kv_starts[b]
+        n, total, start = extend_lens[b], seq_lens[b], kv_starts[b]
         rows[i, :n] = torch.arange(row_starts[b], row_starts[b] + n)
         row_valid[i, :n] = True
         kv_index[i, :total] = batch.kv_indices[start : start + total]
