@@ -111,6 +111,20 @@ TINY_VARIANTS = {
 }
 
 
+def random_gguf():
+    """scripts/random_gguf.py (not a package: tests load it by path), which writes random
+    GGUF files and random blocks of any GGUF type."""
+    import importlib.util
+
+    if "random_gguf" not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / "scripts" / "random_gguf.py"
+        spec = importlib.util.spec_from_file_location("random_gguf", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules["random_gguf"]
+
+
 @pytest.fixture(scope="session")
 def default_model_path() -> Path:
     from braid.runtime.default_model import default_model_dir
