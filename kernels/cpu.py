@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from braid import _native
-from braid.kernels.quant import GROUP, interleaved_rows
+from braid.kernels.quant import interleaved_rows
 
 log = logging.getLogger(__name__)
 
@@ -48,18 +48,28 @@ _SIGNATURES = {
     for name, argtypes in _ARGTYPES.items()
     for suffix in _SUFFIX.values()
 }
-# ...but the quantized linears (float32 activations), one per weight format.
-_QUANT_FORMATS = ("q4", "q8")
-for _fmt in _QUANT_FORMATS:
-    _SIGNATURES[f"quant_matmul_{_fmt}"] = ([_P, _I64, _I64, _P, _I64, _P, _INT], None)
-    _SIGNATURES[f"dequantize_rows_{_fmt}"] = ([_P, _I64, _P, _I64, _P, _INT], None)
-_SIGNATURES["quant_int8_max_rows"] = ([], _I64)
+# ...but the quantized linears (float32 activations), which take a format id: the index in
+# QUANT_FORMATS (kernels/cpu_quant.cpp's FormatId).
+QUANT_FORMATS = ("q4", "q5", "q8", "iq4")
+_SIGNATURES["quant_matmul"] = ([_I64, _P, _I64, _I64, _P, _I64, _P, _I64, _INT], None)
+_SIGNATURES["dequantize_rows"] = ([_I64, _P, _I64, _P, _I64, _P, _INT], None)
+_SIGNATURES["quant_rounds_inputs"] = ([], _I64)
+_SIGNATURES["quant_group_rows"] = ([], _I64)
 _SIGNATURES["quant_decode_layers"] = ([_P, _I64, _P, _P, _P, _P, _INT], None)
 
 
 # The structures quant_decode_layers takes (kernels/cpu_decoder.cpp), field for field.
+class QuantPart(ctypes.Structure):
+    _fields_ = [("blocks", _P), ("format", _I64), ("rows", _I64)]
+
+
+MAX_QUANT_PARTS = 3
+
+
 class QuantWeight(ctypes.Structure):
-    _fields_ = [("blocks", _P), ("format", _I64)]
+    """A linear's output rows in up to MAX_QUANT_PARTS parts, each in its own format."""
+
+    _fields_ = [("parts", QuantPart * MAX_QUANT_PARTS), ("num_parts", _I64)]
 
 
 class QuantDecoderLayer(ctypes.Structure):
@@ -125,13 +135,11 @@ class CpuKernels:
             for name in _ARGTYPES
             for suffix in _SUFFIX.values()
         }
-        self._quant = {
-            (name, fmt): getattr(lib, f"{name}_{fmt}")
-            for name in ("quant_matmul", "dequantize_rows")
-            for fmt in _QUANT_FORMATS
-        }
-        # quant_matmul rounds inputs of up to this many rows to int8 (0 without AVX2).
-        self.quant_int8_max_rows = lib.quant_int8_max_rows()
+        self._quant_matmul, self._dequantize_rows = lib.quant_matmul, lib.dequantize_rows
+        # Whether quant_matmul rounds its inputs to int8 blocks (with AVX2 and up), and the
+        # rows the kernels read interleaved together (kernels/quant.py's `interleave`).
+        self.quant_rounds_inputs = bool(lib.quant_rounds_inputs())
+        self.quant_group = lib.quant_group_rows()
         self._decode_layers = lib.quant_decode_layers
 
     def supports(self, dtype: torch.dtype) -> bool:
@@ -257,18 +265,30 @@ class CpuKernels:
         )
 
     def quant_matmul(
-        self, x: torch.Tensor, packed: torch.Tensor, fmt: str, out_features: int
+        self,
+        x: torch.Tensor,
+        packed: torch.Tensor,
+        fmt: str,
+        out_features: int,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x [M, K] (float32) @ the quantized weight [N = out_features, K] transposed ->
-        float32 [M, N]. `packed`: the weight's `fmt` blocks as kernels/quant.py's
-        `interleave` lays them out. As kernels.reference.quant_matmul_int8 up to
-        `quant_int8_max_rows` rows of x, else as kernels.reference.quant_matmul."""
+        float32 [M, N], into `out` if given (its rows may be strided: a column slice of a wider
+        output). `packed`: the weight's `fmt` blocks as kernels/quant.py's `interleave` lays
+        them out for `quant_group`. As kernels.reference.quant_matmul_int8 where
+        `quant_rounds_inputs`, else as kernels.reference.quant_matmul."""
         _check(torch.float32, data=[x])
-        _check_packed(packed, out_features)
-        out = torch.empty(x.shape[0], out_features, dtype=torch.float32)
-        self._quant["quant_matmul", fmt](
-            x.data_ptr(), x.shape[0], x.shape[1], packed.data_ptr(), out_features,
-            out.data_ptr(), _threads(),
+        self._check_packed(packed, out_features)
+        if out is None:
+            out = torch.empty(x.shape[0], out_features, dtype=torch.float32)
+        elif not (
+            out.dtype == torch.float32 and out.is_cpu and out.shape == (x.shape[0], out_features)
+            and out.stride(1) == 1
+        ):  # fmt: skip
+            raise ValueError(f"quant_matmul: out must be float32 [{x.shape[0]}, {out_features}]")
+        self._quant_matmul(
+            QUANT_FORMATS.index(fmt), x.data_ptr(), x.shape[0], x.shape[1], packed.data_ptr(),
+            out_features, out.data_ptr(), out.stride(0), _threads(),
         )  # fmt: skip
         return out
 
@@ -313,15 +333,26 @@ class CpuKernels:
         quantized embedding table's lookup); `packed` as quant_matmul's. As
         kernels.reference.dequantize's rows."""
         n, k = shape
-        _check_packed(packed, n)
+        self._check_packed(packed, n)
         _check_index([ids])
         if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < n:
             raise ValueError(f"dequantize_rows: ids outside [0, {n})")
         out = torch.empty(ids.numel(), k, dtype=torch.float32)
-        self._quant["dequantize_rows", fmt](
-            packed.data_ptr(), k, ids.data_ptr(), ids.numel(), out.data_ptr(), _threads()
-        )
+        self._dequantize_rows(
+            QUANT_FORMATS.index(fmt), packed.data_ptr(), k, ids.data_ptr(), ids.numel(),
+            out.data_ptr(), _threads(),
+        )  # fmt: skip
         return out
+
+    def _check_packed(self, packed: torch.Tensor, rows: int) -> None:
+        if not (packed.dtype == torch.uint8 and packed.is_cpu and packed.is_contiguous()):
+            raise _refused(packed, torch.uint8)
+        group = self.quant_group
+        if packed.shape[0] != interleaved_rows(rows, group):
+            raise ValueError(
+                f"{rows} rows come interleaved in {interleaved_rows(rows, group) // group} "
+                f"groups of {group}, not {packed.shape[0]} rows (kernels/quant.py's interleave)"
+            )
 
     def argmax(self, x: torch.Tensor) -> torch.Tensor:
         """x.argmax(dim=-1) of a [rows, cols] CPU tensor whose rows may be strided (a slice of
@@ -367,16 +398,6 @@ def _check(
         if t is not None and not (t.dtype == dtype and t.is_cpu and t.is_contiguous()):
             raise _refused(t, dtype)
     _check_index(index)
-
-
-def _check_packed(packed: torch.Tensor, rows: int) -> None:
-    if not (packed.dtype == torch.uint8 and packed.is_cpu and packed.is_contiguous()):
-        raise _refused(packed, torch.uint8)
-    if packed.shape[0] != interleaved_rows(rows):
-        raise ValueError(
-            f"{rows} rows come interleaved in {interleaved_rows(rows) // GROUP} groups of "
-            f"{GROUP}, not {packed.shape[0]} rows (kernels/quant.py's interleave)"
-        )
 
 
 def _check_index(index: list[torch.Tensor]) -> None:

@@ -1,4 +1,4 @@
-// The decoder layers of a model whose linears are all quantized (q4/q8 blocks), float32
+// The decoder layers of a model whose linears are all quantized (kernels/quant.py), float32
 // activations, for a batch of decode rows: one call for the whole stack instead of ~10 calls
 // per layer from Python. At batch 1 on the default model a step's kernels take ~8 ms and the
 // Python between them (module calls, argument checks, allocations) took ~3 ms more.
@@ -21,26 +21,32 @@ void rope_store_attend_f32(float* qkv, const int64_t* positions, const float* co
                            const int64_t* kv_starts, const int64_t* kv_lens,
                            const int64_t* kv_indices, int64_t num_rows, float scale,
                            int threads);
-void quant_matmul_q4(const float* x, int64_t M, int64_t K, const void* w, int64_t N, float* out,
-                     int threads);
-void quant_matmul_q8(const float* x, int64_t M, int64_t K, const void* w, int64_t N, float* out,
-                     int threads);
+void quant_matmul(int64_t format, const float* x, int64_t M, int64_t K, const void* w, int64_t N,
+                  float* out, int64_t ldo, int threads);
 }
 
 namespace {
 
-// One quantized linear: its blocks (kernels/quant.py's layout) and their format.
-struct QuantWeight {
+// One quantized linear: its output rows in parts (a GGUF's q, k and v may be stored in
+// different formats), each part's blocks in kernels/quant.py's layout.
+struct QuantPart {
   const void* blocks;
-  int64_t format;  // 4: q4, 8: q8
+  int64_t format;  // kernels/cpu_quant.cpp's FormatId
+  int64_t rows;
+};
+struct QuantWeight {
+  QuantPart parts[3];
+  int64_t num_parts;
 };
 
-void matmul(const float* x, int64_t M, int64_t K, QuantWeight w, int64_t N, float* out,
+// out[M, N] = x @ w^T, each part into its columns.
+void matmul(const float* x, int64_t M, int64_t K, const QuantWeight& w, int64_t N, float* out,
             int threads) {
-  if (w.format == 4) {
-    quant_matmul_q4(x, M, K, w.blocks, N, out, threads);
-  } else {
-    quant_matmul_q8(x, M, K, w.blocks, N, out, threads);
+  int64_t column = 0;
+  for (int64_t p = 0; p < w.num_parts; ++p) {
+    const QuantPart& part = w.parts[p];
+    quant_matmul(part.format, x, M, K, part.blocks, part.rows, out + column, N, threads);
+    column += part.rows;
   }
 }
 

@@ -1,28 +1,28 @@
 // Weight-only quantized linears on the CPU: out[M, N] = x[M, K] @ W[N, K]^T with W kept in
 // blocks of a few bits per weight, read once per step. Twins: kernels/reference.py's
-// quant_matmul and dequantize.
+// quant_matmul, quant_matmul_int8 and dequantize.
 //
-// Formats (braid's own, converted from GGUF's at load; kernels/quant.py):
-//   q4: 32 weights per block: float16 scale and min, 16 bytes of nibbles; w = q * scale + min
-//       with q in 0..15, weight j in the low nibble of byte j, weight j + 16 in the high one
-//       (GGUF's Q4_1 block; Q4_0 maps onto it exactly, Q4_K is requantized). 20 bytes per 32
-//       weights.
-//   q8: 16 weights per block: float16 scale, 16 int8; w = q * scale (GGUF's Q8_0 exactly;
-//       Q6_K requantized). 18 bytes per 16 weights.
+// Formats (braid's own, converted from GGUF's at load; kernels/quant.py says which from
+// which). Every block holds one float16 scale (and a float16 min for the unsigned ones):
+//   q4:  32 weights, w = q * scale + min, q in 0..15: weight j in the low nibble of byte j,
+//        weight j + 16 in the high one (GGUF's Q4_1 block). 20 bytes.
+//   q5:  32 weights, w = q * scale + min, q in 0..31: q4's nibbles and a fifth bit in 4 more
+//        bytes, placed for the kernels (kernels/quant.py's Q5). 24 bytes.
+//   q8:  16 weights, w = q * scale, q in -128..127. 18 bytes.
+//   iq4: 32 weights, w = kIq4Values[q] * scale, q a nibble as in q4 (GGUF's IQ4_NL block: a
+//        non-uniform grid of 16 int8 levels). 18 bytes.
 //
 // The kernels read them interleaved (kernels/quant.py's `interleave`): the rows in groups of
-// 8, and for each group and block column the 8 rows' blocks together, their scales (and
-// mins) first, then their quant bytes in 4-byte units: unit c of all 8 rows, then unit c + 1.
-// One 32-byte load then holds 4 bytes of each of the 8 rows, a broadcast of 4 input bytes
-// meets all 8 at once, and the sums come out one row per lane: no horizontal sums and no
-// scalar scales per block, which cost as much as the multiply-adds themselves.
+// kGroup (16 with AVX-512, else 8), and for each group and block column the group's blocks
+// together, their scales (then mins, then q5's fifth bits) first, then their quant bytes in
+// 4-byte units: unit c of every row, then unit c + 1. One vector load then holds 4 bytes of
+// each row, a broadcast of 4 input bytes meets all of them at once, and the sums come out one
+// row per lane: no horizontal sums and no scalar scales per block.
 //
-// Up to kInt8MaxRows input rows (decode steps, AVX2) the inputs are rounded to int8 blocks and
-// meet the weights in integer multiply-adds (int8_matmul below). More rows (prefill): each
-// thread expands a group's blocks into floats in a small buffer and then runs plain dot
-// products against the input rows, two input rows by four weight rows per pass: the
-// expansion is paid once per weight row whatever M is, and the inner loop is the same float32
-// FMAs as a dense linear.
+// With AVX2 the inputs are rounded to int8 blocks, llama.cpp's scheme (one float scale,
+// amax / 127, per input block), and meet the weights in integer multiply-adds: VNNI's dpbusd
+// where the CPU has it, else maddubs. Without AVX2 each thread expands a group's blocks into
+// floats in a small buffer and runs plain dot products against the input rows.
 
 #include <omp.h>
 #if defined(__AVX2__)
@@ -38,20 +38,69 @@
 
 namespace {
 
-constexpr int64_t kGroup = 8;  // rows interleaved together
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define BRAID_QUANT_AVX512 1
+constexpr int64_t kGroup = 16;  // rows interleaved together: one 512-bit vector of sums
+#else
+constexpr int64_t kGroup = 8;  // one 256-bit vector of sums
+#endif
 
-// One block column of a group of 8 rows. qs[c][r] holds bytes 4c..4c+3 of row r's block.
-// Scales and mins are float16 bits.
-struct GroupQ4 {  // 32 weights a row: low nibbles are weights 0..15, high ones 16..31
+// One block column of a group. qs[c][r] holds bytes 4c..4c+3 of row r's block. Scales and
+// mins are float16 bits.
+struct GroupQ4 {
   uint16_t scale[kGroup], min[kGroup];
   uint8_t qs[4][kGroup][4];
 };
-struct GroupQ8 {  // 16 weights a row
+struct GroupQ5 {
+  uint16_t scale[kGroup], min[kGroup];
+  // Row r's fifth bits: bit 2c of byte k is weight 4c + k's, bit 2c + 1 weight 16 + 4c + k's,
+  // so that one shift and mask puts unit c's bits beside its nibbles.
+  uint8_t qh[kGroup][4];
+  uint8_t qs[4][kGroup][4];
+};
+struct GroupQ8 {
   uint16_t scale[kGroup];
   int8_t qs[4][kGroup][4];
 };
-static_assert(sizeof(GroupQ4) == kGroup * 20 && sizeof(GroupQ8) == kGroup * 18,
-              "interleaved groups hold 8 blocks each");
+struct GroupIQ4 {
+  uint16_t scale[kGroup];
+  uint8_t qs[4][kGroup][4];
+};
+static_assert(sizeof(GroupQ4) == kGroup * 20 && sizeof(GroupQ5) == kGroup * 24 &&
+                  sizeof(GroupQ8) == kGroup * 18 && sizeof(GroupIQ4) == kGroup * 18,
+              "interleaved groups hold kGroup blocks each");
+
+// GGUF's IQ4_NL / IQ4_XS levels, and them again in every 128-bit lane of a vector (byte
+// shuffles look up within their lane).
+#define BRAID_IQ4_VALUES -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113
+constexpr int8_t kIq4Values[16] = {BRAID_IQ4_VALUES};
+alignas(64) constexpr int8_t kIq4Tables[64] = {BRAID_IQ4_VALUES, BRAID_IQ4_VALUES,
+                                               BRAID_IQ4_VALUES, BRAID_IQ4_VALUES};
+#undef BRAID_IQ4_VALUES
+
+// What the kernels need to know of each format.
+template <typename Group>
+struct Format;
+template <>
+struct Format<GroupQ4> {
+  static constexpr int64_t kBlock = 32;
+  static constexpr bool kSigned = false, kHasMin = true;
+};
+template <>
+struct Format<GroupQ5> {
+  static constexpr int64_t kBlock = 32;
+  static constexpr bool kSigned = false, kHasMin = true;
+};
+template <>
+struct Format<GroupQ8> {
+  static constexpr int64_t kBlock = 16;
+  static constexpr bool kSigned = true, kHasMin = false;
+};
+template <>
+struct Format<GroupIQ4> {
+  static constexpr int64_t kBlock = 32;
+  static constexpr bool kSigned = true, kHasMin = false;
+};
 
 inline float from_half(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
@@ -67,280 +116,393 @@ inline float from_half(uint16_t h) {
   return f;
 }
 
-// Row r of a group's block column as floats (32 or 16 of them).
+// Weight j (0..31) of a 32-weight block's nibbles, row r.
+inline int nibble(const uint8_t (*qs)[kGroup][4], int r, int j) {
+  const uint8_t byte = qs[(j % 16) / 4][r][j % 4];
+  return j < 16 ? byte & 15 : byte >> 4;
+}
+
+// Row r of a group's block column as floats.
 inline void expand_block(const GroupQ4& g, int r, float* out) {
   const float scale = from_half(g.scale[r]), min = from_half(g.min[r]);
-  for (int j = 0; j < 16; ++j) {
-    const uint8_t byte = g.qs[j / 4][r][j % 4];
-    out[j] = static_cast<float>(byte & 15) * scale + min;
-    out[j + 16] = static_cast<float>(byte >> 4) * scale + min;
+  for (int j = 0; j < 32; ++j) out[j] = static_cast<float>(nibble(g.qs, r, j)) * scale + min;
+}
+inline void expand_block(const GroupQ5& g, int r, float* out) {
+  const float scale = from_half(g.scale[r]), min = from_half(g.min[r]);
+  for (int j = 0; j < 32; ++j) {
+    const int bit = 2 * ((j % 16) / 4) + j / 16;
+    const int q = nibble(g.qs, r, j) | (((g.qh[r][j % 4] >> bit) & 1) << 4);
+    out[j] = static_cast<float>(q) * scale + min;
   }
 }
 inline void expand_block(const GroupQ8& g, int r, float* out) {
   const float scale = from_half(g.scale[r]);
   for (int j = 0; j < 16; ++j) out[j] = static_cast<float>(g.qs[j / 4][r][j % 4]) * scale;
 }
-
-template <typename Group>
-constexpr int64_t kBlock = std::is_same<Group, GroupQ4>::value ? 32 : 16;
+inline void expand_block(const GroupIQ4& g, int r, float* out) {
+  const float scale = from_half(g.scale[r]);
+  for (int j = 0; j < 32; ++j) out[j] = kIq4Values[nibble(g.qs, r, j)] * scale;
+}
 
 // Row r of a group (its num_blocks block columns) as K floats.
 template <typename Group>
 void expand_row(const Group* group, int64_t num_blocks, int r, float* out) {
-  for (int64_t b = 0; b < num_blocks; ++b) expand_block(group[b], r, out + b * kBlock<Group>);
-}
-
-// out[r, n0 + i] = dot(x[r], w[i]) for 4 expanded weight rows w (each K floats); `rows` of
-// them are stored (the last group of an N that is not a multiple of 8 has fewer).
-void dot_rows(const float* x, int64_t M, int64_t K, const float* w, int64_t rows, float* out,
-              int64_t out_stride) {
-  const float *w0 = w, *w1 = w + K, *w2 = w + 2 * K, *w3 = w + 3 * K;
-  for (int64_t r = 0; r < M; r += 2) {
-    const float *x0 = x + r * K, *x1 = r + 1 < M ? x0 + K : x0;
-    float a00 = 0, a01 = 0, a02 = 0, a03 = 0, a10 = 0, a11 = 0, a12 = 0, a13 = 0;
-#pragma omp simd reduction(+ : a00, a01, a02, a03, a10, a11, a12, a13)
-    for (int64_t k = 0; k < K; ++k) {
-      a00 += x0[k] * w0[k];
-      a01 += x0[k] * w1[k];
-      a02 += x0[k] * w2[k];
-      a03 += x0[k] * w3[k];
-      a10 += x1[k] * w0[k];
-      a11 += x1[k] * w1[k];
-      a12 += x1[k] * w2[k];
-      a13 += x1[k] * w3[k];
-    }
-    const float sums[2][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13}};
-    for (int64_t s = 0; s < 2 && r + s < M; ++s) {
-      for (int64_t i = 0; i < rows; ++i) out[(r + s) * out_stride + i] = sums[s][i];
-    }
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    expand_block(group[b], r, out + b * Format<Group>::kBlock);
   }
 }
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-// A few input rows (decode steps), llama.cpp's scheme: each input block is rounded to int8
-// with one float scale (amax / 127), and the weights meet it in integer multiply-adds
-// (maddubs: unsigned bytes times signed bytes, summed in pairs), one float FMA per block
-// column and row for a whole group. The twin is kernels/reference.quant_matmul_int8: the
-// same sums over the rounded inputs.
-
-// Each row of x [R, K] in blocks of kBlock: q = round(x * 127 / amax) (to nearest even, as
-// the twin), scale = amax / 127, and (q4's min term) sum = scale * sum(q).
-template <int64_t kBlockSize>
-void quantize_inputs(const float* x, int64_t rows, int64_t K, int8_t* q, float* scales,
-                     float* sums) {
-  for (int64_t i = 0; i < rows * K / kBlockSize; ++i) {
-    const float* xb = x + i * kBlockSize;
-    float amax = 0;
-    for (int64_t k = 0; k < kBlockSize; ++k) amax = std::max(amax, std::fabs(xb[k]));
-    const float inv = amax > 0 ? 127.0f / amax : 0.0f;
-    int32_t total = 0;
-    for (int64_t k = 0; k < kBlockSize; ++k) {
-      const int32_t v = static_cast<int32_t>(std::nearbyint(xb[k] * inv));
-      q[i * kBlockSize + k] = static_cast<int8_t>(v);
-      total += v;
-    }
-    scales[i] = amax / 127.0f;
-    sums[i] = scales[i] * static_cast<float>(total);
-  }
+// ---- vectors of kGroup lanes: one lane per weight row of a group ---------------------------
+#if defined(BRAID_QUANT_AVX512)
+typedef __m512 VF;
+typedef __m512i VI;
+inline VI load_units(const void* p) { return _mm512_loadu_si512(p); }
+inline VF load_halves(const uint16_t* h) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
 }
-
-inline __m256 load_halves(const uint16_t* h) {
+inline VI splat_i32(int32_t v) { return _mm512_set1_epi32(v); }
+inline VI splat_i8(int8_t v) { return _mm512_set1_epi8(v); }
+inline VF splat(float v) { return _mm512_set1_ps(v); }
+inline VF zero_f() { return _mm512_setzero_ps(); }
+inline VI zero_i() { return _mm512_setzero_si512(); }
+inline VI and_i(VI a, VI b) { return _mm512_and_si512(a, b); }
+inline VI or_i(VI a, VI b) { return _mm512_or_si512(a, b); }
+template <int S>
+inline VI shift_left16(VI a) { return _mm512_slli_epi16(a, S); }
+template <int S>
+inline VI shift_right16(VI a) { return _mm512_srli_epi16(a, S); }
+inline VI lookup(VI table, VI index) { return _mm512_shuffle_epi8(table, index); }
+inline VI magnitude(VI w) { return _mm512_abs_epi8(w); }
+inline VI with_sign_of(VI x, VI w) {  // x where w > 0, -x where w < 0 (w = 0: |w| is 0 anyway)
+  return _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), zero_i(), x);
+}
+inline VF fmadd(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
+inline VF mul(VF a, VF b) { return _mm512_mul_ps(a, b); }
+inline VF add(VF a, VF b) { return _mm512_add_ps(a, b); }
+inline void store(float* out, VF v, int64_t valid) {
+  _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << valid) - 1), v);
+}
+#else
+typedef __m256 VF;
+typedef __m256i VI;
+inline VI load_units(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline VF load_halves(const uint16_t* h) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
 }
+inline VI splat_i32(int32_t v) { return _mm256_set1_epi32(v); }
+inline VI splat_i8(int8_t v) { return _mm256_set1_epi8(v); }
+inline VF splat(float v) { return _mm256_set1_ps(v); }
+inline VF zero_f() { return _mm256_setzero_ps(); }
+inline VI zero_i() { return _mm256_setzero_si256(); }
+inline VI and_i(VI a, VI b) { return _mm256_and_si256(a, b); }
+inline VI or_i(VI a, VI b) { return _mm256_or_si256(a, b); }
+template <int S>
+inline VI shift_left16(VI a) { return _mm256_slli_epi16(a, S); }
+template <int S>
+inline VI shift_right16(VI a) { return _mm256_srli_epi16(a, S); }
+inline VI lookup(VI table, VI index) { return _mm256_shuffle_epi8(table, index); }
+inline VI magnitude(VI w) { return _mm256_sign_epi8(w, w); }
+inline VI with_sign_of(VI x, VI w) { return _mm256_sign_epi8(x, w); }
+inline VF fmadd(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
+inline VF mul(VF a, VF b) { return _mm256_mul_ps(a, b); }
+inline VF add(VF a, VF b) { return _mm256_add_ps(a, b); }
+inline void store(float* out, VF v, int64_t valid) {
+  if (valid == kGroup) {
+    _mm256_storeu_ps(out, v);
+  } else {
+    float lanes[kGroup];
+    _mm256_storeu_ps(lanes, v);
+    std::copy(lanes, lanes + valid, out);
+  }
+}
+#endif
 
-inline __m256i broadcast4(const int8_t* bytes) {  // 4 input bytes into every 32-bit lane
+// The integer dot products of one block, per 32-bit lane: unsigned weight bytes times signed
+// input bytes, 4 to a lane. With VNNI, one instruction a vector; without, maddubs sums pairs
+// into 16 bits and madd widens them. kWide16: the 16-bit pair sums of a whole block fit
+// (q4: 8 of at most 2 * 15 * 127), so they widen once at the end.
+#if defined(BRAID_QUANT_AVX512)
+template <bool kWide16>
+struct BlockDot {
+  VI acc = zero_i();
+  void add(VI u, VI s) { acc = _mm512_dpbusd_epi32(acc, u, s); }
+  VF total() const { return _mm512_cvtepi32_ps(acc); }
+};
+#elif defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+template <bool kWide16>
+struct BlockDot {
+  VI acc = zero_i();
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  void add(VI u, VI s) { acc = _mm256_dpbusd_epi32(acc, u, s); }
+#else
+  void add(VI u, VI s) { acc = _mm256_dpbusd_avx_epi32(acc, u, s); }
+#endif
+  VF total() const { return _mm256_cvtepi32_ps(acc); }
+};
+#else
+template <bool kWide16>
+struct BlockDot {
+  VI acc = zero_i();
+  void add(VI u, VI s) {
+    const VI pairs = _mm256_maddubs_epi16(u, s);
+    acc = kWide16 ? _mm256_add_epi16(acc, pairs)
+                  : _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+  }
+  VF total() const {
+    return _mm256_cvtepi32_ps(kWide16 ? _mm256_madd_epi16(acc, _mm256_set1_epi16(1)) : acc);
+  }
+};
+#endif
+
+// ---- a block column of a group as weight-byte vectors, one per 4-byte input unit ----------
+// Units 0..3 meet input bytes 4c..4c+3, units 4..7 (32-weight blocks) bytes 16 + 4c...
+inline void unpack_nibbles(const uint8_t (*qs)[kGroup][4], VI* units) {
+  const VI low = splat_i8(0x0F);
+  for (int c = 0; c < 4; ++c) {
+    const VI v = load_units(qs[c]);
+    units[c] = and_i(v, low);
+    units[c + 4] = and_i(shift_right16<4>(v), low);
+  }
+}
+
+// Bit `From` of every byte of h, moved to bit 4 (the 16-bit shifts carry nothing across
+// bytes into bit 4 for shifts of up to 4).
+template <int From>
+inline VI bit_to_4(VI h) {
+  const VI bit4 = splat_i8(0x10);
+  if constexpr (From < 4) return and_i(shift_left16<4 - From>(h), bit4);
+  if constexpr (From == 4) return and_i(h, bit4);
+  if constexpr (From > 4) return and_i(shift_right16<From - 4>(h), bit4);
+}
+
+inline void unpack(const GroupQ4& g, VI* units) { unpack_nibbles(g.qs, units); }
+inline void unpack(const GroupQ5& g, VI* units) {
+  unpack_nibbles(g.qs, units);
+  const VI h = load_units(g.qh);
+  units[0] = or_i(units[0], bit_to_4<0>(h));
+  units[4] = or_i(units[4], bit_to_4<1>(h));
+  units[1] = or_i(units[1], bit_to_4<2>(h));
+  units[5] = or_i(units[5], bit_to_4<3>(h));
+  units[2] = or_i(units[2], bit_to_4<4>(h));
+  units[6] = or_i(units[6], bit_to_4<5>(h));
+  units[3] = or_i(units[3], bit_to_4<6>(h));
+  units[7] = or_i(units[7], bit_to_4<7>(h));
+}
+inline void unpack(const GroupQ8& g, VI* units) {
+  for (int c = 0; c < 4; ++c) units[c] = load_units(g.qs[c]);
+}
+inline void unpack(const GroupIQ4& g, VI* units) {
+  unpack_nibbles(g.qs, units);
+  VI table;
+  std::memcpy(&table, kIq4Tables, sizeof(VI));
+  for (int u = 0; u < 8; ++u) units[u] = lookup(table, units[u]);
+}
+
+// ---- the inputs, rounded to int8 blocks ----------------------------------------------------
+// q = round(x * 127 / amax) (to nearest even, as the twin), scale = amax / 127, and (for the
+// min term) sum = scale * sum(q).
+template <int64_t kBlockSize>
+void quantize_block(const float* x, int8_t* q, float* scale, float* sum) {
+  constexpr int kVectors = kBlockSize / 8;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 v[kVectors], amax = _mm256_setzero_ps();
+  for (int i = 0; i < kVectors; ++i) {
+    v[i] = _mm256_loadu_ps(x + 8 * i);
+    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+  }
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  const float top = _mm_cvtss_f32(m);
+  const __m256 inv = _mm256_set1_ps(top > 0 ? 127.0f / top : 0.0f);
+  __m256i total = _mm256_setzero_si256();
+  for (int i = 0; i < kVectors; i += 2) {
+    // Rounded to nearest even (the default rounding mode), then packed to bytes in order.
+    const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));
+    const __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(v[i + 1], inv));
+    total = _mm256_add_epi32(total, _mm256_add_epi32(a, b));
+    const __m256i words = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);
+    const __m128i bytes = _mm_packs_epi16(_mm256_castsi256_si128(words),
+                                          _mm256_extracti128_si256(words, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 8 * i), bytes);
+  }
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+  *scale = top / 127.0f;
+  *sum = *scale * static_cast<float>(_mm_cvtsi128_si32(t));
+}
+
+template <int64_t kBlockSize>
+void quantize_inputs(const float* x, int64_t rows, int64_t K, int8_t* q, float* scales,
+                     float* sums, int threads) {
+  const int64_t blocks = rows * K / kBlockSize;
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows * K >= (1 << 16))
+  for (int64_t i = 0; i < blocks; ++i) {
+    quantize_block<kBlockSize>(x + i * kBlockSize, q + i * kBlockSize, scales + i, sums + i);
+  }
+}
+
+inline VI broadcast4(const int8_t* bytes) {  // 4 input bytes into every 32-bit lane
   int32_t v;
   std::memcpy(&v, bytes, 4);
-  return _mm256_set1_epi32(v);
+  return splat_i32(v);
 }
 
-// The 8 rows of one group against R input rows: sums[r] lane i = dot(w[i], x[r]). q4: w = q *
-// scale + min per block, so a block's dot is scale * dot(q, x) + min * sum(x). The integer
-// products of a block stay in 16-bit lanes: 8 multiply-adds of at most 2 * 15 * 127 each fit.
-template <int R>
-void int8_group(const int8_t* xq, const float* xs, const float* xsums, int64_t num_blocks,
-                const GroupQ4* group, __m256* sums) {
-  const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  __m256 mins[R];
-  for (int r = 0; r < R; ++r) sums[r] = mins[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < num_blocks; ++b) {
-    const GroupQ4& g = group[b];
-    __m256i low[4], high[4];
-    for (int c = 0; c < 4; ++c) {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.qs[c]));
-      low[c] = _mm256_and_si256(v, nibble);
-      high[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-    }
-    const __m256 scale = load_halves(g.scale), min = load_halves(g.min);
-    for (int r = 0; r < R; ++r) {
-      const int64_t i = r * num_blocks + b;
-      const int8_t* xb = xq + i * 32;
-      __m256i dot16 = _mm256_setzero_si256();
-      for (int c = 0; c < 4; ++c) {
-        dot16 = _mm256_add_epi16(dot16, _mm256_maddubs_epi16(low[c], broadcast4(xb + 4 * c)));
-        dot16 = _mm256_add_epi16(dot16,
-                                 _mm256_maddubs_epi16(high[c], broadcast4(xb + 16 + 4 * c)));
-      }
-      const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(dot16, ones));
-      sums[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(scale, _mm256_set1_ps(xs[i])), sums[r]);
-      mins[r] = _mm256_fmadd_ps(min, _mm256_set1_ps(xsums[i]), mins[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) sums[r] = _mm256_add_ps(sums[r], mins[r]);
-}
+// Input rows meet a group's weights R at a time: a block's weights are unpacked once for all
+// R rows. AVX-512 has the registers for 8 rows' accumulators beside them, AVX2 for 4.
+#if defined(__AVX512VL__)
+constexpr int kRowTile = 8;
+#else
+constexpr int kRowTile = 4;
+#endif
 
-// q8: signed weights, so |w| meets x with w's sign (maddubs takes one unsigned operand). A
-// product pair can reach 2 * 128 * 127, so each multiply-add widens to 32 bits at once.
-template <int R>
-void int8_group(const int8_t* xq, const float* xs, const float*, int64_t num_blocks,
-                const GroupQ8* group, __m256* sums) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < num_blocks; ++b) {
-    const GroupQ8& g = group[b];
-    __m256i w[4], magnitude[4];
-    for (int c = 0; c < 4; ++c) {
-      w[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.qs[c]));
-      magnitude[c] = _mm256_sign_epi8(w[c], w[c]);
-    }
-    const __m256 scale = load_halves(g.scale);
-    for (int r = 0; r < R; ++r) {
-      const int64_t i = r * num_blocks + b;
-      const int8_t* xb = xq + i * 16;
-      __m256i dot32 = _mm256_setzero_si256();
-      for (int c = 0; c < 4; ++c) {
-        const __m256i signed_x = _mm256_sign_epi8(broadcast4(xb + 4 * c), w[c]);
-        dot32 = _mm256_add_epi32(
-            dot32, _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude[c], signed_x), ones));
-      }
-      sums[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot32),
-                                _mm256_mul_ps(scale, _mm256_set1_ps(xs[i])), sums[r]);
-    }
-  }
-}
-
+// The rows of one group against R input rows: sums[r] lane i = dot(w[i], x[r]). Input row r's
+// block b is at xq + (r * num_blocks + b) * block. A block's dot is scale * dot(q, x), plus
+// min * sum(x) for the formats with a min. Signed weights meet the inputs as |w| against x
+// with w's sign (the multiply-adds take one unsigned operand; x is never -128).
 template <typename Group, int R>
-void int8_matmul(const float* x, int64_t K, const Group* w, int64_t N, float* out, int threads) {
-  const int64_t num_blocks = K / kBlock<Group>, groups = (N + kGroup - 1) / kGroup;
-  std::vector<int8_t> xq(R * K);
-  std::vector<float> xs(R * num_blocks), xsums(R * num_blocks);
-  quantize_inputs<kBlock<Group>>(x, R, K, xq.data(), xs.data(), xsums.data());
-#pragma omp parallel for num_threads(threads) schedule(static) if (N * K >= (1 << 15))
-  for (int64_t g = 0; g < groups; ++g) {
-    __m256 sums[R];
-    int8_group<R>(xq.data(), xs.data(), xsums.data(), num_blocks, w + g * num_blocks, sums);
-    const int64_t n0 = g * kGroup, valid = std::min(kGroup, N - n0);
+void int8_group(const int8_t* xq, const float* xs, const float* xsums, int64_t num_blocks,
+                const Group* group, VF* sums) {
+  using F = Format<Group>;
+  constexpr int kUnits = F::kBlock / 4;
+  // Without VNNI only q4's pair sums fit 16 bits for a whole block.
+  constexpr bool kWide16 = std::is_same<Group, GroupQ4>::value;
+  VF mins[R];
+  for (int r = 0; r < R; ++r) sums[r] = mins[r] = zero_f();
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const Group& g = group[b];
+    VI units[8], magnitudes[8];
+    unpack(g, units);
+    if constexpr (F::kSigned) {
+      for (int u = 0; u < kUnits; ++u) magnitudes[u] = magnitude(units[u]);
+    }
+    const VF scale = load_halves(g.scale);
     for (int r = 0; r < R; ++r) {
-      if (valid == kGroup) {
-        _mm256_storeu_ps(out + r * N + n0, sums[r]);
-      } else {
-        float lanes[kGroup];
-        _mm256_storeu_ps(lanes, sums[r]);
-        std::copy(lanes, lanes + valid, out + r * N + n0);
+      const int64_t i = r * num_blocks + b;
+      const int8_t* xb = xq + i * F::kBlock;
+      BlockDot<kWide16> dot;
+      for (int u = 0; u < kUnits; ++u) {
+        const VI x = broadcast4(xb + (u & 3) * 4 + (u >> 2) * 16);
+        if constexpr (F::kSigned) {
+          dot.add(magnitudes[u], with_sign_of(x, units[u]));
+        } else {
+          dot.add(units[u], x);
+        }
       }
+      sums[r] = fmadd(dot.total(), mul(scale, splat(xs[i])), sums[r]);
+      if constexpr (F::kHasMin) mins[r] = fmadd(load_halves(g.min), splat(xsums[i]), mins[r]);
+    }
+  }
+  if constexpr (F::kHasMin) {
+    for (int r = 0; r < R; ++r) sums[r] = add(sums[r], mins[r]);
+  }
+}
+
+// Rows r0 .. r0 + R of the rounded input against the group whose first row is n0:
+// out[r * ldo + n0 ...].
+template <typename Group, int R>
+void int8_tile(const int8_t* xq, const float* xs, const float* xsums, int64_t num_blocks,
+               const Group* group, int64_t n0, int64_t N, float* out, int64_t ldo) {
+  VF sums[R];
+  int8_group<Group, R>(xq, xs, xsums, num_blocks, group, sums);
+  const int64_t valid = std::min(kGroup, N - n0);
+  for (int r = 0; r < R; ++r) store(out + r * ldo + n0, sums[r], valid);
+}
+
+template <typename Group, int R = kRowTile>
+void int8_rows(const int8_t* xq, const float* xs, const float* xsums, int64_t rows,
+               int64_t num_blocks, const Group* group, int64_t n0, int64_t N, float* out,
+               int64_t ldo) {
+  if constexpr (R > 0) {
+    if (rows == R) {
+      int8_tile<Group, R>(xq, xs, xsums, num_blocks, group, n0, N, out, ldo);
+    } else {
+      int8_rows<Group, R - 1>(xq, xs, xsums, rows, num_blocks, group, n0, N, out, ldo);
     }
   }
 }
 
+// A tile of groups stays in this much cache while every input row passes over it (the
+// inputs are read once per tile, from the next level up).
+constexpr int64_t kTileBytes = 256 << 10;
+
 template <typename Group>
-bool int8_matmul(const float* x, int64_t M, int64_t K, const Group* w, int64_t N, float* out,
-                 int threads) {
-  switch (M) {
-    case 1: int8_matmul<Group, 1>(x, K, w, N, out, threads); return true;
-    case 2: int8_matmul<Group, 2>(x, K, w, N, out, threads); return true;
-    case 3: int8_matmul<Group, 3>(x, K, w, N, out, threads); return true;
-    case 4: int8_matmul<Group, 4>(x, K, w, N, out, threads); return true;
-    default: return false;
+void qmatmul(const float* x, int64_t M, int64_t K, const Group* w, int64_t N, float* out,
+             int64_t ldo, int threads) {
+  constexpr int64_t kBlockSize = Format<Group>::kBlock;
+  const int64_t num_blocks = K / kBlockSize, groups = (N + kGroup - 1) / kGroup;
+  // Reused across calls: a prefill chunk's rounded inputs are megabytes.
+  thread_local std::vector<int8_t> xq;
+  thread_local std::vector<float> xs, xsums;
+  if (static_cast<int64_t>(xq.size()) < M * K) xq.resize(M * K);
+  if (static_cast<int64_t>(xs.size()) < M * num_blocks) {
+    xs.resize(M * num_blocks);
+    xsums.resize(M * num_blocks);
+  }
+  quantize_inputs<kBlockSize>(x, M, K, xq.data(), xs.data(), xsums.data(), threads);
+  // Tiles of at most kTileBytes, as many as a multiple of the threads (each gets its share).
+  const int64_t team = std::max(threads, 1);
+  const int64_t fit = std::max<int64_t>(1, kTileBytes / (num_blocks * sizeof(Group)));
+  int64_t tiles = (groups + fit - 1) / fit;
+  tiles = std::min(groups, (tiles + team - 1) / team * team);
+  const int64_t per_tile = (groups + tiles - 1) / tiles;
+  tiles = (groups + per_tile - 1) / per_tile;
+  const int8_t* q = xq.data();
+  const float *scales = xs.data(), *sums = xsums.data();
+#pragma omp parallel for num_threads(threads) schedule(static) if (M * N * K >= (1 << 15))
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t first = t * per_tile, last = std::min(groups, first + per_tile);
+    for (int64_t r0 = 0; r0 < M; r0 += kRowTile) {
+      const int64_t rows = std::min<int64_t>(kRowTile, M - r0);
+      for (int64_t g = first; g < last; ++g) {
+        int8_rows<Group>(q + r0 * K, scales + r0 * num_blocks, sums + r0 * num_blocks, rows,
+                         num_blocks, w + g * num_blocks, g * kGroup, N, out + r0 * ldo, ldo);
+      }
+    }
   }
 }
-constexpr int64_t kInt8MaxRows = 4;
+constexpr bool kRoundsInputs = true;
 #else
-template <typename Group>
-bool int8_matmul(const float*, int64_t, int64_t, const Group*, int64_t, float*, int) {
-  return false;  // the expanding path serves every M
-}
-constexpr int64_t kInt8MaxRows = 0;
-#endif
-
-// All 8 rows of a group as floats: row r at out + r * K, two rows at a time in the blocks'
-// own order. Expanding row by row (expand_row: scalar, strided bytes) made a whole 3,072 x
-// 576 q4 call at 64 rows 5.8 ms instead of 3.2, at 512 rows 44 instead of 25.
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-// Two rows' units at a time: their 8 bytes widened to 8 lanes, scaled with each row's scale.
-inline __m256 pair_lanes(__m256 per_row, int r) {  // lanes 0-3: row r's value, 4-7: r + 1's
-  return _mm256_permutevar8x32_ps(per_row, _mm256_setr_epi32(r, r, r, r, r + 1, r + 1, r + 1,
-                                                             r + 1));
-}
-inline void store_pair(float* row, int64_t K, __m256 v) {
-  _mm_storeu_ps(row, _mm256_castps256_ps128(v));
-  _mm_storeu_ps(row + K, _mm256_extractf128_ps(v, 1));
-}
-
-void expand_group(const GroupQ4* group, int64_t num_blocks, int64_t K, float* out) {
-  for (int64_t b = 0; b < num_blocks; ++b) {
-    const GroupQ4& g = group[b];
-    const __m256 scale = load_halves(g.scale), min = load_halves(g.min);
-    for (int r = 0; r < kGroup; r += 2) {
-      const __m256 s = pair_lanes(scale, r), m = pair_lanes(min, r);
-      float* o = out + r * K + b * 32;
-      for (int c = 0; c < 4; ++c) {
-        const __m256i bytes = _mm256_cvtepu8_epi32(
-            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(g.qs[c][r])));
-        const __m256 low = _mm256_cvtepi32_ps(_mm256_and_si256(bytes, _mm256_set1_epi32(15)));
-        const __m256 high = _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4));
-        store_pair(o + 4 * c, K, _mm256_fmadd_ps(low, s, m));
-        store_pair(o + 16 + 4 * c, K, _mm256_fmadd_ps(high, s, m));
-      }
+// out[r * ldo + i] = dot(x[r], w[i]) for `rows` (up to 4) expanded weight rows w, K floats
+// each.
+void dot_rows(const float* x, int64_t M, int64_t K, const float* w, int64_t rows, float* out,
+              int64_t ldo) {
+  for (int64_t r = 0; r < M; ++r) {
+    const float* xr = x + r * K;
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* wi = w + i * K;
+      float sum = 0;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t k = 0; k < K; ++k) sum += xr[k] * wi[k];
+      out[r * ldo + i] = sum;
     }
   }
 }
 
-void expand_group(const GroupQ8* group, int64_t num_blocks, int64_t K, float* out) {
-  for (int64_t b = 0; b < num_blocks; ++b) {
-    const GroupQ8& g = group[b];
-    const __m256 scale = load_halves(g.scale);
-    for (int r = 0; r < kGroup; r += 2) {
-      const __m256 s = pair_lanes(scale, r);
-      float* o = out + r * K + b * 16;
-      for (int c = 0; c < 4; ++c) {
-        const __m256i q = _mm256_cvtepi8_epi32(
-            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(g.qs[c][r])));
-        store_pair(o + 4 * c, K, _mm256_mul_ps(_mm256_cvtepi32_ps(q), s));
-      }
-    }
-  }
-}
-#else
 template <typename Group>
-void expand_group(const Group* group, int64_t num_blocks, int64_t K, float* out) {
-  for (int r = 0; r < kGroup; ++r) expand_row(group, num_blocks, r, out + r * K);
-}
-#endif
-
-template <typename Group>
-void quant_matmul(const float* x, int64_t M, int64_t K, const Group* w, int64_t N, float* out,
-                  int threads) {
-  if (int8_matmul<Group>(x, M, K, w, N, out, threads)) return;
-  const int64_t num_blocks = K / kBlock<Group>, groups = (N + kGroup - 1) / kGroup;
+void qmatmul(const float* x, int64_t M, int64_t K, const Group* w, int64_t N, float* out,
+             int64_t ldo, int threads) {
+  const int64_t num_blocks = K / Format<Group>::kBlock, groups = (N + kGroup - 1) / kGroup;
 #pragma omp parallel num_threads(threads) if (groups > 1)
   {
     std::vector<float> buffer(kGroup * K);
 #pragma omp for schedule(static)
     for (int64_t g = 0; g < groups; ++g) {
-      expand_group(w + g * num_blocks, num_blocks, K, buffer.data());
-      for (int64_t half = 0; half < kGroup; half += 4) {
-        const int64_t n0 = g * kGroup + half;
-        if (n0 >= N) break;
-        dot_rows(x, M, K, buffer.data() + half * K, std::min<int64_t>(4, N - n0), out + n0, N);
-      }
+      const int64_t n0 = g * kGroup, rows = std::min(kGroup, N - n0);
+      for (int r = 0; r < rows; ++r) expand_row(w + g * num_blocks, num_blocks, r, &buffer[r * K]);
+      dot_rows(x, M, K, buffer.data(), rows, out + n0, ldo);
     }
   }
 }
+constexpr bool kRoundsInputs = false;
+#endif
 
 template <typename Group>
-void dequantize_rows(const Group* w, int64_t K, const int64_t* ids, int64_t count, float* out,
+void qexpand_rows(const Group* w, int64_t K, const int64_t* ids, int64_t count, float* out,
                      int threads) {
-  const int64_t num_blocks = K / kBlock<Group>;
+  const int64_t num_blocks = K / Format<Group>::kBlock;
 #pragma omp parallel for num_threads(threads) if (count * K >= (1 << 16))
   for (int64_t i = 0; i < count; ++i) {
     const Group* group = w + ids[i] / kGroup * num_blocks;
@@ -348,27 +510,42 @@ void dequantize_rows(const Group* w, int64_t K, const int64_t* ids, int64_t coun
   }
 }
 
+// Format ids, in kernels/cpu.py's order.
+enum FormatId : int64_t { kQ4 = 0, kQ5 = 1, kQ8 = 2, kIQ4 = 3 };
+
+template <typename Fn>
+void with_format(int64_t format, Fn&& fn) {
+  switch (format) {
+    case kQ4: fn(static_cast<const GroupQ4*>(nullptr)); break;
+    case kQ5: fn(static_cast<const GroupQ5*>(nullptr)); break;
+    case kQ8: fn(static_cast<const GroupQ8*>(nullptr)); break;
+    case kIQ4: fn(static_cast<const GroupIQ4*>(nullptr)); break;
+  }
+}
+
 }  // namespace
 
-// C entry points. Inputs of up to this many rows are rounded to int8 (twin:
-// reference.quant_matmul_int8), more are not (twin: reference.quant_matmul).
-extern "C" int64_t quant_int8_max_rows() { return kInt8MaxRows; }
-// x: [M, K] float32, contiguous; w: the interleaved blocks of [N, K] (N rounded up to groups
-// of 8 rows); out: [M, N].
-extern "C" void quant_matmul_q4(const float* x, int64_t M, int64_t K, const void* w, int64_t N,
-                                float* out, int threads) {
-  quant_matmul(x, M, K, static_cast<const GroupQ4*>(w), N, out, threads);
+// C entry points. Whether quant_matmul rounds its inputs to int8 blocks (twin:
+// reference.quant_matmul_int8; AVX2 and up) or not (twin: reference.quant_matmul), and how
+// many rows the blocks are interleaved by.
+extern "C" int64_t quant_rounds_inputs() { return kRoundsInputs; }
+extern "C" int64_t quant_group_rows() { return kGroup; }
+
+// x: [M, K] float32, contiguous; w: the interleaved blocks of [N, K] in `format` (N rounded
+// up to whole groups); out: [M, N] with rows ldo floats apart.
+extern "C" void quant_matmul(int64_t format, const float* x, int64_t M, int64_t K, const void* w,
+                             int64_t N, float* out, int64_t ldo, int threads) {
+  with_format(format, [&](auto kind) {
+    using Group = std::remove_const_t<std::remove_pointer_t<decltype(kind)>>;
+    qmatmul(x, M, K, static_cast<const Group*>(w), N, out, ldo, threads);
+  });
 }
-extern "C" void quant_matmul_q8(const float* x, int64_t M, int64_t K, const void* w, int64_t N,
-                                float* out, int threads) {
-  quant_matmul(x, M, K, static_cast<const GroupQ8*>(w), N, out, threads);
-}
+
 // out[i] = row ids[i] of W as floats (the embedding lookup of a quantized table).
-extern "C" void dequantize_rows_q4(const void* w, int64_t K, const int64_t* ids, int64_t count,
-                                   float* out, int threads) {
-  dequantize_rows(static_cast<const GroupQ4*>(w), K, ids, count, out, threads);
-}
-extern "C" void dequantize_rows_q8(const void* w, int64_t K, const int64_t* ids, int64_t count,
-                                   float* out, int threads) {
-  dequantize_rows(static_cast<const GroupQ8*>(w), K, ids, count, out, threads);
+extern "C" void dequantize_rows(int64_t format, const void* w, int64_t K, const int64_t* ids,
+                                int64_t count, float* out, int threads) {
+  with_format(format, [&](auto kind) {
+    using Group = std::remove_const_t<std::remove_pointer_t<decltype(kind)>>;
+    qexpand_rows(static_cast<const Group*>(w), K, ids, count, out, threads);
+  });
 }

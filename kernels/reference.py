@@ -321,19 +321,31 @@ def extend_attention(
     return out
 
 
+# kernels/quant.py's formats: bytes a block, weights a block.
+_BLOCKS = {"q4": (20, 32), "q5": (24, 32), "q8": (18, 16), "iq4": (18, 32)}
+IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
 def dequantize(blocks: torch.Tensor, fmt: str, in_features: int) -> torch.Tensor:
     """A quantized weight (kernels/quant.py's `fmt` blocks, uint8 [N, row bytes]) as float32
     [N, in_features]."""
     n = blocks.shape[0]
-    if fmt == "q4":  # per 32 weights: float16 scale and min, 16 bytes of nibbles
-        b = blocks.reshape(n, in_features // 32, 20)
-        scale, low = b[..., :2].view(torch.float16).float(), b[..., 2:4].view(torch.float16).float()
-        qs = b[..., 4:].to(torch.int32)
-        q = torch.cat([qs & 15, qs >> 4], dim=-1).float()  # weight j, then weight j + 16
-        return (q * scale + low).reshape(n, in_features)
-    b = blocks.reshape(n, in_features // 16, 18)  # q8: per 16 weights: float16 scale, 16 int8
-    scale, q = b[..., :2].view(torch.float16).float(), b[..., 2:].view(torch.int8).float()
-    return (q * scale).reshape(n, in_features)
+    size, weights = _BLOCKS[fmt]
+    b = blocks.reshape(n, in_features // weights, size)
+    scale = b[..., :2].view(torch.float16).float()
+    if fmt == "q8":  # 16 int8
+        return (b[..., 2:].view(torch.int8).float() * scale).reshape(n, in_features)
+    qs = b[..., -16:].to(torch.int32)
+    q = torch.cat([qs & 15, qs >> 4], dim=-1)  # weight j, then weight j + 16
+    if fmt == "iq4":
+        return (torch.tensor(IQ4_VALUES)[q].float() * scale).reshape(n, in_features)
+    if fmt == "q5":  # bit 2c + h of qh byte k: the fifth bit of weight 16h + 4c + k
+        qh = b[..., 4:8].to(torch.int32)  # [n, blocks, k]
+        shifts = 2 * torch.arange(4)[:, None] + torch.arange(2)[:, None, None]  # [h, c, 1]
+        bits = (qh[..., None, None, :] >> shifts) & 1  # [n, blocks, h, c, k]
+        q = q | (bits.reshape(*q.shape) << 4)
+    low = b[..., 2:4].view(torch.float16).float()
+    return (q.float() * scale + low).reshape(n, in_features)
 
 
 def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, fmt: str) -> torch.Tensor:
@@ -344,9 +356,11 @@ def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, fmt: str) -> torch.Tenso
 def quant_matmul_int8(x: torch.Tensor, blocks: torch.Tensor, fmt: str) -> torch.Tensor:
     """quant_matmul with x first rounded to int8 in blocks of the weight format's size, one
     scale (amax / 127) a block: what the CPU kernel computes for decode rows."""
-    block = 32 if fmt == "q4" else 16
+    block = _BLOCKS[fmt][1]
     groups = x.float().reshape(x.shape[0], -1, block)
     amax = groups.abs().amax(-1, keepdim=True)
-    inv = torch.where(amax > 0, 127.0 / amax, 0.0)
+    # A true division, as the kernel's (torch computes scalar / tensor through a reciprocal,
+    # which moves inputs on a rounding tie by an ulp).
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, 0.0)
     rounded = (groups * inv).round() * (amax / 127.0)
     return quant_matmul(rounded.reshape(x.shape), blocks, fmt)

@@ -29,7 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--model", help="HF model directory (default: SmolLM2-135M-Instruct)")
     gen.add_argument("--device", default="auto")
     gen.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
-    gen.add_argument("--quantization", default="none", help="CPU weights: none, int8, int4 or gguf")
+    gen.add_argument(
+        "--quantization",
+        default="auto",
+        help="CPU weights: auto (a GGUF's own blocks, else as stored), none, int8, int4, gguf",
+    )
     gen.add_argument("--stats", action="store_true", help="print load time and tokens/s")
     gen.set_defaults(run=_generate)
     serve.add_parser(commands)
@@ -52,6 +56,7 @@ def _generate(args: argparse.Namespace) -> int:
         model=args.model, device=args.device, dtype=args.dtype, quantization=args.quantization
     )
     load_s = time.perf_counter() - t0
+    print(f"[braid: {engine.describe()}]", file=sys.stderr, flush=True)
     params = SamplingParams(
         max_tokens=args.max_tokens,
         temperature=args.temperature,

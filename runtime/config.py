@@ -84,8 +84,10 @@ class EngineConfig:
         128, "CUDA: decode steps of up to this many requests replay captured graphs; 0: eager"
     )
     quantization: str = _setting(
-        "none",
-        "CPU weights kept quantized in memory: none; int8 or int4 (group-wise, packed at "
+        "auto",
+        "CPU weights kept quantized in memory: auto (a GGUF model, the default one included, "
+        "on its own blocks on the CPU where the kernels run; anything else as none); none "
+        "(the weights as stored, a GGUF's dequantized); int8 or int4 (group-wise, packed at "
         "load); gguf (a GGUF model's own blocks: Q4_0, Q4_1, Q4_K, Q8_0, Q6_K)",
     )
     deterministic: bool = _setting(
@@ -164,12 +166,12 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.spec_method: expected none, ngram or draft, got {self.spec_method!r}"
             )
-        if self.quantization not in ("none", "int8", "int4", "gguf"):
+        if self.quantization not in ("auto", "none", "int8", "int4", "gguf"):
             raise ValueError(
-                "EngineConfig.quantization: expected none, int8, int4 or gguf, got "
+                "EngineConfig.quantization: expected auto, none, int8, int4 or gguf, got "
                 f"{self.quantization!r}"
             )
-        if self.deterministic and self.quantization != "none":
+        if self.deterministic and self.quantization not in ("auto", "none"):
             raise ValueError(
                 "EngineConfig.deterministic: the quantized kernels are not batch-invariant; "
                 "use quantization='none'"

@@ -37,7 +37,10 @@ Timer = Callable[[torch.dtype, int, int], float]
 def resolve_dtype(
     config: EngineConfig, model: ModelConfig, timer: Timer | None = None
 ) -> tuple[torch.dtype, str]:
-    """(the dtype the engine runs in, why it was chosen)."""
+    """(the dtype the engine runs in, why it was chosen). `config.quantization` must be
+    resolved already (runtime/quantization.py): it decides the activations' dtype."""
+    if config.quantization == "auto":
+        raise ValueError("resolve_dtype: resolve quantization='auto' first")
     if config.dtype != "auto":
         return DTYPES[config.dtype], "asked for"
     if config.torch_device.type == "cuda":

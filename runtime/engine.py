@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import dataclasses
 import functools
 import itertools
 import logging
@@ -28,6 +29,7 @@ from braid.runtime.kv_cache import KVPool
 from braid.runtime.model_loader import load_model, load_model_config, resolve_model_dir
 from braid.runtime.model_runner import ModelRunner, StepResult
 from braid.runtime.output_processor import OutputProcessor
+from braid.runtime.quantization import resolve_quantization
 from braid.runtime.outputs import GenerateOutput, StreamChunk
 from braid.runtime.radix_cache import RadixCache
 from braid.runtime.request import Request
@@ -48,8 +50,12 @@ Prompt = str | list[int]
 
 class Engine:
     def __init__(self, model: str | None = None, **config_fields) -> None:
-        self.config = EngineConfig(model=model, **config_fields)
-        path = resolve_model_dir(self.config.model)
+        config = EngineConfig(model=model, **config_fields)
+        path = resolve_model_dir(config.model)
+        # From here on the config says what runs: `auto` resolved (the dtype is resolved on
+        # the engine thread, in self.dtype).
+        quantization, self._quantization_why = resolve_quantization(config, path)
+        self.config = dataclasses.replace(config, quantization=quantization)
         self.model_config = mc = load_model_config(path)
         self.tokenizer = load_tokenizer(path)
         self.device = self.config.torch_device
@@ -84,6 +90,7 @@ class Engine:
         dtype, why = resolve_dtype(c, mc)
         self.dtype = dtype  # what `auto` meant here
         log.info("dtype %s (%s)", str(dtype).removeprefix("torch."), why)
+        log.info("quantization %s (%s)", c.quantization, self._quantization_why)
         if c.tp > 1:  # rank 0's shard and pool; the other ranks hold theirs
             model_, self.kv, self.ranks = start_ranks(path, mc, dtype, c)
             self.tp_ranks = self.ranks.reports
@@ -298,6 +305,21 @@ class Engine:
         done = threading.Event()
         self._post("flush", done)
         done.wait()
+
+    def describe(self) -> str:
+        """What runs, in one line: weights, activations, device (for logs and the CLI)."""
+        c = self.config
+        weights = {
+            "none": "weights as stored",
+            "gguf": "GGUF blocks",
+            "int8": "int8 blocks",
+            "int4": "int4 blocks",
+        }[c.quantization]
+        return (
+            f"{weights} (quantization={c.quantization}: {self._quantization_why}), "
+            f"{str(self.dtype).removeprefix('torch.')} activations on {self.device}"
+            + (f", tp={c.tp}" if c.tp > 1 else "")
+        )
 
     def stats(self) -> dict:
         # The engine thread settles counters and KV before a request leaves the scheduler, so

@@ -9,6 +9,7 @@ in the half-split layout our forward uses.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -21,13 +22,16 @@ from torch import nn
 
 from braid.kernels.quant import from_gguf
 from braid.runtime.models import LlamaForCausalLM, ModelConfig
-from braid.runtime.models.quantized import QuantEmbedding, QuantLinear
+from braid.runtime.models.quantized import QuantEmbedding, QuantLinear, QuantStack
 
 log = logging.getLogger(__name__)
 
 SOURCE_LINK = "source.gguf"  # in a converted directory: the file it came from
 # Files whose presence marks a finished conversion (the directory is renamed into place last).
-_CACHE_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+# The float32 weights (FLOAT_WEIGHTS) are written only when a float model is asked for: the
+# default is to run the file's own blocks, and a 1B model's floats take 4 GB of disk.
+_CACHE_FILES = ("config.json", "tokenizer.json")
+FLOAT_WEIGHTS = "model.safetensors"
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -82,19 +86,34 @@ def model_dir(gguf_path: Path, name: str | None = None) -> Path:
 
 
 def convert(gguf_path: Path, out_dir: Path) -> None:
-    """Write config.json, tokenizer files and model.safetensors (float32) for a Llama GGUF,
-    and a link to the file itself (for quantization="gguf")."""
+    """Write config.json and the tokenizer files for a Llama GGUF, and a link to the file
+    itself (its weights are read from there)."""
+    _save_config_and_tokenizer(gguf_path, out_dir)
+    (out_dir / SOURCE_LINK).symlink_to(gguf_path.resolve())
+
+
+def float_weights(model_dir: Path) -> Path:
+    """The converted directory's float32 safetensors, dequantized from its GGUF file on first
+    use (once: later loads read the file)."""
     from safetensors.torch import save_file
 
-    config = _save_config_and_tokenizer(gguf_path, out_dir)
+    target = model_dir / FLOAT_WEIGHTS
+    if target.is_file():
+        return target
+    gguf_path = source(model_dir)
+    if gguf_path is None:
+        raise FileNotFoundError(f"{model_dir} has no {FLOAT_WEIGHTS} and no GGUF file to make it")
+    config = json.loads((model_dir / "config.json").read_text())
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    log.info("dequantizing %s to float32 into %s (once)", gguf_path, target)
     tensors = {
         name: torch.from_numpy(np.ascontiguousarray(w))
-        for name, w in _dequantized(
-            gguf_path, config.num_attention_heads, config.num_key_value_heads
-        )
+        for name, w in _dequantized(gguf_path, heads, kv_heads)
     }
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    (out_dir / SOURCE_LINK).symlink_to(gguf_path.resolve())
+    tmp = target.with_suffix(f".{os.getpid()}.tmp")
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, target)  # concurrent loads never read half a file
+    return target
 
 
 def source(model_dir: Path) -> Path | None:
@@ -106,12 +125,29 @@ def source(model_dir: Path) -> Path | None:
 # A fused linear of ours and the GGUF tensors whose rows it stacks, in order.
 _FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 # GGUF block types with a kernel, by the format they are kept in (kernels/quant.py).
-_KEPT = {"Q4_0": "q4", "Q4_1": "q4", "Q4_K": "q4", "Q8_0": "q8", "Q6_K": "q8"}
+_KEPT = {
+    "Q4_0": "q4", "Q4_1": "q4", "Q4_K": "q4", "Q5_0": "q5", "Q5_1": "q5", "Q5_K": "q5",
+    "Q8_0": "q8", "Q6_K": "q8", "IQ4_NL": "iq4", "IQ4_XS": "iq4",
+}  # fmt: skip
+
+
+def block_types(gguf_path: Path) -> list[str]:
+    """The quantized block types of the file's tensors (floats left out), sorted."""
+    import gguf
+
+    types = {t.tensor_type.name for t in gguf.GGUFReader(str(gguf_path)).tensors}
+    return sorted(types - set(_FLOAT_TYPES))
+
+
+def types_without_kernel(gguf_path: Path) -> list[str]:
+    """The file's block types that no quantized kernel here reads."""
+    return [t for t in block_types(gguf_path) if t not in _KEPT]
 
 
 def load_quantized(model: LlamaForCausalLM, gguf_path: Path, dtype: torch.dtype) -> None:
     """Fill `model`, built on the meta device, from the GGUF file: linears whose tensors are
-    quantized become QuantLinears holding those blocks (never expanded to floats), a
+    quantized become QuantLinears (QuantStacks where a fused linear's parts are stored in
+    different formats) holding those blocks (never expanded to floats), a
     quantized embedding table a QuantEmbedding (the head too when the model ties them), the
     float tensors parameters in `dtype`."""
     import gguf
@@ -133,8 +169,8 @@ def load_quantized(model: LlamaForCausalLM, gguf_path: Path, dtype: torch.dtype)
             )
         return _KEPT[t.tensor_type.name]
 
-    # Which of our linears take quantized blocks, from which GGUF tensors (in row order).
-    stacks: dict[str, list[str]] = {}
+    # Which quantized layers take which GGUF tensors: (our module path, first row, tensor).
+    fills: list[tuple[str, int, str]] = []
     with torch.device("meta"):
         for path, module in list(model.named_modules()):
             if not isinstance(module, nn.Linear):
@@ -142,34 +178,43 @@ def load_quantized(model: LlamaForCausalLM, gguf_path: Path, dtype: torch.dtype)
             parent, _, child = path.rpartition(".")
             prefix = parent + "." if parent else ""
             parts = [prefix + p + ".weight" for p in _FUSED.get(child, (child,))]
-            formats = {kept(p) for p in parts}
-            if formats == {None} or not all(p in tensors for p in parts):
+            if not all(p in tensors for p in parts):
                 continue
-            if len(formats) != 1:
-                raise ValueError(f"{gguf_path}: the parts of {path} are stored differently")
-            out_features = sum(int(tensors[p].shape[1]) for p in parts)
-            layer = QuantLinear(module.in_features, out_features, formats.pop())
+            formats = [kept(p) for p in parts]
+            if formats == [None] * len(parts):
+                continue
+            if None in formats:
+                raise ValueError(
+                    f"{gguf_path}: {path} stacks float and quantized tensors; load it with "
+                    "quantization='none'"
+                )
+            rows = [int(tensors[p].shape[1]) for p in parts]  # ggml lists a row's length first
+            if len(set(formats)) == 1:  # one layer for the stack, the parts' rows in order
+                layer = QuantLinear(module.in_features, sum(rows), formats[0])
+                firsts = [sum(rows[:i]) for i in range(len(parts))]
+                fills += [(path, first, part) for first, part in zip(firsts, parts, strict=True)]
+            else:  # a layer per part (GGUF's "_M" mixes keep v at more bits than q and k)
+                layer = QuantStack(
+                    [QuantLinear(module.in_features, r, f) for r, f in zip(rows, formats)]
+                )
+                fills += [(f"{path}.parts.{i}", 0, part) for i, part in enumerate(parts)]
             model.set_submodule(path, layer)
-            stacks[path] = parts
         table_format = kept("embed_tokens.weight")
         if table_format is not None:
             table = QuantLinear(config.hidden_size, config.vocab_size, table_format)
             model.embed_tokens = QuantEmbedding(table, dtype)
-            stacks["embed_tokens.table"] = ["embed_tokens.weight"]
-            if config.tie_word_embeddings and "lm_head" not in stacks:
+            fills.append(("embed_tokens.table", 0, "embed_tokens.weight"))
+            if config.tie_word_embeddings and not any(f[0] == "lm_head" for f in fills):
                 model.lm_head = table
     model.to_empty(device="cpu")
     if config.tie_word_embeddings and table_format is None:  # to_empty broke the float tie
         model.lm_head.weight = model.embed_tokens.weight
-    for path, parts in stacks.items():
-        layer, row = model.get_submodule(path), 0
-        for part in parts:
-            t = tensors.pop(part)
-            n, k = int(t.shape[1]), int(t.shape[0])  # ggml lists a row's length first
-            _, blocks = from_gguf(t.data, t.tensor_type, (n, k))
-            ordered = _rows_in_our_order(part, blocks.numpy(), config)
-            layer.blocks[row : row + n] = torch.from_numpy(ordered)
-            row += n
+    for path, first, part in fills:
+        t = tensors.pop(part)
+        n, k = int(t.shape[1]), int(t.shape[0])
+        _, blocks = from_gguf(t.data, t.tensor_type, (n, k))
+        ordered = _rows_in_our_order(part, blocks.numpy(), config)
+        model.get_submodule(path).blocks[first : first + n] = torch.from_numpy(ordered)
     model.load_hf_weights({_hf(name): _float(t, name, config) for name, t in tensors.items()})
     model.rotary.float().reset()
 

@@ -120,6 +120,8 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
     else:
         files = sorted(p.name for p in path.glob("*.safetensors"))
+    if not files and gguf_file.source(path) is not None:
+        files = [gguf_file.float_weights(path).name]
     if not files:
         raise FileNotFoundError(f"{path} has no *.safetensors weights")
     weights = {}

@@ -81,7 +81,7 @@ def test_generate_chat(tiny_model_path):
     [
         (["--model", "/nonexistent/model"], "model directory /nonexistent/model does not exist"),
         (["--max-tokens", "-3"], "max_tokens must be >= 0"),
-        (["--quantization", "int3"], "expected none, int8, int4 or gguf, got 'int3'"),
+        (["--quantization", "int3"], "expected auto, none, int8, int4 or gguf, got 'int3'"),
     ],
 )
 def test_errors_are_one_line(tiny_model_path, args, message):

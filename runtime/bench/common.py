@@ -95,9 +95,12 @@ def make_engine(model: str | None, dtype: str, **config: Any) -> Engine:
 def hf_model(model: str | None, dtype: torch.dtype) -> transformers.PreTrainedModel:
     import transformers
 
+    from braid.runtime import gguf_file
     from braid.runtime.model_loader import resolve_model_dir
 
     path = resolve_model_dir(model)
+    if gguf_file.source(path) is not None:  # a converted GGUF: transformers reads floats
+        gguf_file.float_weights(path)
     return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
 
 

@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import torch
 
-from braid.kernels.cpu import QuantDecoderLayer, QuantDecoderShape, QuantWeight
+from braid.kernels.cpu import (
+    MAX_QUANT_PARTS,
+    QUANT_FORMATS,
+    QuantDecoderLayer,
+    QuantDecoderShape,
+    QuantPart,
+    QuantWeight,
+)
 from braid.runtime.attention.cpu_kernels import CpuKernelAttention
 from braid.runtime.forward_batch import ForwardBatch
 from braid.runtime.kv_cache import KVPool
-from braid.runtime.models.quantized import QuantLinear
-
-_FORMAT_BITS = {"q4": 4, "q8": 8}
+from braid.runtime.models.quantized import QuantLinear, QuantStack
 
 
 class QuantDecoder:
@@ -51,7 +56,7 @@ class QuantDecoder:
         for layer in model.layers:
             linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj)
             linears += (layer.mlp.gate_up_proj, layer.mlp.down_proj)
-            if not all(isinstance(m, QuantLinear) and m.kernels is not None for m in linears):
+            if not all(_parts(m) for m in linears):
                 return None
         return cls(model)
 
@@ -86,8 +91,12 @@ class QuantDecoder:
 def _layer(layer, kv: KVPool) -> QuantDecoderLayer:
     attn, mlp = layer.self_attn, layer.mlp
 
-    def weight(linear: QuantLinear) -> QuantWeight:
-        return QuantWeight(linear.blocks.data_ptr(), _FORMAT_BITS[linear.fmt])
+    def weight(linear: QuantLinear | QuantStack) -> QuantWeight:
+        parts = [
+            QuantPart(p.blocks.data_ptr(), QUANT_FORMATS.index(p.fmt), p.out_features)
+            for p in _parts(linear)
+        ]
+        return QuantWeight((QuantPart * MAX_QUANT_PARTS)(*parts), len(parts))
 
     def norm(module) -> int | None:
         return module.weight.data_ptr() if module is not None else None
@@ -104,3 +113,10 @@ def _layer(layer, kv: KVPool) -> QuantDecoderLayer:
         k_cache=kv.k[layer.self_attn.layer].data_ptr(),
         v_cache=kv.v[layer.self_attn.layer].data_ptr(),
     )
+
+
+def _parts(linear) -> list[QuantLinear]:
+    """A quantized linear's parts, each with the kernels behind it; [] for anything else."""
+    parts = list(linear.parts) if isinstance(linear, QuantStack) else [linear]
+    ok = all(isinstance(p, QuantLinear) and p.kernels is not None for p in parts)
+    return parts if ok and len(parts) <= MAX_QUANT_PARTS else []

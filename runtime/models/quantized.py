@@ -1,4 +1,4 @@
-"""Layers whose weights stay quantized in memory (kernels/quant.py's q4 and q8 blocks).
+"""Layers whose weights stay quantized in memory (kernels/quant.py's blocks).
 
 The CPU kernels read the blocks directly (kernels/cpu_quant.cpp) once `pack` has laid them
 out for them; until then, or without the kernels, the PyTorch twins dequantize on every call
@@ -12,13 +12,11 @@ import torch
 from torch import nn
 
 from braid.kernels import cpu, reference
-from braid.kernels.quant import FORMATS, GROUP, interleave, quantize
+from braid.kernels.quant import FORMATS, interleave, quantize
 
-# From this many input rows (long prefill chunks) a quantized linear expands its weight to
-# floats and multiplies in torch's GEMM: the default model's 512-token prefill (gguf) ran at
-# ~0.7x the float32 model's rate through the kernel, ~0.9-1.0x this way (2026-11-26). Fewer
-# rows (decode batches: at 64 rows the kernel is ~1.4x faster) take the kernel, which reads
-# the blocks as they are. The expansion goes DENSE_CHUNK weights at a time (16 MB).
+# Where the kernels do not round inputs to int8 (no AVX2: they expand blocks and run float
+# dot products), from this many input rows (long prefill chunks) a quantized linear expands
+# its weight DENSE_CHUNK weights at a time for torch's GEMM instead.
 DENSE_MIN_ROWS = 256
 DENSE_CHUNK = 1 << 22
 
@@ -46,24 +44,33 @@ class QuantLinear(nn.Module):
         `interleave`), if the kernels can be built here. Done once, when loading is over."""
         kernels = cpu.load()
         if kernels is not None and self.kernels is None:
-            self.blocks = interleave(self.blocks, FORMATS[self.fmt])
+            self.blocks = interleave(self.blocks, FORMATS[self.fmt], kernels.quant_group)
             self.kernels = kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float().contiguous()
-        if self.kernels is None:
-            out = reference.quant_matmul(x32, self.blocks, self.fmt)
-        elif x32.shape[0] >= DENSE_MIN_ROWS:
-            out = self._dense(x32)
+        return self.matmul(x32).to(x.dtype)
+
+    def matmul(self, x32: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """float32 x32 [M, K] @ W^T, into `out` (a column slice of a wider output, say) if
+        given."""
+        k = self.kernels
+        if k is None:
+            result = reference.quant_matmul(x32, self.blocks, self.fmt)
+        elif not k.quant_rounds_inputs and x32.shape[0] >= DENSE_MIN_ROWS:
+            result = self._dense(x32)
         else:
-            out = self.kernels.quant_matmul(x32, self.blocks, self.fmt, self.out_features)
-        return out.to(x.dtype)
+            return k.quant_matmul(x32, self.blocks, self.fmt, self.out_features, out)
+        if out is None:
+            return result
+        out.copy_(result)
+        return out
 
     def _dense(self, x32: torch.Tensor) -> torch.Tensor:
         """x32 @ W^T with W expanded to floats DENSE_CHUNK weights at a time, multiplied by
         torch's GEMM."""
         n, k = self.out_features, self.in_features
-        rows = max(GROUP, DENSE_CHUNK // k // GROUP * GROUP)
+        rows = max(1, DENSE_CHUNK // k)
         out = torch.empty(x32.shape[0], n, dtype=torch.float32)
         for first in range(0, n, rows):
             ids = torch.arange(first, min(first + rows, n))
@@ -73,6 +80,26 @@ class QuantLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.fmt}"
+
+
+class QuantStack(nn.Module):
+    """A fused linear (q/k/v, gate/up) whose parts are stored in different formats: a GGUF
+    "Q4_K_M" file keeps v at more bits than q and k. Each part's output fills its columns."""
+
+    def __init__(self, parts: list[QuantLinear]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+        self.in_features = parts[0].in_features
+        self.out_features = sum(p.out_features for p in parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float().contiguous()
+        out = torch.empty(x32.shape[0], self.out_features, dtype=torch.float32)
+        column = 0
+        for part in self.parts:
+            part.matmul(x32, out[:, column : column + part.out_features])
+            column += part.out_features
+        return out.to(x.dtype)
 
 
 class QuantEmbedding(nn.Module):

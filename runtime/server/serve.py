@@ -115,14 +115,13 @@ def run(args: argparse.Namespace) -> int:
     )
     kv = engine.kv
     log.info(
-        "serving %s (%s) on http://%s:%d: %s on %s, context %d tokens, KV pool %d tokens "
+        "serving %s (%s) on http://%s:%d: %s, context %d tokens, KV pool %d tokens "
         "(%.2f GB), API key %s",
         name,
         app.state.service.model_path,
         args.host,
         args.port,
-        str(kv.dtype).removeprefix("torch."),
-        engine.device,
+        engine.describe(),
         engine.context_length,
         kv.num_slots,
         kv.num_bytes / 1024**3,

@@ -3,10 +3,13 @@ the CPU kernels against their PyTorch twins."""
 
 from __future__ import annotations
 
+import platform
+
 import gguf
 import numpy as np
 import pytest
 import torch
+from conftest import random_gguf
 
 from braid.kernels import cpu, quant, reference
 
@@ -19,6 +22,39 @@ def lib():
     if lib is None:
         pytest.skip("the CPU kernels cannot be built here")
     return lib
+
+
+# The quantized kernels have a path per vector unit: AVX-512 with VNNI (16-row groups), AVX2
+# with AVX-VNNI, AVX2 with maddubs, and the portable expanding loop. Each is built and checked
+# here, whichever this CPU would pick; the flags turn off what the next path up needs.
+PATHS = {
+    "native": (),
+    "avx2": ("-mno-avx512f",),
+    "avx2-no-vnni": ("-mno-avx512f", "-mno-avxvnni"),
+    "portable": ("-mno-avx512f", "-mno-avx2"),
+}
+
+
+@pytest.fixture(scope="module", params=list(PATHS))
+def path_lib(request) -> cpu.CpuKernels:
+    flags = PATHS[request.param]
+    if flags and platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the other paths are x86 ones")
+    kernels = cpu.load(extra_flags=flags)
+    assert kernels is not None, f"the CPU kernels must build with {flags}"
+    return kernels
+
+
+def random_blocks(fmt: quant.QuantFormat, n: int, k: int, seed: int = 0) -> torch.Tensor:
+    """n rows of random `fmt` blocks (any quant bytes; finite scales and mins of the sizes a
+    model's weights have)."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, (n, k // fmt.block * fmt.block_bytes), dtype=np.uint8)
+    records = blocks.view(fmt.dtype)
+    records["scale"] = rng.uniform(-0.01, 0.01, records.shape)
+    if "min" in fmt.dtype.names:
+        records["min"] = rng.uniform(-0.1, 0.1, records.shape)
+    return torch.from_numpy(blocks)
 
 
 @pytest.mark.parametrize("fmt", [quant.Q4, quant.Q8], ids=lambda f: f.name)
@@ -38,17 +74,24 @@ def test_packing_rounds_each_weight_to_its_blocks_grid(fmt):
     assert (err <= scale[..., None] / 2 + 1e-6).all()
 
 
-@pytest.mark.parametrize("fmt", [quant.Q4, quant.Q8], ids=lambda f: f.name)
+FORMATS = pytest.mark.parametrize("fmt", list(quant.FORMATS.values()), ids=lambda f: f.name)
+
+
+@FORMATS
 @pytest.mark.parametrize(
-    "m, n, k", [(1, 7, 64), (2, 8, 96), (3, 5, 32), (4, 9, 64), (5, 13, 128), (64, 40, 256)]
+    "m, n, k",
+    [(1, 7, 64), (2, 8, 96), (3, 5, 32), (4, 9, 64), (5, 13, 128), (9, 17, 64), (64, 40, 256)],
 )
-def test_quant_matmul_equals_its_twin(lib, fmt, m, n, k):
-    """Decode rows (x rounded to int8) against quant_matmul_int8, more rows against
-    quant_matmul; both against the float product within the rounding's bound."""
-    blocks = quant.quantize(torch.randn(n, k), fmt)
+def test_quant_matmul_equals_its_twin(path_lib, fmt, m, n, k):
+    """Rows rounded to int8 (with AVX2) against quant_matmul_int8, else against quant_matmul;
+    both against the float product within the rounding's bound."""
+    if k % fmt.block:
+        k = 2 * k
+    blocks = random_blocks(fmt, n, k)
     x = torch.randn(m, k)
-    got = lib.quant_matmul(x, quant.interleave(blocks, fmt), fmt.name, n)
-    rounded = m <= lib.quant_int8_max_rows
+    packed = quant.interleave(blocks, fmt, path_lib.quant_group)
+    got = path_lib.quant_matmul(x, packed, fmt.name, n)
+    rounded = path_lib.quant_rounds_inputs
     twin = reference.quant_matmul_int8 if rounded else reference.quant_matmul
     torch.testing.assert_close(got, twin(x, blocks, fmt.name), atol=1e-4, rtol=1e-5)
     # Each input moves by at most half its block's step (amax / 127) when rounded.
@@ -59,12 +102,24 @@ def test_quant_matmul_equals_its_twin(lib, fmt, m, n, k):
     assert ((got.double() - exact).abs() <= bound + 1e-4).all()
 
 
-def test_quant_matmul_int8_rounds_like_its_twin(lib):
+def test_quant_matmul_writes_into_a_column_slice(lib):
+    """A stacked linear's parts (runtime/models/quantized.py's QuantStack) each fill their
+    columns of one output: the others stay as they were."""
+    blocks = random_blocks(quant.Q4, 12, 64)
+    packed = quant.interleave(blocks, quant.Q4, lib.quant_group)
+    x = torch.randn(5, 64)
+    out = torch.full((5, 20), 7.0)
+    lib.quant_matmul(x, packed, "q4", 12, out[:, 3:15])
+    torch.testing.assert_close(out[:, 3:15], lib.quant_matmul(x, packed, "q4", 12))
+    assert (out[:, :3] == 7).all() and (out[:, 15:] == 7).all()
+
+
+def test_quant_matmul_int8_rounds_like_its_twin(path_lib):
     """Inputs on a block's rounding boundaries (ties to even), zero blocks and huge inputs,
     through an identity weight so each output is one rounded input: a single input rounded
     the other way moves its output by a whole step (>= 1/127 of it)."""
-    if lib.quant_int8_max_rows == 0:
-        pytest.skip("no int8 decode path on this CPU")
+    if not path_lib.quant_rounds_inputs:
+        pytest.skip("this path does not round inputs")
     blocks = quant.quantize(torch.eye(64), quant.Q8)
     x = torch.zeros(2, 64)
     x[0, :16] = torch.arange(16) - 7.5  # exact halves once scaled by 127 / amax = 1:
@@ -72,18 +127,19 @@ def test_quant_matmul_int8_rounds_like_its_twin(lib):
     x[0, 16:32] = 1e30
     x[1, 32:] = torch.linspace(-1, 1, 32)
     torch.testing.assert_close(
-        lib.quant_matmul(x, quant.interleave(blocks, quant.Q8), "q8", 64),
+        path_lib.quant_matmul(x, quant.interleave(blocks, quant.Q8, path_lib.quant_group), "q8", 64),
         reference.quant_matmul_int8(x, blocks, "q8"),
         atol=0,
         rtol=1e-5,
     )
 
 
-@pytest.mark.parametrize("fmt", [quant.Q4, quant.Q8], ids=lambda f: f.name)
+@FORMATS
 def test_dequantized_rows_equal_the_twins(lib, fmt):
-    blocks = quant.quantize(torch.randn(30, 64), fmt)
-    packed = quant.interleave(blocks, fmt)
-    assert packed.shape == (32, blocks.shape[1])  # 30 rows in 4 groups of 8
+    blocks = random_blocks(fmt, 30, 64)
+    group = lib.quant_group
+    packed = quant.interleave(blocks, fmt, group)
+    assert packed.shape == (-(-30 // group) * group, blocks.shape[1])
     ids = torch.tensor([0, 29, 7, 7, 8, 15])
     torch.testing.assert_close(
         lib.dequantize_rows(packed, fmt.name, (30, 64), ids),
@@ -93,42 +149,45 @@ def test_dequantized_rows_equal_the_twins(lib, fmt):
     )
     with pytest.raises(ValueError, match="ids outside"):
         lib.dequantize_rows(packed, fmt.name, (30, 64), torch.tensor([30]))
-    with pytest.raises(ValueError, match="groups of 8"):  # rows not interleaved
+    with pytest.raises(ValueError, match=f"groups of {group}"):  # rows not interleaved
         lib.dequantize_rows(blocks, fmt.name, (30, 64), ids)
 
 
 def gguf_blocks(ggml_type, n: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """(raw GGUF blocks [n, row bytes], their float weight [n, k]): quantized by the gguf
-    package where it can, else random blocks of the type (their scales kept finite)."""
+    """(random GGUF blocks [n, row bytes] of the type, finite scales; their float weight
+    [n, k] as the gguf package dequantizes them)."""
+    block, _ = gguf.GGML_QUANT_SIZES[ggml_type]
     rng = np.random.default_rng(seed)
-    if ggml_type in (T.Q4_0, T.Q4_1, T.Q8_0):
-        raw = gguf.quants.quantize(rng.standard_normal((n, k)).astype(np.float32), ggml_type)
-    else:
-        block, size = gguf.GGML_QUANT_SIZES[ggml_type]
-        raw = rng.integers(0, 256, (n, k // block, size), dtype=np.uint8)
-        halves = raw.view(np.float16)  # the fp16 scales: small finite values
-        if ggml_type == T.Q4_K:  # d and dmin lead each block
-            halves[..., :2] = rng.uniform(0.001, 0.01, halves[..., :2].shape)
-        else:  # Q6_K: d closes each block
-            halves[..., -1] = rng.uniform(0.001, 0.01, halves[..., -1].shape)
-        raw = raw.reshape(n, -1)
+    raw = random_gguf().random_blocks(rng, ggml_type, n * k // block, 0.05).reshape(n, -1)
     return raw, np.asarray(gguf.quants.dequantize(raw, ggml_type), dtype=np.float32)
 
 
-@pytest.mark.parametrize("ggml_type", [T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K], ids=str)
+GGUF_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS]
+
+
+@pytest.mark.parametrize("ggml_type", GGUF_TYPES, ids=str)
 def test_gguf_blocks_convert_into_our_formats(ggml_type):
+    """Each type's weights as the gguf package dequantizes them: exactly where its factors
+    are float16 already, else within float16 rounding of each block's scale and min."""
     raw, weight = gguf_blocks(ggml_type, 6, 512)
     fmt, blocks = quant.from_gguf(raw, ggml_type, (6, 512))
+    assert blocks.shape == (6, fmt.row_bytes(512))
     got = reference.dequantize(blocks, fmt.name, 512).numpy()
-    if ggml_type in (T.Q4_0, T.Q4_1, T.Q8_0):  # the same grid: exact but for fp16 scales
-        np.testing.assert_allclose(got, weight, atol=1e-6, rtol=1e-6)
-    else:  # packed again from the floats: within half a step of the new grid
-        groups = weight.reshape(6, -1, fmt.block)
-        spread = np.ptp(groups, -1) / 15 if fmt is quant.Q4 else np.abs(groups).max(-1) / 127
-        err = np.abs(got - weight).reshape(6, -1, fmt.block)
-        assert (err <= spread[..., None] / 2 + 1e-6).all()
+    if ggml_type in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL):
+        np.testing.assert_array_equal(got, weight)
+    else:
+        rounding = 2**-11 * np.abs(weight).max()  # |q * scale| and |min| below the row's max
+        assert np.abs(got - weight).max() <= 2 * rounding, np.abs(got - weight).max()
+        assert np.abs(got - weight).max() > 0  # the factors were rounded: the check can fail
 
 
 def test_a_type_without_a_kernel_is_refused_by_name():
-    with pytest.raises(ValueError, match="Q5_K"):
-        quant.from_gguf(np.zeros((1, 176), np.uint8), T.Q5_K, (1, 256))
+    with pytest.raises(ValueError, match="Q2_K"):
+        quant.from_gguf(np.zeros((1, 84), np.uint8), T.Q2_K, (1, 256))
+
+
+def test_a_scale_beyond_float16_is_refused():
+    raw, _ = gguf_blocks(T.Q4_K, 1, 256)
+    raw.view(np.float16)[0, 0] = 60000.0  # d: times a 6-bit scale, past float16's max
+    with pytest.raises(ValueError, match="float16"):
+        quant.from_gguf(raw, T.Q4_K, (1, 256))

@@ -24,7 +24,8 @@ NEW_TOKENS = 48
 
 @pytest.fixture(scope="module")
 def engine():
-    return Engine(device="cpu", dtype="float32", max_kv_tokens=2048)
+    # quantization="none": the GGUF dequantized, as transformers reads it.
+    return Engine(device="cpu", dtype="float32", max_kv_tokens=2048, quantization="none")
 
 
 @pytest.fixture(scope="module")

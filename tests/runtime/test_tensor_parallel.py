@@ -67,7 +67,7 @@ def test_bad_tp_is_refused(tiny_model_path):
 @pytest.mark.model
 def test_default_model_tp2_matches_tp1():
     prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a small"]
-    config = dict(device="cpu", dtype="float32", max_kv_tokens=1024)
+    config = dict(device="cpu", dtype="float32", max_kv_tokens=1024, quantization="none")
     one = Engine(**config)
     try:
         expected, [whole] = run(one, prompts), one.tp_ranks
