@@ -22,6 +22,7 @@ import torch
 
 from braid.runtime.config import EngineConfig
 from braid.runtime.constrained import GrammarService, Prepared
+from braid.runtime.core_share import CoreShare
 from braid.runtime.cuda_graphs import DecodeGraphs
 from braid.runtime.detokenizer import IncrementalDetokenizer
 from braid.runtime.dtype import resolve_dtype
@@ -128,6 +129,12 @@ class Engine:
                     "EngineConfig(cuda_graph_max_batch=0) runs without them"
                 ) from e
             log.info("CUDA graphs: decode batches of %s", graphs.sizes)
+        # On the CPU, a team no larger than the cores other programs leave free
+        # (runtime/core_share.py); tensor-parallel ranks split the cores between them already.
+        self._threads = torch.get_num_threads()
+        self._core_share = None
+        if self.device.type == "cpu" and c.tp == 1:
+            self._core_share = CoreShare(self._threads)
         self.runner = ModelRunner(
             model_, self.kv, self.device, len(self.tokenizer), graphs, self.ranks
         )
@@ -485,6 +492,9 @@ class Engine:
         if batch is None:
             self._fail_unschedulable()
             return False
+        if self._core_share is not None and (n := self._core_share.threads()) != self._threads:
+            torch.set_num_threads(n)  # the C++ kernels read it too
+            self._threads = n
         started = time.perf_counter()
         try:
             results = self.runner.run(batch)
