@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from braid.kernels.quant import from_gguf
+from braid.runtime.gguf_tensors import GGUFTensor, read_tensors
 from braid.runtime.models import LlamaForCausalLM, ModelConfig
 from braid.runtime.models.quantized import QuantEmbedding, QuantLinear, QuantStack
 
@@ -133,15 +134,13 @@ _KEPT = {
 
 def block_types(gguf_path: Path) -> list[str]:
     """The quantized block types of the file's tensors (floats left out), sorted."""
-    import gguf
-
-    types = {t.tensor_type.name for t in gguf.GGUFReader(str(gguf_path)).tensors}
+    types = {t.type.name for t in read_tensors(gguf_path)}
     return sorted(types - set(_FLOAT_TYPES))
 
 
-def types_without_kernel(gguf_path: Path) -> list[str]:
-    """The file's block types that no quantized kernel here reads."""
-    return [t for t in block_types(gguf_path) if t not in _KEPT]
+def without_kernel(types: list[str]) -> list[str]:
+    """The GGUF block types among `types` that no quantized kernel here reads."""
+    return [t for t in types if t not in _KEPT]
 
 
 def load_quantized(model: LlamaForCausalLM, gguf_path: Path, dtype: torch.dtype) -> None:
@@ -150,24 +149,22 @@ def load_quantized(model: LlamaForCausalLM, gguf_path: Path, dtype: torch.dtype)
     different formats) holding those blocks (never expanded to floats), a
     quantized embedding table a QuantEmbedding (the head too when the model ties them), the
     float tensors parameters in `dtype`."""
-    import gguf
-
     config = model.config
     # By our module paths (HF names without "model.").
     tensors = {
-        hf_name(t.name).removeprefix("model."): t for t in gguf.GGUFReader(str(gguf_path)).tensors
+        hf_name(t.name).removeprefix("model."): t for t in read_tensors(gguf_path)
     }
 
     def kept(name: str) -> str | None:
         t = tensors.get(name)
-        if t is None or t.tensor_type.name in _FLOAT_TYPES:
+        if t is None or t.type.name in _FLOAT_TYPES:
             return None
-        if t.tensor_type.name not in _KEPT:
+        if t.type.name not in _KEPT:
             raise ValueError(
-                f"{gguf_path}: {name} is {t.tensor_type.name}, which has no quantized kernel "
+                f"{gguf_path}: {name} is {t.type.name}, which has no quantized kernel "
                 f"here (kept: {', '.join(_KEPT)}); load it with quantization='none'"
             )
-        return _KEPT[t.tensor_type.name]
+        return _KEPT[t.type.name]
 
     # Which quantized layers take which GGUF tensors: (our module path, first row, tensor).
     fills: list[tuple[str, int, str]] = []
@@ -188,7 +185,7 @@ def load_quantized(model: LlamaForCausalLM, gguf_path: Path, dtype: torch.dtype)
                     f"{gguf_path}: {path} stacks float and quantized tensors; load it with "
                     "quantization='none'"
                 )
-            rows = [int(tensors[p].shape[1]) for p in parts]  # ggml lists a row's length first
+            rows = [tensors[p].rows for p in parts]
             if len(set(formats)) == 1:  # one layer for the stack, the parts' rows in order
                 layer = QuantLinear(module.in_features, sum(rows), formats[0])
                 firsts = [sum(rows[:i]) for i in range(len(parts))]
@@ -211,10 +208,9 @@ def load_quantized(model: LlamaForCausalLM, gguf_path: Path, dtype: torch.dtype)
         model.lm_head.weight = model.embed_tokens.weight
     for path, first, part in fills:
         t = tensors.pop(part)
-        n, k = int(t.shape[1]), int(t.shape[0])
-        _, blocks = from_gguf(t.data, t.tensor_type, (n, k))
+        _, blocks = from_gguf(t.data, t.type, (t.rows, t.shape[0]))
         ordered = _rows_in_our_order(part, blocks.numpy(), config)
-        model.get_submodule(path).blocks[first : first + n] = torch.from_numpy(ordered)
+        model.get_submodule(path).blocks[first : first + t.rows] = torch.from_numpy(ordered)
     model.load_hf_weights({_hf(name): _float(t, name, config) for name, t in tensors.items()})
     model.rotary.float().reset()
 
@@ -223,11 +219,16 @@ def _hf(name: str) -> str:
     return name if name.startswith("lm_head") else "model." + name
 
 
-def _float(t, name: str, config: ModelConfig) -> torch.Tensor:
+def _float(t: GGUFTensor, name: str, config: ModelConfig) -> torch.Tensor:
+    return torch.tensor(_rows_in_our_order(name, _floats(t), config))  # a copy: t is read-only
+
+
+def _floats(t: GGUFTensor) -> np.ndarray:
+    """A tensor's values as float32 in torch's shape (ggml's dimensions reversed)."""
     import gguf
 
-    w = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
-    return torch.tensor(_rows_in_our_order(name, w, config))  # a copy: GGUF data is read-only
+    w = np.asarray(gguf.quants.dequantize(t.data, t.type), dtype=np.float32)
+    return w.reshape(tuple(reversed(t.shape)))
 
 
 def _rows_in_our_order(name: str, w: np.ndarray, config: ModelConfig) -> np.ndarray:
@@ -256,12 +257,9 @@ def _save_config_and_tokenizer(gguf_path: Path, out_dir: Path):
 
 def _dequantized(gguf_path: Path, num_heads: int, num_kv_heads: int):
     """(HF name, float32 weight) of every tensor, q/k rows back in the half-split layout."""
-    import gguf
-
-    for t in gguf.GGUFReader(str(gguf_path)).tensors:
+    for t in read_tensors(gguf_path):
         name = hf_name(t.name)
-        # dequantize returns the logical shape in row-major order, i.e. torch's (out, in).
-        w = np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        w = _floats(t)
         if name.endswith("q_proj.weight"):
             w = unpermute_rope(w, num_heads)
         elif name.endswith("k_proj.weight"):

@@ -32,10 +32,10 @@ def resolve_quantization(config: EngineConfig, model_dir: Path) -> tuple[str, st
         return "none", "auto: GGUF blocks are not split over tensor-parallel ranks"
     if not config.cpu_kernels or _cpu_kernels() is None:
         return "none", "auto: the C++ kernels that read GGUF blocks are not available"
-    missing = gguf_file.types_without_kernel(source)
-    if missing:
+    types = gguf_file.block_types(source)
+    if missing := gguf_file.without_kernel(types):
         return "none", f"auto: {source.name} holds {', '.join(missing)}, which no kernel reads"
-    return "gguf", f"auto: {source.name}'s own blocks ({', '.join(gguf_file.block_types(source))})"
+    return "gguf", f"auto: {source.name}'s own blocks ({', '.join(types)})"
 
 
 def _cpu_kernels():
