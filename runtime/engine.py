@@ -105,6 +105,7 @@ class Engine:
                 self.device,
             )  # fmt: skip
             self.tp_ranks = [RankReport.of(0, model_, self.kv)]
+        _release_free_heap()  # what loading freed (converted blocks' temporaries)
         num_slots = self.kv.num_slots
         log.info("model ops: %s", model_.ops.name)
         log.info(

@@ -143,12 +143,15 @@ def without_kernel(types: list[str]) -> list[str]:
     return [t for t in types if t not in _KEPT]
 
 
-def load_quantized(model: LlamaForCausalLM, gguf_path: Path, dtype: torch.dtype) -> None:
+def load_quantized(
+    model: LlamaForCausalLM, gguf_path: Path, dtype: torch.dtype, skip: set[str] = frozenset()
+) -> None:
     """Fill `model`, built on the meta device, from the GGUF file: linears whose tensors are
     quantized become QuantLinears (QuantStacks where a fused linear's parts are stored in
-    different formats) holding those blocks (never expanded to floats), a
-    quantized embedding table a QuantEmbedding (the head too when the model ties them), the
-    float tensors parameters in `dtype`."""
+    different formats) holding those blocks (never expanded to floats), a quantized
+    embedding table a QuantEmbedding (the head too when the model ties them), the float
+    tensors parameters in `dtype`. The QuantLinears at the module paths in `skip` are left
+    empty (their blocks come from elsewhere: runtime/packed_weights.py)."""
     config = model.config
     # By our module paths (HF names without "model.").
     tensors = {
@@ -208,6 +211,8 @@ def load_quantized(model: LlamaForCausalLM, gguf_path: Path, dtype: torch.dtype)
         model.lm_head.weight = model.embed_tokens.weight
     for path, first, part in fills:
         t = tensors.pop(part)
+        if path in skip:
+            continue
         _, blocks = from_gguf(t.data, t.type, (t.rows, t.shape[0]))
         ordered = _rows_in_our_order(part, blocks.numpy(), config)
         model.get_submodule(path).blocks[first : first + t.rows] = torch.from_numpy(ordered)

@@ -11,7 +11,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers import AutoConfig
 
-from braid.runtime import gguf_file
+from braid.kernels import cpu
+from braid.runtime import gguf_file, packed_weights
 from braid.runtime.default_model import INSTALL_HINT, default_model_dir
 from braid.runtime.models import LlamaForCausalLM, ModelConfig
 from braid.runtime.models.batch_invariant import BatchInvariantLinear
@@ -80,7 +81,16 @@ def load_model(
                 f"quantization='gguf': {path} was not converted from a GGUF file (pass the "
                 ".gguf file, or no model for the default one)"
             )
-        gguf_file.load_quantized(model, source, dtype)
+        # On the CPU kernels, the blocks as they lay them out, mapped from the last load's.
+        kernels = cpu.load() if cpu_kernels else None
+        packed = packed_weights.path_for(path, source, kernels.quant_group) if kernels else None
+        mapped = packed_weights.read(packed) if packed else {}
+        gguf_file.load_quantized(model, source, dtype, skip=set(mapped))
+        for name, (fmt, blocks) in mapped.items():
+            layer = model.get_submodule(name)
+            if layer.fmt != fmt:
+                raise ValueError(f"{packed}: {name} is {fmt}, the GGUF's {layer.fmt}")
+            layer.take_packed(blocks, kernels)
     else:
         model = model.to_empty(device=device).to(dtype)
         if config.tie_word_embeddings:  # to_empty breaks the tie; restore it
@@ -98,6 +108,8 @@ def load_model(
         for module in model.modules():
             if isinstance(module, QuantLinear):
                 module.pack()
+    if quantization == "gguf" and packed and not mapped:
+        packed_weights.write(model, packed)
     model.decoder = QuantDecoder.of(model)
     return model.eval().requires_grad_(False)
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from braid.kernels import cpu, reference
-from braid.kernels.quant import FORMATS, interleave, quantize
+from braid.kernels.quant import FORMATS, interleave, interleaved_rows, quantize
 
 # Where the kernels do not round inputs to int8 (no AVX2: they expand blocks and run float
 # dot products), from this many input rows (long prefill chunks) a quantized linear expands
@@ -46,6 +46,13 @@ class QuantLinear(nn.Module):
         if kernels is not None and self.kernels is None:
             self.blocks = interleave(self.blocks, FORMATS[self.fmt], kernels.quant_group)
             self.kernels = kernels
+
+    def take_packed(self, blocks: torch.Tensor, kernels: cpu.CpuKernels) -> None:
+        """Blocks already in the kernels' layout (runtime/packed_weights.py mapped them)."""
+        rows = interleaved_rows(self.out_features, kernels.quant_group)
+        if blocks.shape != (rows, self.blocks.shape[1]):
+            raise ValueError(f"packed blocks of shape {tuple(blocks.shape)} for {self}")
+        self.blocks, self.kernels = blocks, kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float().contiguous()

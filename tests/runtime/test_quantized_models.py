@@ -209,6 +209,36 @@ def test_gguf_blocks_run_as_kept(tmp_path, ggml_type, tied):
     assert (got - want).norm() / want.norm() < 0.03
 
 
+def test_packed_blocks_are_mapped_on_the_next_load(tmp_path, monkeypatch):
+    """The first load keeps the kernels' layout in a file beside the converted directory; the
+    next maps it (no block converted) and computes the same logits. A changed GGUF file or
+    an unreadable packed file means packing again."""
+    if cpu.load() is None:
+        pytest.skip("the CPU kernels cannot be built here")
+    config = tiny_config(tied=True)
+    write_gguf(tmp_path / "tiny.gguf", config, q4_k_m)
+    converted = converted_dir(tmp_path, tmp_path / "tiny.gguf")
+    ids = [3, 17, 250, 42, 8, 99]
+
+    def load() -> LlamaForCausalLM:
+        return load_model(converted, config, torch.float32, torch.device("cpu"), quantization="gguf")
+
+    first = logits(load(), config, ids)
+    [packed] = converted.glob("packed-*.bin")
+    with monkeypatch.context() as patch:  # no block converted from the GGUF
+        patch.setattr(gguf_file, "from_gguf", None)
+        mapped = load()
+    assert torch.equal(logits(mapped, config, ids), first)
+
+    packed.write_bytes(b"\x10")  # unreadable: packed again, and written again
+    assert torch.equal(logits(load(), config, ids), first)
+    assert packed.stat().st_size > 1
+    write_gguf(tmp_path / "tiny.gguf", tiny_config(tied=True), T.Q8_0)  # the file changed
+    q8 = load()
+    assert q8.layers[0].mlp.gate_up_proj.fmt == "q8"
+    assert [p.name for p in converted.glob("packed-*.bin")] != [packed.name]  # stale one gone
+
+
 # ---- the default model: perplexity of a text we ship -------------------------------------
 
 TEXT = Path(__file__).parents[1] / "data" / "perplexity.txt"
