@@ -1,6 +1,8 @@
 """`braid bench peers`'s llama.cpp side, run by a Python that has llama-cpp-python (never
-braid's): python peer_llama_cpp.py GGUF WORKLOAD TOKENS PROMPTS_JSON SAMPLING_JSON.
-Prints one JSON line: decode tok/s after the first token, or seconds and tokens."""
+braid's): python peer_llama_cpp.py GGUF WORKLOAD TOKENS PROMPTS_JSON SAMPLING_JSON LAUNCHED.
+Prints one JSON line: decode tok/s after the first token; start's seconds from LAUNCHED (the
+caller's time.time()) to the first token and resident memory; else seconds and tokens (and
+prefill's prompt tokens)."""
 
 import json
 import os
@@ -13,6 +15,7 @@ from llama_cpp import Llama, LlamaGrammar
 def main() -> None:
     path, workload, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
     prompts, sampling = json.loads(sys.argv[4]), json.loads(sys.argv[5])
+    launched = float(sys.argv[6])
     # Every core, as braid uses: llama-cpp-python's default is half of them (a guess for
     # hyperthreaded machines), which halved its decode rate on 2 cores.
     cores = os.cpu_count()
@@ -27,6 +30,10 @@ def main() -> None:
             prompt, max_tokens=max_tokens, temperature=0, grammar=grammar, stream=stream
         )
 
+    if workload == "start":
+        complete(prompts[0])
+        print(json.dumps({"first_token_s": time.time() - launched, "rss_mb": rss_mb()}))
+        return
     complete(prompts[0])  # warm-up
     if workload == "decode":
         first = last = 0.0
@@ -38,9 +45,19 @@ def main() -> None:
             last = now
         print(json.dumps({"tok_s": (count - 1) / (last - first)}))
         return
+    if workload == "prefill":
+        llm.reset()  # the warm-up's prompt is cached: compute it again
     start = time.perf_counter()
-    n = sum(complete(p)["usage"]["completion_tokens"] for p in prompts)
-    print(json.dumps({"seconds": time.perf_counter() - start, "tokens": n}))
+    usage = [complete(p)["usage"] for p in prompts]
+    result = {"seconds": time.perf_counter() - start}
+    result["tokens"] = sum(u["completion_tokens"] for u in usage)
+    result["prompt_tokens"] = sum(u["prompt_tokens"] for u in usage)
+    print(json.dumps(result))
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:"))
 
 
 if __name__ == "__main__":

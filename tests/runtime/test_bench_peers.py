@@ -16,18 +16,31 @@ def test_a_failed_run_fails_its_side():
     assert peers._median([{"tok_s": 90.0}, {"error": "boom"}]) == {"error": "boom"}
 
 
-def test_ratios_compare_braids_best_median_with_the_peers(capsys):
+def test_ratios_compare_braid_without_flags_with_the_peers(capsys):
     rows = {
+        "start": {
+            "braid": {"first_token_s": 2.0, "rss_mb": 400.0},
+            "llama.cpp": {"first_token_s": 1.0, "rss_mb": 300.0},
+        },
         "decode": {
-            "braid": {"tok_s": 15.0},
-            "braid (gguf blocks)": peers._median([{"tok_s": t} for t in (100.0, 120.0, 90.0)]),
+            "braid": peers._median([{"tok_s": t} for t in (100.0, 120.0, 90.0)]),
+            "braid (float)": {"tok_s": 15.0},
             "llama.cpp": peers._median([{"tok_s": t} for t in (80.0, 60.0, 95.0)]),
+        },
+        "prefill": {
+            "braid": {"seconds": 2.0, "tokens": 1, "prompt_tokens": 500},
+            "llama.cpp": {"seconds": 5.0, "tokens": 1, "prompt_tokens": 500},
         },
         "json": {"braid": {"seconds": 2.0, "tokens": 1}, "vLLM CPU": {"error": "no xgrammar"}},
     }
     peers._print(rows)
     lines = capsys.readouterr().out.splitlines()
-    llama = next(line for line in lines if "llama.cpp" in line)
-    assert "80.0" in llama and "1.25x" in llama and "median of 60.0..95.0" in llama
+    start, decode, prefill = (
+        next(line for line in lines if line.startswith(w) and "llama.cpp" in line)
+        for w in ("start", "decode", "prefill")
+    )
+    assert "0.50x" in start and "resident 300 MB" in start  # braid takes twice the time
+    assert "80.0" in decode and "1.25x" in decode and "median of 60.0..95.0" in decode
+    assert "100.00" in prefill and "2.50x" in prefill  # prompt tokens/s
     vllm = next(line for line in lines if "vLLM CPU" in line)
     assert "failed" in vllm and "no xgrammar" in vllm
