@@ -30,8 +30,8 @@ from braid.runtime.kv_cache import KVPool
 from braid.runtime.model_loader import load_model, load_model_config, resolve_model_dir
 from braid.runtime.model_runner import ModelRunner, StepResult
 from braid.runtime.output_processor import OutputProcessor
-from braid.runtime.quantization import resolve_quantization
 from braid.runtime.outputs import GenerateOutput, StreamChunk
+from braid.runtime.quantization import resolve_quantization
 from braid.runtime.radix_cache import RadixCache
 from braid.runtime.request import Request
 from braid.runtime.request_tree import TreeNode

@@ -154,9 +154,7 @@ def load_quantized(
     empty (their blocks come from elsewhere: runtime/packed_weights.py)."""
     config = model.config
     # By our module paths (HF names without "model.").
-    tensors = {
-        hf_name(t.name).removeprefix("model."): t for t in read_tensors(gguf_path)
-    }
+    tensors = {hf_name(t.name).removeprefix("model."): t for t in read_tensors(gguf_path)}
 
     def kept(name: str) -> str | None:
         t = tensors.get(name)
@@ -194,9 +192,8 @@ def load_quantized(
                 firsts = [sum(rows[:i]) for i in range(len(parts))]
                 fills += [(path, first, part) for first, part in zip(firsts, parts, strict=True)]
             else:  # a layer per part (GGUF's "_M" mixes keep v at more bits than q and k)
-                layer = QuantStack(
-                    [QuantLinear(module.in_features, r, f) for r, f in zip(rows, formats)]
-                )
+                shapes = zip(rows, formats, strict=True)
+                layer = QuantStack([QuantLinear(module.in_features, r, f) for r, f in shapes])
                 fills += [(f"{path}.parts.{i}", 0, part) for i, part in enumerate(parts)]
             model.set_submodule(path, layer)
         table_format = kept("embed_tokens.weight")

@@ -111,6 +111,20 @@ TINY_VARIANTS = {
 }
 
 
+def kernels_built_with(flags: tuple[str, ...]):
+    """The CPU kernels built with extra compiler flags (tests turn off what a faster path
+    needs, to check the slower ones on this CPU); a skip off x86."""
+    import platform
+
+    from braid.kernels import cpu
+
+    if flags and platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the other paths are x86 ones")
+    kernels = cpu.load(extra_flags=flags)
+    assert kernels is not None, f"the CPU kernels must build with {flags}"
+    return kernels
+
+
 def random_gguf():
     """scripts/random_gguf.py (not a package: tests load it by path), which writes random
     GGUF files and random blocks of any GGUF type."""

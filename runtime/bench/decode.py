@@ -28,7 +28,9 @@ def add_parser(workloads: argparse._SubParsersAction) -> None:
     )
     decode.add_argument("--tokens", type=int, default=128)
     decode.add_argument("--repeats", type=int, default=3)
-    decode.add_argument("--quantization", default="auto", help="braid's: auto, none, int8, int4, gguf")
+    decode.add_argument(
+        "--quantization", default="auto", help="braid's: auto, none, int8, int4, gguf"
+    )
 
 
 def _braid_decode(model, dtype, quantization, tokens, repeats) -> tuple[float, list[int], str]:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import logging
-import platform
 
 import pytest
 import torch
+from conftest import kernels_built_with
 
 from braid.kernels import cpu, reference
 
@@ -35,12 +35,7 @@ PATHS = {
 
 @pytest.fixture(scope="module", params=list(PATHS))
 def path_lib(request) -> cpu.CpuKernels:
-    flags = PATHS[request.param]
-    if flags and platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("the other paths are x86 ones")
-    kernels = cpu.load(extra_flags=flags)
-    assert kernels is not None, f"the CPU kernels must build with {flags}"
-    return kernels
+    return kernels_built_with(PATHS[request.param])
 
 
 @pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])

@@ -3,13 +3,11 @@ the CPU kernels against their PyTorch twins."""
 
 from __future__ import annotations
 
-import platform
-
 import gguf
 import numpy as np
 import pytest
 import torch
-from conftest import random_gguf
+from conftest import kernels_built_with, random_gguf
 
 from braid.kernels import cpu, quant, reference
 
@@ -37,12 +35,7 @@ PATHS = {
 
 @pytest.fixture(scope="module", params=list(PATHS))
 def path_lib(request) -> cpu.CpuKernels:
-    flags = PATHS[request.param]
-    if flags and platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("the other paths are x86 ones")
-    kernels = cpu.load(extra_flags=flags)
-    assert kernels is not None, f"the CPU kernels must build with {flags}"
-    return kernels
+    return kernels_built_with(PATHS[request.param])
 
 
 def random_blocks(fmt: quant.QuantFormat, n: int, k: int, seed: int = 0) -> torch.Tensor:
@@ -127,7 +120,9 @@ def test_quant_matmul_int8_rounds_like_its_twin(path_lib):
     x[0, 16:32] = 1e30
     x[1, 32:] = torch.linspace(-1, 1, 32)
     torch.testing.assert_close(
-        path_lib.quant_matmul(x, quant.interleave(blocks, quant.Q8, path_lib.quant_group), "q8", 64),
+        path_lib.quant_matmul(
+            x, quant.interleave(blocks, quant.Q8, path_lib.quant_group), "q8", 64
+        ),
         reference.quant_matmul_int8(x, blocks, "q8"),
         atol=0,
         rtol=1e-5,

@@ -26,7 +26,9 @@ def test_auto_picks_whichever_dtype_times_faster(tiny_model_path, monkeypatch, f
         return 1.0 if dtype == faster else 3.0
 
     mc = model_config(tiny_model_path)
-    chosen, why = dtype_choice.resolve_dtype(EngineConfig(device="cpu", quantization="none"), mc, timer)
+    chosen, why = dtype_choice.resolve_dtype(
+        EngineConfig(device="cpu", quantization="none"), mc, timer
+    )
     assert chosen == faster
     assert {d for d, _, _ in timed} == {torch.float32, torch.bfloat16}
     assert {(i, o) for _, i, o in timed} == {(mc.hidden_size, mc.intermediate_size)}
@@ -42,7 +44,10 @@ def test_auto_is_float32_without_bf16_matmuls_and_explicit_dtypes_are_kept(
     def never(*args) -> float:
         raise AssertionError("nothing to time")
 
-    assert dtype_choice.resolve_dtype(EngineConfig(device="cpu", quantization="none"), mc, never)[0] == torch.float32
+    assert (
+        dtype_choice.resolve_dtype(EngineConfig(device="cpu", quantization="none"), mc, never)[0]
+        == torch.float32
+    )
     explicit = EngineConfig(device="cpu", dtype="bfloat16", quantization="none")
     assert dtype_choice.resolve_dtype(explicit, mc, never) == (torch.bfloat16, "asked for")
 
@@ -57,9 +62,9 @@ def test_auto_is_float32_for_quantized_linears_whatever_the_timings(tiny_model_p
         config = EngineConfig(device="cpu", quantization=quantization)
         chosen, why = dtype_choice.resolve_dtype(config, mc, bf16_faster)
         assert chosen == torch.float32 and "quantized" in why
-    assert dtype_choice.resolve_dtype(EngineConfig(device="cpu", quantization="none"), mc, bf16_faster)[0] == (
-        torch.bfloat16
-    )
+    assert dtype_choice.resolve_dtype(
+        EngineConfig(device="cpu", quantization="none"), mc, bf16_faster
+    )[0] == (torch.bfloat16)
 
 
 def test_the_engine_runs_in_the_resolved_dtype(tiny_model_path, tmp_path, monkeypatch):

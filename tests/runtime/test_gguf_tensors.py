@@ -29,7 +29,9 @@ def written(tmp_path_factory):
     rng = np.random.default_rng(0)
     writer.add_tensor("norm.weight", rng.standard_normal(64).astype(np.float32))
     for name, kind in (("a.weight", T.Q4_K), ("b.weight", T.Q8_0), ("c.weight", T.Q6_K)):
-        blocks = random_gguf().random_blocks(rng, kind, 3 * 512 // gguf.GGML_QUANT_SIZES[kind][0], 0.02)
+        blocks = random_gguf().random_blocks(
+            rng, kind, 3 * 512 // gguf.GGML_QUANT_SIZES[kind][0], 0.02
+        )
         writer.add_tensor(name, blocks.reshape(3, -1), raw_dtype=kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -221,7 +221,9 @@ def test_packed_blocks_are_mapped_on_the_next_load(tmp_path, monkeypatch):
     ids = [3, 17, 250, 42, 8, 99]
 
     def load() -> LlamaForCausalLM:
-        return load_model(converted, config, torch.float32, torch.device("cpu"), quantization="gguf")
+        return load_model(
+            converted, config, torch.float32, torch.device("cpu"), quantization="gguf"
+        )
 
     first = logits(load(), config, ids)
     [packed] = converted.glob("packed-*.bin")
