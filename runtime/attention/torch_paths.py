@@ -12,6 +12,7 @@ import itertools
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from braid.kernels import reference
 from braid.runtime.attention import AttentionBackend
@@ -113,12 +114,8 @@ class TorchAttention(AttentionBackend):
             slots = batch.kv_indices[kv_start : kv_start + total]
             k_b = k_cache.index_select(0, slots).transpose(0, 1)  # (Hkv, total, D)
             v_b = v_cache.index_select(0, slots).transpose(0, 1)
-            # Token i of the new run sits at position total - n + i and sees up to there.
-            mask = torch.ones(n, total, dtype=torch.bool, device=q.device).tril(total - n)
             q_b = q[q_start : q_start + n].transpose(0, 1)  # (H, n, D)
-            out[q_start : q_start + n] = grouped_attention(q_b, k_b, v_b, mask, scale).transpose(
-                0, 1
-            )
+            out[q_start : q_start + n] = causal_attention(q_b, k_b, v_b, scale).transpose(0, 1)
         return out.flatten(1)
 
     def _attend_rows(self, q, kv, layer, batch, meta: TorchMetadata, scale, out) -> None:
@@ -127,6 +124,23 @@ class TorchAttention(AttentionBackend):
             out[meta.decode_rows] = _decode_attention(
                 q[meta.decode_rows], kv.k[layer], kv.v[layer], meta, scale
             )
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
+    """A run of n new tokens (q: (H, n, D)) over its sequence's L keys (k, v: (Hkv, L, D)),
+    the last n of which are its own: token i sees the keys up to L - n + i. torch's fused
+    attention (a flash kernel on the CPU too, GQA without expanding K/V); the 512-token
+    prompt of a 1B shape's layer took 13 ms in it against 47 in grouped_attention's matmuls
+    and materialized scores (float32, 2026-11-27)."""
+    n, length = q.shape[1], k.shape[1]
+    mask = None
+    if n != length:  # a run after a cached prefix: its queries sit at the bottom right
+        mask = torch.ones(n, length, dtype=torch.bool, device=q.device).tril(length - n)
+    out = F.scaled_dot_product_attention(
+        q[None], k[None], v[None], attn_mask=mask, is_causal=mask is None, scale=scale,
+        enable_gqa=True,
+    )  # fmt: skip
+    return out[0]
 
 
 def grouped_attention(

@@ -152,8 +152,10 @@ def _peer(python: Path, script: str, target: str, workload: str, tokens: int) ->
     # -I: neither the script's folder (this one: its kernels.py) nor the current one on sys.path
     command = [str(python), "-I", str(path), *args, str(time.time())]
     run = subprocess.run(command, capture_output=True, text=True)
-    if run.returncode != 0:
-        return {"error": run.stderr.strip().splitlines()[-1] if run.stderr else "failed"}
+    if run.returncode != 0:  # the exception's line (pydantic's last line is only a link)
+        lines = run.stderr.strip().splitlines() or ["failed"]
+        raised = [line for line in lines if "Error" in line or "Exception" in line]
+        return {"error": (raised or lines)[-1].strip()}
     # The last JSON line: a peer may log to stdout after it (vLLM's shutdown does).
     return json.loads([line for line in run.stdout.splitlines() if line.startswith("{")][-1])
 
