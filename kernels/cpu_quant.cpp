@@ -77,6 +77,11 @@ constexpr int8_t kIq4Values[16] = {BRAID_IQ4_VALUES};
 alignas(64) constexpr int8_t kIq4Tables[64] = {BRAID_IQ4_VALUES, BRAID_IQ4_VALUES,
                                                BRAID_IQ4_VALUES, BRAID_IQ4_VALUES};
 #undef BRAID_IQ4_VALUES
+// The levels + 128, as unsigned bytes (the biased path below).
+#define BRAID_IQ4_BIASED 1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241
+alignas(64) constexpr uint8_t kIq4BiasedTables[64] = {BRAID_IQ4_BIASED, BRAID_IQ4_BIASED,
+                                                      BRAID_IQ4_BIASED, BRAID_IQ4_BIASED};
+#undef BRAID_IQ4_BIASED
 
 // What the kernels need to know of each format.
 template <typename Group>
@@ -168,6 +173,7 @@ inline VF zero_f() { return _mm512_setzero_ps(); }
 inline VI zero_i() { return _mm512_setzero_si512(); }
 inline VI and_i(VI a, VI b) { return _mm512_and_si512(a, b); }
 inline VI or_i(VI a, VI b) { return _mm512_or_si512(a, b); }
+inline VI xor_i(VI a, VI b) { return _mm512_xor_si512(a, b); }
 template <int S>
 inline VI shift_left16(VI a) { return _mm512_slli_epi16(a, S); }
 template <int S>
@@ -197,6 +203,7 @@ inline VF zero_f() { return _mm256_setzero_ps(); }
 inline VI zero_i() { return _mm256_setzero_si256(); }
 inline VI and_i(VI a, VI b) { return _mm256_and_si256(a, b); }
 inline VI or_i(VI a, VI b) { return _mm256_or_si256(a, b); }
+inline VI xor_i(VI a, VI b) { return _mm256_xor_si256(a, b); }
 template <int S>
 inline VI shift_left16(VI a) { return _mm256_slli_epi16(a, S); }
 template <int S>
@@ -223,13 +230,16 @@ inline void store(float* out, VF v, int64_t valid) {
 // into 16 bits and madd widens them. kWide16: the 16-bit pair sums of a whole block fit
 // (q4: 8 of at most 2 * 15 * 127), so they widen once at the end.
 #if defined(BRAID_QUANT_AVX512)
+constexpr bool kVnni = true;
 template <bool kWide16>
 struct BlockDot {
   VI acc = zero_i();
   void add(VI u, VI s) { acc = _mm512_dpbusd_epi32(acc, u, s); }
   VF total() const { return _mm512_cvtepi32_ps(acc); }
+  VF total_less(int32_t v) const { return _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, splat_i32(v))); }
 };
 #elif defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+constexpr bool kVnni = true;
 template <bool kWide16>
 struct BlockDot {
   VI acc = zero_i();
@@ -239,8 +249,10 @@ struct BlockDot {
   void add(VI u, VI s) { acc = _mm256_dpbusd_avx_epi32(acc, u, s); }
 #endif
   VF total() const { return _mm256_cvtepi32_ps(acc); }
+  VF total_less(int32_t v) const { return _mm256_cvtepi32_ps(_mm256_sub_epi32(acc, splat_i32(v))); }
 };
 #else
+constexpr bool kVnni = false;
 template <bool kWide16>
 struct BlockDot {
   VI acc = zero_i();
@@ -299,11 +311,23 @@ inline void unpack(const GroupIQ4& g, VI* units) {
   for (int u = 0; u < 8; ++u) units[u] = lookup(table, units[u]);
 }
 
+// The signed formats' weights + 128, as unsigned bytes (see int8_group).
+inline void unpack_biased(const GroupQ8& g, VI* units) {
+  const VI flip = splat_i8(static_cast<int8_t>(0x80));
+  for (int c = 0; c < 4; ++c) units[c] = xor_i(load_units(g.qs[c]), flip);
+}
+inline void unpack_biased(const GroupIQ4& g, VI* units) {
+  unpack_nibbles(g.qs, units);
+  VI table;
+  std::memcpy(&table, kIq4BiasedTables, sizeof(VI));
+  for (int u = 0; u < 8; ++u) units[u] = lookup(table, units[u]);
+}
+
 // ---- the inputs, rounded to int8 blocks ----------------------------------------------------
-// q = round(x * 127 / amax) (to nearest even, as the twin), scale = amax / 127, and (for the
-// min term) sum = scale * sum(q).
+// q = round(x * 127 / amax) (to nearest even, as the twin), scale = amax / 127, qsum = sum(q)
+// and (for the min term) sum = scale * qsum.
 template <int64_t kBlockSize>
-void quantize_block(const float* x, int8_t* q, float* scale, float* sum) {
+void quantize_block(const float* x, int8_t* q, float* scale, float* sum, int32_t* qsum) {
   constexpr int kVectors = kBlockSize / 8;
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 v[kVectors], amax = _mm256_setzero_ps();
@@ -330,18 +354,46 @@ void quantize_block(const float* x, int8_t* q, float* scale, float* sum) {
   __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
   t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
   t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+  *qsum = _mm_cvtsi128_si32(t);
   *scale = top / 127.0f;
-  *sum = *scale * static_cast<float>(_mm_cvtsi128_si32(t));
+  *sum = *scale * static_cast<float>(*qsum);
 }
 
+// The inputs rounded, in per-block arrays.
+struct RoundedInputs {
+  const int8_t* q;
+  const float *scales, *sums;
+  const int32_t* qsums;
+  RoundedInputs rows_from(int64_t r, int64_t K, int64_t num_blocks) const {
+    const int64_t b = r * num_blocks;
+    return {q + r * K, scales + b, sums + b, qsums + b};
+  }
+};
+
 template <int64_t kBlockSize>
-void quantize_inputs(const float* x, int64_t rows, int64_t K, int8_t* q, float* scales,
-                     float* sums, int threads) {
+RoundedInputs quantize_inputs(const float* x, int64_t rows, int64_t K, int threads) {
+  // Reused across calls: a prefill chunk's rounded inputs are megabytes.
+  thread_local std::vector<int8_t> q;
+  thread_local std::vector<float> scales, sums;
+  thread_local std::vector<int32_t> qsums;
   const int64_t blocks = rows * K / kBlockSize;
+  if (static_cast<int64_t>(q.size()) < rows * K) q.resize(rows * K);
+  if (static_cast<int64_t>(scales.size()) < blocks) {
+    scales.resize(blocks);
+    sums.resize(blocks);
+    qsums.resize(blocks);
+  }
+  // Plain pointers into the parallel region: there, `q` would name each thread's own copy.
+  const RoundedInputs out = {q.data(), scales.data(), sums.data(), qsums.data()};
+  int8_t* q_out = q.data();
+  float *scales_out = scales.data(), *sums_out = sums.data();
+  int32_t* qsums_out = qsums.data();
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows * K >= (1 << 16))
   for (int64_t i = 0; i < blocks; ++i) {
-    quantize_block<kBlockSize>(x + i * kBlockSize, q + i * kBlockSize, scales + i, sums + i);
+    quantize_block<kBlockSize>(x + i * kBlockSize, q_out + i * kBlockSize, scales_out + i,
+                               sums_out + i, qsums_out + i);
   }
+  return out;
 }
 
 inline VI broadcast4(const int8_t* bytes) {  // 4 input bytes into every 32-bit lane
@@ -360,13 +412,15 @@ constexpr int kRowTile = 4;
 
 // The rows of one group against R input rows: sums[r] lane i = dot(w[i], x[r]). Input row r's
 // block b is at xq + (r * num_blocks + b) * block. A block's dot is scale * dot(q, x), plus
-// min * sum(x) for the formats with a min. Signed weights meet the inputs as |w| against x
-// with w's sign (the multiply-adds take one unsigned operand; x is never -128).
+// min * sum(x) for the formats with a min. The multiply-adds take one unsigned operand (the
+// weights; x is never -128), so signed weights (q8, iq4) meet x as w + 128 with VNNI, whose
+// products never saturate, and the block gives back 128 * scale * sum(x) like a min; without
+// VNNI, as |w| against x with w's sign (maddubs' 16-bit pair sums would saturate at w + 128).
 template <typename Group, int R>
-void int8_group(const int8_t* xq, const float* xs, const float* xsums, int64_t num_blocks,
-                const Group* group, VF* sums) {
+void int8_group(const RoundedInputs& x, int64_t num_blocks, const Group* group, VF* sums) {
   using F = Format<Group>;
   constexpr int kUnits = F::kBlock / 4;
+  constexpr bool kBiased = F::kSigned && kVnni, kSignFix = F::kSigned && !kVnni;
   // Without VNNI only q4's pair sums fit 16 bits for a whole block.
   constexpr bool kWide16 = std::is_same<Group, GroupQ4>::value;
   VF mins[R];
@@ -374,25 +428,37 @@ void int8_group(const int8_t* xq, const float* xs, const float* xsums, int64_t n
   for (int64_t b = 0; b < num_blocks; ++b) {
     const Group& g = group[b];
     VI units[8], magnitudes[8];
-    unpack(g, units);
-    if constexpr (F::kSigned) {
+    if constexpr (kBiased) {
+      unpack_biased(g, units);
+    } else {
+      unpack(g, units);
+    }
+    if constexpr (kSignFix) {
       for (int u = 0; u < kUnits; ++u) magnitudes[u] = magnitude(units[u]);
     }
     const VF scale = load_halves(g.scale);
+    VF min = zero_f();
+    if constexpr (F::kHasMin) min = load_halves(g.min);
     for (int r = 0; r < R; ++r) {
       const int64_t i = r * num_blocks + b;
-      const int8_t* xb = xq + i * F::kBlock;
+      const int8_t* xb = x.q + i * F::kBlock;
       BlockDot<kWide16> dot;
       for (int u = 0; u < kUnits; ++u) {
-        const VI x = broadcast4(xb + (u & 3) * 4 + (u >> 2) * 16);
-        if constexpr (F::kSigned) {
-          dot.add(magnitudes[u], with_sign_of(x, units[u]));
+        const VI xu = broadcast4(xb + (u & 3) * 4 + (u >> 2) * 16);
+        if constexpr (kSignFix) {
+          dot.add(magnitudes[u], with_sign_of(xu, units[u]));
         } else {
-          dot.add(units[u], x);
+          dot.add(units[u], xu);
         }
       }
-      sums[r] = fmadd(dot.total(), mul(scale, splat(xs[i])), sums[r]);
-      if constexpr (F::kHasMin) mins[r] = fmadd(load_halves(g.min), splat(xsums[i]), mins[r]);
+      VF total;
+      if constexpr (kBiased) {  // the 128 * sum(q) that w + 128 added, taken off exactly
+        total = dot.total_less(128 * x.qsums[i]);
+      } else {
+        total = dot.total();
+      }
+      sums[r] = fmadd(total, mul(scale, splat(x.scales[i])), sums[r]);
+      if constexpr (F::kHasMin) mins[r] = fmadd(min, splat(x.sums[i]), mins[r]);
     }
   }
   if constexpr (F::kHasMin) {
@@ -403,23 +469,22 @@ void int8_group(const int8_t* xq, const float* xs, const float* xsums, int64_t n
 // Rows r0 .. r0 + R of the rounded input against the group whose first row is n0:
 // out[r * ldo + n0 ...].
 template <typename Group, int R>
-void int8_tile(const int8_t* xq, const float* xs, const float* xsums, int64_t num_blocks,
-               const Group* group, int64_t n0, int64_t N, float* out, int64_t ldo) {
+void int8_tile(const RoundedInputs& x, int64_t num_blocks, const Group* group, int64_t n0,
+               int64_t N, float* out, int64_t ldo) {
   VF sums[R];
-  int8_group<Group, R>(xq, xs, xsums, num_blocks, group, sums);
+  int8_group<Group, R>(x, num_blocks, group, sums);
   const int64_t valid = std::min(kGroup, N - n0);
   for (int r = 0; r < R; ++r) store(out + r * ldo + n0, sums[r], valid);
 }
 
 template <typename Group, int R = kRowTile>
-void int8_rows(const int8_t* xq, const float* xs, const float* xsums, int64_t rows,
-               int64_t num_blocks, const Group* group, int64_t n0, int64_t N, float* out,
-               int64_t ldo) {
+void int8_rows(const RoundedInputs& x, int64_t rows, int64_t num_blocks, const Group* group,
+               int64_t n0, int64_t N, float* out, int64_t ldo) {
   if constexpr (R > 0) {
     if (rows == R) {
-      int8_tile<Group, R>(xq, xs, xsums, num_blocks, group, n0, N, out, ldo);
+      int8_tile<Group, R>(x, num_blocks, group, n0, N, out, ldo);
     } else {
-      int8_rows<Group, R - 1>(xq, xs, xsums, rows, num_blocks, group, n0, N, out, ldo);
+      int8_rows<Group, R - 1>(x, rows, num_blocks, group, n0, N, out, ldo);
     }
   }
 }
@@ -433,15 +498,7 @@ void qmatmul(const float* x, int64_t M, int64_t K, const Group* w, int64_t N, fl
              int64_t ldo, int threads) {
   constexpr int64_t kBlockSize = Format<Group>::kBlock;
   const int64_t num_blocks = K / kBlockSize, groups = (N + kGroup - 1) / kGroup;
-  // Reused across calls: a prefill chunk's rounded inputs are megabytes.
-  thread_local std::vector<int8_t> xq;
-  thread_local std::vector<float> xs, xsums;
-  if (static_cast<int64_t>(xq.size()) < M * K) xq.resize(M * K);
-  if (static_cast<int64_t>(xs.size()) < M * num_blocks) {
-    xs.resize(M * num_blocks);
-    xsums.resize(M * num_blocks);
-  }
-  quantize_inputs<kBlockSize>(x, M, K, xq.data(), xs.data(), xsums.data(), threads);
+  const RoundedInputs rounded = quantize_inputs<kBlockSize>(x, M, K, threads);
   // Tiles of at most kTileBytes, as many as a multiple of the threads (each gets its share).
   const int64_t team = std::max(threads, 1);
   const int64_t fit = std::max<int64_t>(1, kTileBytes / (num_blocks * sizeof(Group)));
@@ -449,16 +506,15 @@ void qmatmul(const float* x, int64_t M, int64_t K, const Group* w, int64_t N, fl
   tiles = std::min(groups, (tiles + team - 1) / team * team);
   const int64_t per_tile = (groups + tiles - 1) / tiles;
   tiles = (groups + per_tile - 1) / per_tile;
-  const int8_t* q = xq.data();
-  const float *scales = xs.data(), *sums = xsums.data();
 #pragma omp parallel for num_threads(threads) schedule(static) if (M * N * K >= (1 << 15))
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t first = t * per_tile, last = std::min(groups, first + per_tile);
     for (int64_t r0 = 0; r0 < M; r0 += kRowTile) {
       const int64_t rows = std::min<int64_t>(kRowTile, M - r0);
+      const RoundedInputs x_rows = rounded.rows_from(r0, K, num_blocks);
       for (int64_t g = first; g < last; ++g) {
-        int8_rows<Group>(q + r0 * K, scales + r0 * num_blocks, sums + r0 * num_blocks, rows,
-                         num_blocks, w + g * num_blocks, g * kGroup, N, out + r0 * ldo, ldo);
+        int8_rows<Group>(x_rows, rows, num_blocks, w + g * num_blocks, g * kGroup, N,
+                         out + r0 * ldo, ldo);
       }
     }
   }
