@@ -50,7 +50,7 @@ _SIGNATURES = {
 }
 # ...but the quantized linears (float32 activations), which take a format id: the index in
 # QUANT_FORMATS (kernels/cpu_quant.cpp's FormatId).
-QUANT_FORMATS = ("q4", "q5", "q8", "iq4")
+QUANT_FORMATS = ("q4", "q5", "q8", "iq4", "q6")
 _SIGNATURES["quant_matmul"] = ([_I64, _P, _I64, _I64, _P, _I64, _P, _I64, _INT], None)
 _SIGNATURES["dequantize_rows"] = ([_I64, _P, _I64, _P, _I64, _P, _INT], None)
 _SIGNATURES["quant_rounds_inputs"] = ([], _I64)

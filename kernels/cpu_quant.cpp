@@ -8,6 +8,8 @@
 //        weight j + 16 in the high one (GGUF's Q4_1 block). 20 bytes.
 //   q5:  32 weights, w = q * scale + min, q in 0..31: q4's nibbles and a fifth bit in 4 more
 //        bytes, placed for the kernels (kernels/quant.py's Q5). 24 bytes.
+//   q6:  16 weights, w = (q - 32) * scale, q in 0..63: nibbles and two more bits, placed for
+//        the kernels (kernels/quant.py's Q6; GGUF's Q6_K sub-blocks). 14 bytes.
 //   q8:  16 weights, w = q * scale, q in -128..127. 18 bytes.
 //   iq4: 32 weights, w = kIq4Values[q] * scale, q a nibble as in q4 (GGUF's IQ4_NL block: a
 //        non-uniform grid of 16 int8 levels). 18 bytes.
@@ -58,6 +60,12 @@ struct GroupQ5 {
   uint8_t qh[kGroup][4];
   uint8_t qs[4][kGroup][4];
 };
+struct GroupQ6 {
+  uint16_t scale[kGroup];
+  // Row r's top two bits: bits 2u, 2u + 1 of byte k are weight 4u + k's.
+  uint8_t qh[kGroup][4];
+  uint8_t qs[2][kGroup][4];  // low nibbles: weights 4c + k; high nibbles: 8 + 4c + k
+};
 struct GroupQ8 {
   uint16_t scale[kGroup];
   int8_t qs[4][kGroup][4];
@@ -67,7 +75,8 @@ struct GroupIQ4 {
   uint8_t qs[4][kGroup][4];
 };
 static_assert(sizeof(GroupQ4) == kGroup * 20 && sizeof(GroupQ5) == kGroup * 24 &&
-                  sizeof(GroupQ8) == kGroup * 18 && sizeof(GroupIQ4) == kGroup * 18,
+                  sizeof(GroupQ6) == kGroup * 14 && sizeof(GroupQ8) == kGroup * 18 &&
+                  sizeof(GroupIQ4) == kGroup * 18,
               "interleaved groups hold kGroup blocks each");
 
 // GGUF's IQ4_NL / IQ4_XS levels, and them again in every 128-bit lane of a vector (byte
@@ -83,28 +92,39 @@ alignas(64) constexpr uint8_t kIq4BiasedTables[64] = {BRAID_IQ4_BIASED, BRAID_IQ
                                                       BRAID_IQ4_BIASED, BRAID_IQ4_BIASED};
 #undef BRAID_IQ4_BIASED
 
-// What the kernels need to know of each format.
+// What the kernels need to know of each format: weights a block; whether the weights are
+// signed bytes, have a min, or an offset the stored values are above zero by.
 template <typename Group>
 struct Format;
 template <>
 struct Format<GroupQ4> {
   static constexpr int64_t kBlock = 32;
   static constexpr bool kSigned = false, kHasMin = true;
+  static constexpr int kOffset = 0;
 };
 template <>
 struct Format<GroupQ5> {
   static constexpr int64_t kBlock = 32;
   static constexpr bool kSigned = false, kHasMin = true;
+  static constexpr int kOffset = 0;
+};
+template <>
+struct Format<GroupQ6> {
+  static constexpr int64_t kBlock = 16;
+  static constexpr bool kSigned = false, kHasMin = false;
+  static constexpr int kOffset = 32;
 };
 template <>
 struct Format<GroupQ8> {
   static constexpr int64_t kBlock = 16;
   static constexpr bool kSigned = true, kHasMin = false;
+  static constexpr int kOffset = 0;
 };
 template <>
 struct Format<GroupIQ4> {
   static constexpr int64_t kBlock = 32;
   static constexpr bool kSigned = true, kHasMin = false;
+  static constexpr int kOffset = 0;
 };
 
 inline float from_half(uint16_t h) {
@@ -138,6 +158,15 @@ inline void expand_block(const GroupQ5& g, int r, float* out) {
     const int bit = 2 * ((j % 16) / 4) + j / 16;
     const int q = nibble(g.qs, r, j) | (((g.qh[r][j % 4] >> bit) & 1) << 4);
     out[j] = static_cast<float>(q) * scale + min;
+  }
+}
+inline void expand_block(const GroupQ6& g, int r, float* out) {
+  const float scale = from_half(g.scale[r]);
+  for (int j = 0; j < 16; ++j) {
+    const uint8_t byte = g.qs[(j % 8) / 4][r][j % 4];
+    const int low = j < 8 ? byte & 15 : byte >> 4;
+    const int q = low | (((g.qh[r][j % 4] >> (2 * (j / 4))) & 3) << 4);
+    out[j] = static_cast<float>(q - 32) * scale;
   }
 }
 inline void expand_block(const GroupQ8& g, int r, float* out) {
@@ -261,8 +290,10 @@ struct BlockDot {
     acc = kWide16 ? _mm256_add_epi16(acc, pairs)
                   : _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
   }
-  VF total() const {
-    return _mm256_cvtepi32_ps(kWide16 ? _mm256_madd_epi16(acc, _mm256_set1_epi16(1)) : acc);
+  __m256i widened() const { return kWide16 ? _mm256_madd_epi16(acc, _mm256_set1_epi16(1)) : acc; }
+  VF total() const { return _mm256_cvtepi32_ps(widened()); }
+  VF total_less(int32_t v) const {
+    return _mm256_cvtepi32_ps(_mm256_sub_epi32(widened(), splat_i32(v)));
   }
 };
 #endif
@@ -300,6 +331,28 @@ inline void unpack(const GroupQ5& g, VI* units) {
   units[6] = or_i(units[6], bit_to_4<5>(h));
   units[3] = or_i(units[3], bit_to_4<6>(h));
   units[7] = or_i(units[7], bit_to_4<7>(h));
+}
+// Bits From and From + 1 of every byte of h, moved to bits 4 and 5 (as bit_to_4).
+template <int From>
+inline VI bits_to_45(VI h) {
+  const VI bits = splat_i8(0x30);
+  if constexpr (From < 4) return and_i(shift_left16<4 - From>(h), bits);
+  if constexpr (From == 4) return and_i(h, bits);
+  if constexpr (From > 4) return and_i(shift_right16<From - 4>(h), bits);
+}
+
+inline void unpack(const GroupQ6& g, VI* units) {
+  const VI low = splat_i8(0x0F);
+  for (int c = 0; c < 2; ++c) {
+    const VI v = load_units(g.qs[c]);
+    units[c] = and_i(v, low);
+    units[c + 2] = and_i(shift_right16<4>(v), low);
+  }
+  const VI h = load_units(g.qh);
+  units[0] = or_i(units[0], bits_to_45<0>(h));
+  units[1] = or_i(units[1], bits_to_45<2>(h));
+  units[2] = or_i(units[2], bits_to_45<4>(h));
+  units[3] = or_i(units[3], bits_to_45<6>(h));
 }
 inline void unpack(const GroupQ8& g, VI* units) {
   for (int c = 0; c < 4; ++c) units[c] = load_units(g.qs[c]);
@@ -421,6 +474,7 @@ void int8_group(const RoundedInputs& x, int64_t num_blocks, const Group* group, 
   using F = Format<Group>;
   constexpr int kUnits = F::kBlock / 4;
   constexpr bool kBiased = F::kSigned && kVnni, kSignFix = F::kSigned && !kVnni;
+  constexpr int kOffset = kBiased ? 128 : F::kOffset;
   // Without VNNI only q4's pair sums fit 16 bits for a whole block.
   constexpr bool kWide16 = std::is_same<Group, GroupQ4>::value;
   VF mins[R];
@@ -452,8 +506,8 @@ void int8_group(const RoundedInputs& x, int64_t num_blocks, const Group* group, 
         }
       }
       VF total;
-      if constexpr (kBiased) {  // the 128 * sum(q) that w + 128 added, taken off exactly
-        total = dot.total_less(128 * x.qsums[i]);
+      if constexpr (kOffset != 0) {  // the offset * sum(q) the stored weights add, exactly
+        total = dot.total_less(kOffset * x.qsums[i]);
       } else {
         total = dot.total();
       }
@@ -567,7 +621,7 @@ void qexpand_rows(const Group* w, int64_t K, const int64_t* ids, int64_t count, 
 }
 
 // Format ids, in kernels/cpu.py's order.
-enum FormatId : int64_t { kQ4 = 0, kQ5 = 1, kQ8 = 2, kIQ4 = 3 };
+enum FormatId : int64_t { kQ4 = 0, kQ5 = 1, kQ8 = 2, kIQ4 = 3, kQ6 = 4 };
 
 template <typename Fn>
 void with_format(int64_t format, Fn&& fn) {
@@ -576,6 +630,7 @@ void with_format(int64_t format, Fn&& fn) {
     case kQ5: fn(static_cast<const GroupQ5*>(nullptr)); break;
     case kQ8: fn(static_cast<const GroupQ8*>(nullptr)); break;
     case kIQ4: fn(static_cast<const GroupIQ4*>(nullptr)); break;
+    case kQ6: fn(static_cast<const GroupQ6*>(nullptr)); break;
   }
 }
 

@@ -7,8 +7,10 @@ q4:  32 weights, w = q * scale + min, q in 0..15 (GGUF's Q4_1 block). From GGUF'
      rounded to float16, the q as they are.
 q5:  32 weights, w = q * scale + min, q in 0..31: q4's nibbles and the fifth bits. From
      Q5_0, Q5_1 exactly, Q5_K as Q4_K.
-q8:  16 weights, w = q * scale, q in -128..127. From Q8_0 exactly; from Q6_K with each
-     16-weight sub-block's d * sc rounded to float16 and q - 32 as it is.
+q6:  16 weights, w = (q - 32) * scale, q in 0..63: nibbles and two more bits. From Q6_K
+     with each 16-weight sub-block's d * sc rounded to float16, the q as they are (7 bits a
+     weight, Q6_K's 6.56).
+q8:  16 weights, w = q * scale, q in -128..127. From Q8_0 exactly.
 iq4: 32 weights, w = IQ4_VALUES[q] * scale, q in 0..15 (GGUF's IQ4_NL block). From IQ4_NL
      exactly; from IQ4_XS with d * (ls - 32) rounded to float16.
 So a GGUF file's weights are kept within float16 rounding of a scale, never requantized.
@@ -49,9 +51,12 @@ Q4 = QuantFormat("q4", 32, np.dtype([("scale", "<f2"), ("min", "<f2"), ("qs", "u
 Q5 = QuantFormat(
     "q5", 32, np.dtype([("scale", "<f2"), ("min", "<f2"), ("qh", "u1", 4), ("qs", "u1", 16)])
 )
+# qh: the top two bits of weight 4u + k in bits 2u, 2u + 1 of byte k; qs: weight j's low bits
+# in the low nibble of byte j, weight 8 + j's in the high one.
+Q6 = QuantFormat("q6", 16, np.dtype([("scale", "<f2"), ("qh", "u1", 4), ("qs", "u1", 8)]))
 Q8 = QuantFormat("q8", 16, np.dtype([("scale", "<f2"), ("qs", "i1", 16)]))
 IQ4 = QuantFormat("iq4", 32, np.dtype([("scale", "<f2"), ("qs", "u1", 16)]))
-FORMATS = {f.name: f for f in (Q4, Q5, Q8, IQ4)}
+FORMATS = {f.name: f for f in (Q4, Q5, Q6, Q8, IQ4)}
 # GGUF's IQ4_NL / IQ4_XS levels.
 IQ4_VALUES = np.array(
     [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8
@@ -150,9 +155,13 @@ def from_gguf(
         return Q8, _as_tensor(blocks.reshape(n, -1))
     if ggml_type == t.Q6_K:
         q, scale = _q6_k(raw, n, k)
-        blocks = np.zeros(scale.shape, dtype=Q8.dtype)
-        blocks["scale"], blocks["qs"] = _to_half(scale), q
-        return Q8, _as_tensor(blocks)
+        blocks = np.zeros(scale.shape, dtype=Q6.dtype)
+        blocks["scale"] = _to_half(scale)
+        blocks["qs"] = (q[..., :8] & 15) | ((q[..., 8:] & 15) << 4)
+        top = (q >> 4).reshape(*q.shape[:-1], 4, 4)  # [u, k]: weight 4u + k
+        shifts = (2 * np.arange(4, dtype=np.uint8))[:, None]
+        blocks["qh"] = np.bitwise_or.reduce(top << shifts, axis=-2)
+        return Q6, _as_tensor(blocks)
     if ggml_type in (t.IQ4_NL, t.IQ4_XS):
         if ggml_type == t.IQ4_NL:
             src = _records(raw, [("d", "<f2"), ("qs", "u1", 16)], n, k // 32)
@@ -255,7 +264,7 @@ def _q5_k(raw, n, k):
 
 
 def _q6_k(raw, n, k) -> tuple[np.ndarray, np.ndarray]:
-    """(q - 32 as int8 [N, sub-blocks, 16], d * sc [N, sub-blocks])."""
+    """(q in 0..63 [N, sub-blocks, 16] (w = (q - 32) * d * sc), d * sc [N, sub-blocks])."""
     layout = [("ql", "u1", 128), ("qh", "u1", 64), ("scales", "i1", 16), ("d", "<f2")]
     src = _records(raw, layout, n, k // 256)
     # Each half of 128 weights: 64 ql bytes (low nibbles: weights 0..63, high: 64..127) and
@@ -263,9 +272,9 @@ def _q6_k(raw, n, k) -> tuple[np.ndarray, np.ndarray]:
     ql = src["ql"].reshape(n, -1, 2, 1, 64)
     low = np.concatenate([ql & 15, ql >> 4], axis=-2).reshape(n, -1, 2, 4, 32)
     qh = src["qh"].reshape(n, -1, 2, 1, 32) >> (2 * np.arange(4, dtype=np.uint8))[:, None]
-    q = (low | ((qh & 3) << 4)).astype(np.int16) - 32
+    q = low | ((qh & 3) << 4)
     scale = src["d"].astype(np.float32)[..., None] * src["scales"].astype(np.float32)
-    return q.astype(np.int8).reshape(n, -1, 16), scale.reshape(n, -1)
+    return q.reshape(n, -1, 16), scale.reshape(n, -1)
 
 
 def _iq4_xs(raw, n, k) -> tuple[np.ndarray, np.ndarray]:

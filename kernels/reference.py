@@ -322,7 +322,7 @@ def extend_attention(
 
 
 # kernels/quant.py's formats: bytes a block, weights a block.
-_BLOCKS = {"q4": (20, 32), "q5": (24, 32), "q8": (18, 16), "iq4": (18, 32)}
+_BLOCKS = {"q4": (20, 32), "q5": (24, 32), "q6": (14, 16), "q8": (18, 16), "iq4": (18, 32)}
 IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
 
@@ -335,6 +335,12 @@ def dequantize(blocks: torch.Tensor, fmt: str, in_features: int) -> torch.Tensor
     scale = b[..., :2].view(torch.float16).float()
     if fmt == "q8":  # 16 int8
         return (b[..., 2:].view(torch.int8).float() * scale).reshape(n, in_features)
+    if fmt == "q6":  # bits 2u, 2u + 1 of qh byte k: the top bits of weight 4u + k
+        qh, qs = b[..., 2:6].to(torch.int32), b[..., 6:].to(torch.int32)
+        low = torch.cat([qs & 15, qs >> 4], dim=-1)  # weight j, then weight j + 8
+        top = (qh[..., None, :] >> (2 * torch.arange(4))[:, None]) & 3  # [n, blocks, u, k]
+        q = low | (top.reshape(*low.shape) << 4)
+        return ((q - 32).float() * scale).reshape(n, in_features)
     qs = b[..., -16:].to(torch.int32)
     q = torch.cat([qs & 15, qs >> 4], dim=-1)  # weight j, then weight j + 16
     if fmt == "iq4":

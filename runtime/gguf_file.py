@@ -128,7 +128,7 @@ _FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_pro
 # GGUF block types with a kernel, by the format they are kept in (kernels/quant.py).
 _KEPT = {
     "Q4_0": "q4", "Q4_1": "q4", "Q4_K": "q4", "Q5_0": "q5", "Q5_1": "q5", "Q5_K": "q5",
-    "Q8_0": "q8", "Q6_K": "q8", "IQ4_NL": "iq4", "IQ4_XS": "iq4",
+    "Q8_0": "q8", "Q6_K": "q6", "IQ4_NL": "iq4", "IQ4_XS": "iq4",
 }  # fmt: skip
 
 

@@ -187,9 +187,9 @@ def test_gguf_blocks_run_as_kept(tmp_path, ggml_type, tied):
         if isinstance(module, QuantLinear):
             module.pack()
     qkv = ours.layers[0].self_attn.qkv_proj
-    if ggml_type is q4_k_m:  # q and k in q4, v in q8: a stack of parts
-        assert isinstance(qkv, QuantStack) and [p.fmt for p in qkv.parts] == ["q4", "q4", "q8"]
-        assert ours.layers[0].mlp.down_proj.fmt == "q8"
+    if ggml_type is q4_k_m:  # q and k in q4, v in q6: a stack of parts
+        assert isinstance(qkv, QuantStack) and [p.fmt for p in qkv.parts] == ["q4", "q4", "q6"]
+        assert ours.layers[0].mlp.down_proj.fmt == "q6"
     else:
         assert isinstance(qkv, QuantLinear)
     assert isinstance(ours.embed_tokens, QuantEmbedding)
