@@ -32,8 +32,8 @@ def ideas(s, topic: str, n: int = 3):
 
 def main() -> dict:
     greedy = {"temperature": 0}
-    answer = qa.run(question="What is the capital of France?", sampling=greedy)
-    print("Q: What is the capital of France?\nA:", answer["answer"])
+    answer = qa.run(question="Name the capital of France.", sampling=greedy)
+    print("Q: Name the capital of France.\nA:", answer["answer"])
 
     sentiment = review.run(text="The battery died after two days. Avoid.")["sentiment"]
     print("sentiment:", sentiment)

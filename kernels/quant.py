@@ -64,9 +64,10 @@ IQ4_VALUES = np.array(
 
 
 def nibbles(q: np.ndarray) -> np.ndarray:
-    """32 values of 0..15 per block [..., 32] as 16 bytes: value j in the low nibble of byte
-    j, value j + 16 in the high one."""
-    return (q[..., :16] | (q[..., 16:] << 4)).astype(np.uint8)
+    """n values of 0..15 per block [..., n] as n / 2 bytes: value j in the low nibble of byte
+    j, value j + n / 2 in the high one."""
+    half = q.shape[-1] // 2
+    return (q[..., :half] | (q[..., half:] << 4)).astype(np.uint8)
 
 
 def fifth_bits(q: np.ndarray) -> np.ndarray:
@@ -77,7 +78,10 @@ def fifth_bits(q: np.ndarray) -> np.ndarray:
 
 
 def quantize(weight: torch.Tensor, fmt: QuantFormat) -> torch.Tensor:
-    """Pack a float weight [N, K] into `fmt`'s blocks (round to nearest)."""
+    """Pack a float weight [N, K] into q4 or q8 blocks (round to nearest); the other formats
+    only hold a GGUF file's blocks (`from_gguf`)."""
+    if fmt not in (Q4, Q8):
+        raise ValueError(f"{fmt.name} blocks come from GGUF files only; pack floats as q4 or q8")
     w = weight.detach().float().cpu().numpy()
     n, k = w.shape
     fmt.row_bytes(k)  # checks whole blocks
@@ -92,7 +96,7 @@ def quantize(weight: torch.Tensor, fmt: QuantFormat) -> torch.Tensor:
         steps = (groups - low[..., None].astype(np.float32)) / scale[..., None].astype(np.float32)
         q = np.clip(np.rint(steps), 0, 15).astype(np.uint8)
         blocks["scale"], blocks["min"] = scale, low
-        blocks["qs"] = q[..., :16] | (q[..., 16:] << 4)
+        blocks["qs"] = nibbles(q)
     else:
         scale = _half(np.abs(groups).max(-1) / 127, down=False)
         scale = np.where(scale > 0, scale, np.float16(1))
@@ -157,7 +161,7 @@ def from_gguf(
         q, scale = _q6_k(raw, n, k)
         blocks = np.zeros(scale.shape, dtype=Q6.dtype)
         blocks["scale"] = _to_half(scale)
-        blocks["qs"] = (q[..., :8] & 15) | ((q[..., 8:] & 15) << 4)
+        blocks["qs"] = nibbles(q & 15)
         top = (q >> 4).reshape(*q.shape[:-1], 4, 4)  # [u, k]: weight 4u + k
         shifts = (2 * np.arange(4, dtype=np.uint8))[:, None]
         blocks["qh"] = np.bitwise_or.reduce(top << shifts, axis=-2)

@@ -108,7 +108,7 @@ def float_weights(model_dir: Path) -> Path:
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     log.info("dequantizing %s to float32 into %s (once)", gguf_path, target)
     tensors = {
-        name: torch.from_numpy(np.ascontiguousarray(w))
+        name: torch.tensor(w)  # a copy: w may view the read-only file
         for name, w in _dequantized(gguf_path, heads, kv_heads)
     }
     tmp = target.with_suffix(f".{os.getpid()}.tmp")

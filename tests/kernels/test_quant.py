@@ -187,3 +187,8 @@ def test_a_scale_beyond_float16_is_refused():
     raw.view(np.float16)[0, 0] = 60000.0  # d: times a 6-bit scale, past float16's max
     with pytest.raises(ValueError, match="float16"):
         quant.from_gguf(raw, T.Q4_K, (1, 256))
+
+
+def test_only_q4_and_q8_pack_floats():
+    with pytest.raises(ValueError, match="GGUF files only"):
+        quant.quantize(torch.randn(4, 32), quant.Q5)
