@@ -94,38 +94,24 @@ alignas(64) constexpr uint8_t kIq4BiasedTables[64] = {BRAID_IQ4_BIASED, BRAID_IQ
 
 // What the kernels need to know of each format: weights a block; whether the weights are
 // signed bytes, have a min, or an offset the stored values are above zero by.
+template <int64_t Block, bool Signed, bool HasMin, int Offset>
+struct FormatTraits {
+  static constexpr int64_t kBlock = Block;
+  static constexpr bool kSigned = Signed, kHasMin = HasMin;
+  static constexpr int kOffset = Offset;
+};
 template <typename Group>
 struct Format;
 template <>
-struct Format<GroupQ4> {
-  static constexpr int64_t kBlock = 32;
-  static constexpr bool kSigned = false, kHasMin = true;
-  static constexpr int kOffset = 0;
-};
+struct Format<GroupQ4> : FormatTraits<32, false, true, 0> {};
 template <>
-struct Format<GroupQ5> {
-  static constexpr int64_t kBlock = 32;
-  static constexpr bool kSigned = false, kHasMin = true;
-  static constexpr int kOffset = 0;
-};
+struct Format<GroupQ5> : FormatTraits<32, false, true, 0> {};
 template <>
-struct Format<GroupQ6> {
-  static constexpr int64_t kBlock = 16;
-  static constexpr bool kSigned = false, kHasMin = false;
-  static constexpr int kOffset = 32;
-};
+struct Format<GroupQ6> : FormatTraits<16, false, false, 32> {};
 template <>
-struct Format<GroupQ8> {
-  static constexpr int64_t kBlock = 16;
-  static constexpr bool kSigned = true, kHasMin = false;
-  static constexpr int kOffset = 0;
-};
+struct Format<GroupQ8> : FormatTraits<16, true, false, 0> {};
 template <>
-struct Format<GroupIQ4> {
-  static constexpr int64_t kBlock = 32;
-  static constexpr bool kSigned = true, kHasMin = false;
-  static constexpr int kOffset = 0;
-};
+struct Format<GroupIQ4> : FormatTraits<32, true, false, 0> {};
 
 inline float from_half(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
