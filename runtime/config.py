@@ -88,7 +88,8 @@ class EngineConfig:
         "CPU weights kept quantized in memory: auto (a GGUF model, the default one included, "
         "on its own blocks on the CPU where the kernels run; anything else as none); none "
         "(the weights as stored, a GGUF's dequantized); int8 or int4 (group-wise, packed at "
-        "load); gguf (a GGUF model's own blocks: Q4_0, Q4_1, Q4_K, Q8_0, Q6_K)",
+        "load); gguf (a GGUF model's own blocks: Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, "
+        "Q8_0, IQ4_NL, IQ4_XS)",
     )
     deterministic: bool = _setting(
         False,

@@ -35,7 +35,7 @@ class GGUFTensor:
 
     @property
     def rows(self) -> int:
-        return int(np.prod(self.shape[1:], dtype=np.int64))
+        return self.data.shape[0]
 
 
 class _Cursor:
@@ -82,6 +82,13 @@ class _Cursor:
 
 def read_tensors(path: Path) -> list[GGUFTensor]:
     """The file's tensors, in the file's order."""
+    try:
+        return _read_tensors(path)
+    except RecursionError:  # arrays nested thousands deep: skip_value recursed into them
+        raise ValueError(f"{path}: not a valid GGUF file (arrays nested too deep)") from None
+
+
+def _read_tensors(path: Path) -> list[GGUFTensor]:
     import gguf
 
     with open(path, "rb") as f:

@@ -230,9 +230,18 @@ def _random_tensor(rng: np.random.Generator, t: _Tensor) -> np.ndarray:
     return random_blocks(rng, t.type, n_blocks, t.std)
 
 
+def random_matrix(
+    rng: np.random.Generator, qtype: Q, rows: int, cols: int, std: float
+) -> np.ndarray:
+    """A [rows, cols] matrix of random `qtype` blocks, uint8 [rows, row bytes] (tests use it
+    for every GGUF type)."""
+    block, _ = gguf.GGML_QUANT_SIZES[qtype]
+    return random_blocks(rng, qtype, rows * cols // block, std).reshape(rows, -1)
+
+
 def random_blocks(rng: np.random.Generator, qtype: Q, n_blocks: int, std: float) -> np.ndarray:
     """`n_blocks` random blocks of `qtype` (uint8 [n_blocks, block bytes]) whose weights
-    spread by about `std` (tests use it for blocks of every type)."""
+    spread by about `std`."""
     return _blocks_at_scale(rng, qtype, n_blocks, std / _unit_std(qtype))
 
 

@@ -152,9 +152,8 @@ def test_dequantized_rows_equal_the_twins(lib, fmt):
 def gguf_blocks(ggml_type, n: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(random GGUF blocks [n, row bytes] of the type, finite scales; their float weight
     [n, k] as the gguf package dequantizes them)."""
-    block, _ = gguf.GGML_QUANT_SIZES[ggml_type]
     rng = np.random.default_rng(seed)
-    raw = random_gguf().random_blocks(rng, ggml_type, n * k // block, 0.05).reshape(n, -1)
+    raw = random_gguf().random_matrix(rng, ggml_type, n, k, 0.05)
     return raw, np.asarray(gguf.quants.dequantize(raw, ggml_type), dtype=np.float32)
 
 

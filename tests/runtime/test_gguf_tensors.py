@@ -29,10 +29,8 @@ def written(tmp_path_factory):
     rng = np.random.default_rng(0)
     writer.add_tensor("norm.weight", rng.standard_normal(64).astype(np.float32))
     for name, kind in (("a.weight", T.Q4_K), ("b.weight", T.Q8_0), ("c.weight", T.Q6_K)):
-        blocks = random_gguf().random_blocks(
-            rng, kind, 3 * 512 // gguf.GGML_QUANT_SIZES[kind][0], 0.02
-        )
-        writer.add_tensor(name, blocks.reshape(3, -1), raw_dtype=kind)
+        blocks = random_gguf().random_matrix(rng, kind, 3, 512, 0.02)
+        writer.add_tensor(name, blocks, raw_dtype=kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -72,3 +70,12 @@ def test_malformed_files_are_refused_by_what_is_wrong(written, tmp_path):
     for data, message in cases:
         with pytest.raises(ValueError, match=message):
             read_tensors(broken(tmp_path, data))
+
+
+def test_arrays_nested_thousands_deep_are_refused(tmp_path):
+    depth = 100_000
+    kv = struct.pack("<Q", 1) + b"k" + struct.pack("<I", 9)  # key "k", an array...
+    kv += struct.pack("<IQ", 9, 1) * depth  # ...of arrays, each of one array
+    data = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + kv
+    with pytest.raises(ValueError, match="nested too deep"):
+        read_tensors(broken(tmp_path, data))

@@ -86,9 +86,7 @@ def write_gguf(path: Path, config: ModelConfig, ggml_type) -> dict[str, np.ndarr
                 floats[part] = w
                 continue
             kind = ggml_type(part) if callable(ggml_type) else ggml_type
-            block, _ = gguf.GGML_QUANT_SIZES[kind]
-            raw = random_gguf().random_blocks(rng, kind, shape[0] * shape[1] // block, 0.05)
-            raw = raw.reshape(shape[0], -1)
+            raw = random_gguf().random_matrix(rng, kind, *shape, 0.05)
             writer.add_tensor(gguf_name(part), raw, raw_dtype=kind)
             held = np.asarray(gguf.quants.dequantize(raw, kind), dtype=np.float32)
             heads = HEADS if "q_proj" in part else KV_HEADS if "k_proj" in part else 0
