@@ -1,10 +1,10 @@
 """A GGUF file's tensors (name, type, shape and their bytes, mapped from the file), read
 without its metadata values.
 
-The `gguf` package's reader builds every metadata field as numpy views: the default model's
-49,152 tokenizer strings took 3.7 s a read, and a load read the file three times. Loading
-needs only the tensor index, which follows the metadata: the values are skipped by their
-lengths here (~20 ms), and the tensors' bytes are views of one read-only mapping. Every
+The `gguf` package's reader builds every metadata field as numpy views, which takes seconds
+for a tokenizer's strings (docs/runtime.md). Loading needs only the tensor index, which
+follows the metadata: the values are skipped by their lengths here, and the tensors' bytes
+are views of one read-only mapping. Every
 offset and length is checked against the file: a truncated or malformed file is a
 ValueError naming what is wrong.
 """

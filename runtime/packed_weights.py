@@ -1,10 +1,10 @@
 """A GGUF model's quantized linears as the CPU kernels lay them out, kept in one file beside
 its converted directory and mapped on later loads.
 
-Converting a file's blocks into braid's formats and interleaving them for the kernels took
-the 1B Q4_K_M shape ~5 s a load; mapped, a load reads nothing until a forward touches the
-weights, whose pages then belong to the file: shared by every process that maps it and
-handed back under memory pressure, as llama.cpp's mapped GGUF is.
+Converting a file's blocks into braid's formats and interleaving them for the kernels takes
+seconds a load on a 1B model (docs/runtime.md); mapped, a load reads nothing until a forward
+touches the weights, whose pages then belong to the file: shared by every process that maps
+it and handed back under memory pressure, as llama.cpp's mapped GGUF is.
 
 The file: 8 bytes of header length, a JSON header (each module path's offset, shape and
 format), then the blocks, each at a 64-byte boundary. Its name carries a digest of the GGUF

@@ -248,7 +248,7 @@ def random_blocks(rng: np.random.Generator, qtype: Q, n_blocks: int, std: float)
 def _blocks_at_scale(rng: np.random.Generator, qtype: Q, n_blocks: int, scale: float) -> np.ndarray:
     """`n_blocks` random blocks of `qtype` whose float16 scales are about `scale`."""
     size = gguf.GGML_QUANT_SIZES[qtype][1]
-    # random_raw is ~20x faster than Generator.bytes.
+    # random_raw: raw generator words, far faster than Generator.bytes.
     raw = rng.bit_generator.random_raw(-(-n_blocks * size // 8)).view(np.uint8)
     blocks = raw[: n_blocks * size].reshape(n_blocks, size)
     d_at, offset_at, offset_ratio = _SCALE_FIELDS[qtype]
@@ -279,7 +279,7 @@ def _unit_std(qtype: Q) -> float:
 @functools.cache
 def _tokenizer_fields() -> tuple[tuple[str, Any, gguf.GGUFValueType, Any], ...]:
     """Every tokenizer.* field of the default model: (key, value, type, array item type)."""
-    reader = gguf.GGUFReader(_default_gguf())  # ~2 s (it parses every token): read once
+    reader = gguf.GGUFReader(_default_gguf())  # it parses every token: read once
     return tuple(
         (
             field.name,
