@@ -203,9 +203,7 @@ def load_quantized(
             fills.append(("embed_tokens.table", 0, "embed_tokens.weight"))
             if config.tie_word_embeddings and not any(f[0] == "lm_head" for f in fills):
                 model.lm_head = table
-    model.to_empty(device="cpu")
-    if config.tie_word_embeddings and table_format is None:  # to_empty broke the float tie
-        model.lm_head.weight = model.embed_tokens.weight
+    model.materialize("cpu")
     for path, first, part in fills:
         t = tensors.pop(part)
         if path in skip:

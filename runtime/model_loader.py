@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
-from transformers import AutoConfig
 
 from braid.kernels import cpu
 from braid.runtime import gguf_file, packed_weights
 from braid.runtime.default_model import INSTALL_HINT, default_model_dir
 from braid.runtime.models import LlamaForCausalLM, ModelConfig
 from braid.runtime.models.batch_invariant import BatchInvariantLinear
+from braid.runtime.models.config import missing_keys
 from braid.runtime.models.ops import layer_ops
 from braid.runtime.models.quant_decoder import QuantDecoder
 from braid.runtime.models.quantized import QuantLinear
@@ -43,11 +43,19 @@ def resolve_model_dir(model: str | Path | None) -> Path:
 
 
 def load_model_config(path: Path) -> ModelConfig:
+    file = path / "config.json"
     try:
-        hf = AutoConfig.from_pretrained(path)
-    except (ValueError, KeyError, OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"cannot read {path / 'config.json'}: {e}") from None
-    return ModelConfig.from_hf(hf)
+        config = json.loads(file.read_text())
+        if missing_keys(config):  # transformers' per-architecture defaults fill them
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(path).to_dict()
+    except (ValueError, KeyError, TypeError, AttributeError, OSError) as e:
+        raise ValueError(f"cannot read {file}: {e!r}") from None
+    try:
+        return ModelConfig.from_dict(config)
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{file}: a value is missing or of the wrong type: {e!r}") from None
 
 
 def load_model(
@@ -92,9 +100,7 @@ def load_model(
                 raise ValueError(f"{packed}: {name} is {fmt}, the GGUF's {layer.fmt}")
             layer.take_packed(blocks, kernels)
     else:
-        model = model.to_empty(device=device).to(dtype)
-        if config.tie_word_embeddings:  # to_empty breaks the tie; restore it
-            model.lm_head.weight = model.embed_tokens.weight
+        model = model.materialize(device).to(dtype)
         # Rope tables are computed, not loaded, and stay fp32 whatever the weights' dtype.
         model.rotary.float().reset()
         weights = _read_safetensors(path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,11 +13,15 @@ if TYPE_CHECKING:  # chat templates use adds_bos without importing transformers 
 
 
 def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedConfig
 
     try:
-        return AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as e:
+        # AutoTokenizer reads the model's config only for its model type and tokenizer hints.
+        # transformers' generic config class holds them; the architecture's own config class
+        # (what AutoTokenizer loads when given none) imports most of transformers.
+        config = PreTrainedConfig.from_dict(json.loads((path / "config.json").read_text()))
+        return AutoTokenizer.from_pretrained(path, config=config)
+    except (OSError, ValueError, TypeError) as e:
         raise ValueError(f"cannot load the tokenizer in {path}: {e}") from None
 
 

@@ -182,8 +182,7 @@ def _llama_1b_decode(context: int) -> dict:
     dtype = torch.bfloat16
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
-    model = model.to_empty(device="cuda").to(dtype)
-    model.lm_head.weight = model.embed_tokens.weight
+    model = model.materialize("cuda").to(dtype)
     model.rotary.float().reset()
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.02)

@@ -1,12 +1,16 @@
-"""ModelConfig: the few numbers our forward needs, read from a transformers config."""
+"""ModelConfig: the few numbers our forward needs, read from a model's config.json."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PretrainedConfig
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from braid.runtime.models import rope
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 # HF `architectures` names we implement, all variations of one Llama-shaped decoder.
 SUPPORTED_ARCHITECTURES = (
@@ -15,8 +19,32 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
 )
-# Rope types whose frequencies do not depend on the sequence length, so one table serves all.
-STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+# Keys read straight from config.json. transformers' defaults for the others differ by
+# architecture (key/value heads, head size, eos), so a config.json without one of these is
+# read through transformers' own config class instead (model_loader.load_model_config).
+REQUIRED_KEYS = (
+    "architectures",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "rms_norm_eps",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+    "eos_token_id",
+)
+
+
+def missing_keys(config: dict) -> list[str]:
+    """The REQUIRED_KEYS a config.json lacks (and Qwen3's head size, 128 when left out)."""
+    if not isinstance(config, dict):
+        raise TypeError(f"config.json holds a {type(config).__name__}, not an object")
+    keys = REQUIRED_KEYS + (
+        ("head_dim",) if "Qwen3ForCausalLM" in config.get("architectures", ()) else ()
+    )
+    return [k for k in keys if k not in config]
 
 
 @dataclass(frozen=True)
@@ -35,55 +63,43 @@ class ModelConfig:
     attention_bias: bool  # Qwen2: biases on q/k/v
     qk_norm: bool  # Qwen3: RMSNorm on each head of q and k
     eos_token_ids: tuple[int, ...]
-    hf_config: PretrainedConfig
+    rope_parameters: dict
 
     @classmethod
-    def from_hf(cls, hf: PretrainedConfig) -> ModelConfig:
-        archs = getattr(hf, "architectures", None) or []
+    def from_dict(cls, config: dict) -> ModelConfig:
+        """From a config.json holding every REQUIRED_KEYS (or a transformers config's to_dict())."""
+        archs = config.get("architectures") or []
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
             raise ValueError(
-                f"unsupported model architecture {archs or hf.model_type!r}; "
+                f"unsupported model architecture {archs or config.get('model_type')!r}; "
                 f"braid supports {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
-        rope_type = _rope_parameters(hf).get("rope_type", "default")
-        if rope_type not in STATIC_ROPE_TYPES:
-            raise ValueError(
-                f"unsupported rope_type {rope_type!r}; "
-                f"braid supports {', '.join(STATIC_ROPE_TYPES)}"
-            )
-        eos = hf.eos_token_id
+        eos = config["eos_token_id"]
         eos_ids = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
-        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+        heads = config["num_attention_heads"]
         return cls(
             architecture=arch,
-            vocab_size=hf.vocab_size,
-            hidden_size=hf.hidden_size,
-            intermediate_size=hf.intermediate_size,
-            num_layers=hf.num_hidden_layers,
-            num_heads=hf.num_attention_heads,
-            num_kv_heads=getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads,
-            head_dim=head_dim,
-            rms_norm_eps=hf.rms_norm_eps,
-            max_position_embeddings=hf.max_position_embeddings,
-            tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
-            attention_bias=arch == "Qwen2ForCausalLM" or bool(getattr(hf, "attention_bias", False)),
+            vocab_size=config["vocab_size"],
+            hidden_size=config["hidden_size"],
+            intermediate_size=config["intermediate_size"],
+            num_layers=config["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=config["num_key_value_heads"] or heads,
+            head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+            rms_norm_eps=config["rms_norm_eps"],
+            max_position_embeddings=config["max_position_embeddings"],
+            tie_word_embeddings=bool(config["tie_word_embeddings"]),
+            attention_bias=arch == "Qwen2ForCausalLM" or bool(config.get("attention_bias")),
             qk_norm=arch == "Qwen3ForCausalLM",
             eos_token_ids=eos_ids,
-            hf_config=hf,
+            rope_parameters=rope.rope_parameters(config),
         )
+
+    @classmethod
+    def from_hf(cls, hf: PretrainedConfig) -> ModelConfig:
+        return cls.from_dict(hf.to_dict())
 
     def rope_inv_freq(self) -> tuple[torch.Tensor, float]:
         """Inverse frequencies [head_dim / 2] and the cos/sin scale (yarn scales attention)."""
-        params = _rope_parameters(self.hf_config)
-        rope_type = params.get("rope_type", "default")
-        if rope_type == "default":
-            theta = params.get("rope_theta", 10000.0)
-            exponents = torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim
-            return (1.0 / theta**exponents).float(), 1.0
-        inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](self.hf_config, "cpu")
-        return inv_freq.float(), float(scale)
-
-
-def _rope_parameters(hf: PretrainedConfig) -> dict:
-    return dict(getattr(hf, "rope_parameters", None) or {})
+        return rope.inv_freq(self.rope_parameters, self.head_dim, self.max_position_embeddings)

@@ -58,9 +58,11 @@ class Rotary(nn.Module):
         with torch.device("cpu"):  # also when the model is being built on the meta device
             inv_freq, scale = self.config.rope_inv_freq()
             t = torch.arange(self.config.max_position_embeddings, dtype=torch.float32)
-            freqs = torch.outer(t, inv_freq).to(self.cos.device)  # (max_pos, D/2)
-        self.cos.copy_(freqs.cos() * scale)
-        self.sin.copy_(freqs.sin() * scale)
+            freqs = torch.outer(t, inv_freq)  # (max_pos, D/2)
+            # cos and sin on the CPU: on the meta device they import torch's compiler stack.
+            cos, sin = freqs.cos() * scale, freqs.sin() * scale
+        self.cos.copy_(cos)
+        self.sin.copy_(sin)
         return self
 
 
@@ -143,7 +145,10 @@ class LlamaForCausalLM(nn.Module):
         mode)."""
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # Given its weight, the embedding skips its random init: on the meta device that init
+        # imports torch's compiler stack, most of a start.
+        weight = torch.empty(config.vocab_size, config.hidden_size)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
         self.rotary = Rotary(config)
         self.layers = nn.ModuleList(
             DecoderLayer(config, i, linear) for i in range(config.num_layers)
@@ -156,6 +161,15 @@ class LlamaForCausalLM(nn.Module):
         # The layers in one kernel call for decode batches (quant_decoder.py), when the
         # loader finds every linear quantized.
         self.decoder: QuantDecoder | None = None
+
+    def materialize(self, device: torch.device | str) -> LlamaForCausalLM:
+        """Uninitialized storage on `device` for a model built on the meta device (the loader
+        fills it), the embedding tie kept. Module.to_empty does the same through empty_like,
+        which on meta tensors imports torch's symbolic-shapes stack (a fifth of a start)."""
+        self._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
+        if self.config.tie_word_embeddings and isinstance(self.embed_tokens, nn.Embedding):
+            self.lm_head.weight = self.embed_tokens.weight
+        return self
 
     @torch.inference_mode()
     def forward(
