@@ -61,6 +61,19 @@ class _Cursor:
         except UnicodeDecodeError:
             raise ValueError(f"{self.path}: a GGUF string at byte {start} is not UTF-8") from None
 
+    def skip_strings(self, count: int) -> None:
+        """Past `count` strings (a tokenizer's vocabulary: tens of thousands) in one loop."""
+        buffer, pos, end = self.buffer, self.pos, len(self.buffer)
+        for _ in range(count):
+            if pos + 8 > end:
+                break
+            pos += 8 + struct.unpack_from("<Q", buffer, pos)[0]
+        else:
+            if pos <= end:
+                self.pos = pos
+                return
+        raise ValueError(f"{self.path}: not a valid GGUF file (truncated at byte {pos})")
+
     def skip_value(self, kind: int) -> None:
         if kind in _SCALAR_SIZES:
             self.take(_SCALAR_SIZES[kind])
@@ -71,7 +84,9 @@ class _Cursor:
             item, count = self.unpack("<IQ")
             if item in _SCALAR_SIZES:
                 self.take(_SCALAR_SIZES[item] * count)
-            elif item in (_STRING, _ARRAY):
+            elif item == _STRING:
+                self.skip_strings(count)
+            elif item == _ARRAY:
                 for _ in range(count):
                     self.skip_value(item)
             else:
