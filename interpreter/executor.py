@@ -72,10 +72,18 @@ class _Snapshot:
 
 class StreamExecutor:
     def __init__(
-        self, backend: Backend, sampling: dict[str, Any], parent: Future | None = None
+        self,
+        backend: Backend,
+        sampling: dict[str, Any],
+        parent: Future | None = None,
+        *,
+        keep_undecodable_text: bool = False,
     ) -> None:
         self.backend = backend
         self.sampling = sampling  # the program's SamplingParams defaults for every gen
+        # A typed gen whose text does not decode keeps the text instead of failing the state
+        # (SGLang's programs: their variables hold the text as generated).
+        self.keep_undecodable_text = keep_undecodable_text
         self.children: list[StreamExecutor] = []
         self._loop = interpreter_loop()
         self._cond = threading.Condition()
@@ -115,12 +123,36 @@ class StreamExecutor:
 
     def fork(self, n: int) -> list[StreamExecutor]:
         parents = [Future() for _ in range(n)]
-        children = [StreamExecutor(self.backend, self.sampling, parent=f) for f in parents]
+        children = [
+            StreamExecutor(
+                self.backend,
+                self.sampling,
+                parent=f,
+                keep_undecodable_text=self.keep_undecodable_text,
+            )
+            for f in parents
+        ]
         self.children += children
         if not self.submit(_ForkPoint(parents)):
             for f in parents:
                 f.set_exception(ProgramError("the parent state failed before the fork"))
         return children
+
+    def set_var(self, name: str, value: Any) -> None:
+        """Set variable `name` to `value`. While the program function runs, in order: after
+        what it appended before (SGLang sets it at once, so a gen of the same name still
+        running would overwrite it, and the program could not rely on the order). Once the
+        function has returned nothing can follow it, so it is set as soon as what is still
+        queued has run: SGLang's `state[name] = int(state[name])` on a finished state."""
+        with self._cond:  # a reentrant lock: submit takes it too
+            if not self._closed:
+                self.submit(SetVar(name, value))
+                return
+            self._cond.wait_for(lambda: self.error is not None or self._idle())
+            self.variables[name] = value
+            # A gen's meta stays, as in SGLang: it still tells how the value was generated.
+            self.metas.setdefault(name, {})
+            self._settle()
 
     def join(self, children: list[StreamExecutor], mode: str) -> None:
         """Wait until the forks `children` have run what was appended to them, then, in this
@@ -316,10 +348,12 @@ class StreamExecutor:
             try:
                 value = op.decode(out.text)
             except Exception as e:
-                raise ValueError(
-                    f"gen({op.name!r}): cannot decode {out.text!r} "
-                    f"(finish reason {out.finish_reason}): {e}"
-                ) from None
+                # The constrained literal was cut short (by max_tokens or a stop string).
+                if not self.keep_undecodable_text:
+                    raise ValueError(
+                        f"gen({op.name!r}): cannot decode {out.text!r} "
+                        f"(finish reason {out.finish_reason}): {e}"
+                    ) from None
         meta = {"text": out.text, "finish_reason": out.finish_reason, "token_ids": out.token_ids}
         self._set(op.name, value, {**meta, **out.meta})
 

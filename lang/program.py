@@ -6,8 +6,8 @@ import asyncio
 import functools
 import inspect
 import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tqdm import tqdm
@@ -28,6 +28,10 @@ def program(fn: Callable[..., Any]) -> Program:
 
 
 class Program:
+    # braid's own programs fail a typed gen (dtype, json_schema=Type) whose text is not a whole
+    # literal; SGLang's (braid.sglang.Function) keep the text.
+    keep_undecodable_text = False
+
     def __init__(self, fn: Callable[..., Any], bound: dict[str, Any] | None = None) -> None:
         self.fn = fn
         self.bound = bound or {}
@@ -40,11 +44,13 @@ class Program:
     def bind(self, **kwargs: Any) -> Program:
         """The same program with some arguments fixed."""
         self._check_args((), {**self.bound, **kwargs}, partial=True)
-        return Program(self.fn, {**self.bound, **kwargs})
+        return type(self)(self.fn, {**self.bound, **kwargs})
 
     def __call__(self, s: ProgramState | None = None, *args: Any, **kwargs: Any) -> Any:
         """Inside another program, `inner(s, ...)` appends this program to that state."""
-        if not isinstance(s, ProgramState):  # SGLang's f(...) runs it: braid asks for f.run
+        # SGLang's f(...) runs it (so do @sgl.function's, braid.sglang.Function); braid's own
+        # ask for f.run, since inside a program such a call is most often a forgotten `s`.
+        if not isinstance(s, ProgramState):
             raise TypeError(
                 f"{self.name}() needs a program state first: use {self.name}.run(...) to run "
                 f"it, or {self.name}(s, ...) inside another program"
@@ -57,6 +63,7 @@ class Program:
         stream: bool = False,
         backend: Backend | None = None,
         sampling: dict[str, Any] | None = None,
+        use_thread: bool = True,
         **kwargs: Any,
     ) -> ProgramState:
         """Run the program and return its finished state; raises what the program raised.
@@ -65,7 +72,8 @@ class Program:
         that is not one of the program's parameters but a sampling field, in braid's or
         SGLang's name (`temperature=0`, `max_new_tokens=16`), is one of those defaults too,
         as in SGLang. With `stream=True` it returns at once: iterate `state.text_iter()` for
-        the text.
+        the text. `use_thread` is SGLang's and has no effect: braid runs the operations on
+        its event loop either way.
         """
         kwargs, sampling = self._split_sampling(kwargs, sampling, "run")
         state = self._new_state(backend, sampling)
@@ -90,16 +98,19 @@ class Program:
         sampling: dict[str, Any] | None = None,
         num_threads: int | str | None = None,
         progress_bar: bool = False,
+        generator_style: bool = False,
         **sampling_kwargs: Any,
-    ) -> list[ProgramState]:
+    ) -> list[ProgramState] | Iterator[ProgramState]:
         """Run the program once per kwargs dict (or tuple of positional arguments), up to
         `concurrency` at a time, so their requests reach the engine together (a shared
         few-shot prefix is computed once). A program that fails does not stop the others:
-        its state's `error` says why.
+        its state's `error` says why. The states come in the batch's order.
 
         SGLang's names work too: `num_threads` (an int, or "auto" for braid's default) is
-        `concurrency`, `progress_bar` is `progress`, and sampling keywords (`temperature=0`,
-        `max_new_tokens=16`) are defaults for every gen, like `sampling`.
+        `concurrency`, `progress_bar` is `progress`, sampling keywords (`temperature=0`,
+        `max_new_tokens=16`) are defaults for every gen, like `sampling`, and
+        `generator_style=True` returns an iterator that yields each state, in order, once it
+        has finished (the runs start when it is first advanced).
         """
         if num_threads is not None and num_threads != "auto":
             concurrency = num_threads
@@ -118,16 +129,29 @@ class Program:
             state._executor.wait()
             return state
 
-        states: list[ProgramState | None] = [None] * len(batch)
+        states = self._run_all(batch, run_one, concurrency, progress)
+        return states if generator_style else list(states)
+
+    def _run_all(
+        self,
+        batch: list[Any],
+        run_one: Callable[[Any], ProgramState],
+        concurrency: int,
+        progress: bool,
+    ) -> Iterator[ProgramState]:
+        """run_one of each item, up to `concurrency` at a time; the states in the batch's
+        order as each finishes."""
+        # The bar is closed after the pool, which waits for every run: a run that finishes
+        # after the caller stopped iterating still updates an open bar.
         with (
-            ThreadPoolExecutor(min(concurrency, max(len(batch), 1))) as pool,
             tqdm(total=len(batch), disable=not progress, desc=self.name) as bar,
+            ThreadPoolExecutor(min(concurrency, max(len(batch), 1))) as pool,
         ):
-            futures = {pool.submit(run_one, arguments): i for i, arguments in enumerate(batch)}
-            for f in as_completed(futures):
-                states[futures[f]] = f.result()
-                bar.update(1)
-        return states
+            futures = [pool.submit(run_one, arguments) for arguments in batch]
+            for f in futures:
+                f.add_done_callback(lambda _: bar.update(1))
+            for f in futures:
+                yield f.result()
 
     async def arun(
         self,
@@ -160,8 +184,16 @@ class Program:
 
     def _new_state(self, backend: Backend | None, sampling: dict[str, Any] | None) -> ProgramState:
         sampling = dict(sampling or {})
-        check_sampling(sampling, f"{self.name}.run(sampling=...)")
-        return ProgramState(StreamExecutor(backend or default_backend(), sampling))
+        where = f"{self.name}.run(sampling=...)"
+        check_sampling(sampling, where)
+        if sampling.get("n", 1) != 1:  # SGLang's run takes n; each gen stores one text
+            raise ValueError(f"{where}: n must be 1; fork the state for several samples")
+        executor = StreamExecutor(
+            backend or default_backend(),
+            sampling,
+            keep_undecodable_text=self.keep_undecodable_text,
+        )
+        return ProgramState(executor)
 
     def _execute(self, state: ProgramState, args: tuple, kwargs: dict[str, Any]) -> None:
         """Call the function on the state (it returns once it has appended everything),
@@ -169,7 +201,7 @@ class Program:
         try:
             kwargs = {**self.bound, **kwargs}
             self._check_args(args, kwargs)
-            self.fn(state, *args, **kwargs)
+            state.ret_value = self.fn(state, *args, **kwargs)
         except BaseException as e:
             state._executor.fail(e)
         finally:

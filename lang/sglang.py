@@ -2,9 +2,10 @@
 
 Most of SGLang's API is braid's own under the same name (gen, select, system/user/assistant,
 set_default_backend, the state's methods); gen, select and `run` also take SGLang's keywords
-(lang/api.py maps them). This module holds the names braid has only for SGLang: aliases,
-the role markers as separate calls, the backends under SGLang's names and argument names,
-its module-level calls and its global_config. docs/programs.md lists them all.
+(lang/api.py maps them). This module holds the names braid has only for SGLang: @function
+(whose programs follow SGLang's looser rules, see Function), aliases, the role markers as
+separate calls, the backends under SGLang's names and argument names, its module-level
+calls and its global_config. docs/programs.md lists them all.
 """
 
 from __future__ import annotations
@@ -19,23 +20,44 @@ from braid.interpreter.choices import greedy
 from braid.interpreter.ir import Gen, RoleBegin, RoleEnd
 from braid.interpreter.openai_backend import OpenAIBackend
 from braid.interpreter.remote_backend import RemoteBackend
-from braid.program import Program, program
+from braid.program import Program
 from braid.runtime.chat_template import ChatTemplate
+from braid.state import ProgramState
 
 # SGLang's name for braid's "greedy" select method (its other two share braid's names).
 greedy_token_selection = greedy
 
 
+class Function(Program):
+    """A program made by SGLang's @function: braid's Program with SGLang's two looser rules.
+
+    - Calling it runs it, as SGLang's `f(question=q, temperature=0)` does (`f.run(...)`);
+      `f(s, ...)` with a program state first still appends it to that state. braid's own
+      @program refuses a call without a state: inside a program that is most often a
+      forgotten `s`, which running a whole new program would hide.
+    - A typed gen (gen_int, gen_string, dtype=, json_schema=Type) whose text does not
+      decode, because max_tokens or a stop string cut it short, keeps the text as generated,
+      as SGLang's variables do, where braid's own programs fail.
+    """
+
+    keep_undecodable_text = True
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if args and isinstance(args[0], ProgramState):
+            return super().__call__(*args, **kwargs)
+        return self.run(*args, **kwargs)
+
+
 def function(
     func: Callable[..., Any] | None = None, *, num_api_spec_tokens: int | None = None
-) -> Program | Callable[[Callable[..., Any]], Program]:
-    """SGLang's name for @program; `@function()` works too."""
+) -> Function | Callable[[Callable[..., Any]], Function]:
+    """SGLang's @function (`@function()` works too): a Function."""
     if num_api_spec_tokens is not None:
         raise ValueError(
             "function(num_api_spec_tokens=...): API speculative execution is not supported; "
             "braid runs each gen as its own request"
         )
-    return program if func is None else program(func)
+    return Function if func is None else Function(func)
 
 
 def gen_int(name: str | None = None, max_tokens: int | None = None, **kwargs: Any) -> Gen:

@@ -9,7 +9,7 @@ from typing import Any
 
 from braid.api import role_message
 from braid.interpreter.executor import StreamExecutor
-from braid.interpreter.ir import Op, RoleBegin, RoleEnd, SetVar, VarScopeBegin, VarScopeEnd
+from braid.interpreter.ir import Op, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd
 from braid.meta_info import sglang_meta_info
 
 
@@ -18,11 +18,12 @@ class ProgramState:
 
     `s += x` appends text, gen, select or a role message and returns at once; `s[name]`
     waits for the gen or select that sets `name`. SGLang's names work too: get_var,
-    set_var, get_meta_info, var_scope, sync.
+    set_var, get_meta_info, var_scope, sync, copy, ret_value.
     """
 
     def __init__(self, executor: StreamExecutor) -> None:
         self._executor = executor
+        self.ret_value: Any = None  # what the program function returned (SGLang's name)
 
     def __iadd__(self, other: Any) -> ProgramState:
         if not isinstance(other, Op):
@@ -50,8 +51,8 @@ class ProgramState:
 
     def set_var(self, name: str, value: Any) -> None:
         """Set variable `name` to `value` at this point of the program (after what was
-        appended before it)."""
-        self += SetVar(name, value)
+        appended before it); on a finished state, once what is still running has run."""
+        self._executor.set_var(name, value)
 
     def meta(self, name: str) -> dict:
         """What the gen or select `name` reports: token counts, cached tokens, finish reason,
@@ -90,12 +91,20 @@ class ProgramState:
         """Why the program failed, or None."""
         return self._executor.error
 
-    def fork(self, n: int) -> ForkList:
+    def fork(self, n: int = 1) -> ForkList:
         """n child states that start from this state's text at this point; what is appended
         to each runs concurrently, and the shared prefix is computed once."""
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"fork(n): n must be an int >= 1, got {n!r}")
         return ForkList((ProgramState(e) for e in self._executor.fork(n)), self._executor)
+
+    @contextmanager
+    def copy(self) -> Iterator[ProgramState]:
+        """SGLang's `with s.copy() as c: c += ...`: a fork of one, joined when the block
+        ends (the variables it set come to this state as one-item lists)."""
+        forks = self.fork(1)
+        yield forks[0]
+        forks.join()
 
     def text_iter(self, name: str | None = None, *, var_name: str | None = None) -> Iterator[str]:
         """The program's text as it is generated (only variable `name`'s, if given;
