@@ -1,5 +1,5 @@
-"""The ranks' process group: a TCP store on 127.0.0.1 for the rendezvous, then gloo (CPU) or
-NCCL (CUDA) for the all-reduces inside each forward.
+"""The ranks' process group: a file store for the rendezvous, then gloo (CPU) or NCCL (CUDA)
+for the all-reduces inside each forward.
 
 The group is a process group object of its own, not torch.distributed's global default
 group, so engines in one process (and anything else there using torch.distributed) do not
@@ -8,6 +8,9 @@ share or clash over it.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from datetime import timedelta
 
 import torch
@@ -19,7 +22,7 @@ import torch.distributed as dist
 COLLECTIVE_TIMEOUT = timedelta(minutes=5)
 # Ranks start (import torch, load their shard) before they join: give them that long.
 RENDEZVOUS_TIMEOUT = timedelta(minutes=10)
-HOST = "127.0.0.1"
+HOST = "127.0.0.1"  # gloo's sockets between the ranks
 
 
 class RankFailure(RuntimeError):
@@ -27,15 +30,23 @@ class RankFailure(RuntimeError):
     ranks' collectives would then pair the wrong layers). The engine fails its requests."""
 
 
-def open_store(world: int) -> dist.TCPStore:
-    """Rank 0's rendezvous store on a free port of 127.0.0.1 (`.port` says which)."""
-    return dist.TCPStore(
-        HOST, 0, world, is_master=True, timeout=RENDEZVOUS_TIMEOUT, wait_for_workers=False
-    )
+def open_store(world: int) -> tuple[dist.FileStore, str]:
+    """Rank 0's rendezvous store and its path: a file in a new directory only this user may
+    read. The ranks are processes of one machine; a TCP store's server listens on every
+    interface whatever host it is given, and anyone reaching it reads and writes its keys.
+    The directory is removed by remove_store."""
+    path = os.path.join(tempfile.mkdtemp(prefix="braid-tp-"), "store")
+    return join_store(path, world), path
 
 
-def join_store(port: int, world: int) -> dist.TCPStore:
-    return dist.TCPStore(HOST, port, world, is_master=False, timeout=RENDEZVOUS_TIMEOUT)
+def join_store(path: str, world: int) -> dist.FileStore:
+    store = dist.FileStore(path, world)
+    store.set_timeout(RENDEZVOUS_TIMEOUT)
+    return store
+
+
+def remove_store(path: str) -> None:
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
 class Communicator:

@@ -22,7 +22,13 @@ import torch
 from braid.runtime.config import EngineConfig
 from braid.runtime.kv_cache import KVPool
 from braid.runtime.models import LlamaForCausalLM, ModelConfig
-from braid.runtime.tp.group import RENDEZVOUS_TIMEOUT, Communicator, RankFailure, open_store
+from braid.runtime.tp.group import (
+    RENDEZVOUS_TIMEOUT,
+    Communicator,
+    RankFailure,
+    open_store,
+    remove_store,
+)
 from braid.runtime.tp.rank import RankReport, RankSpec, load_rank, rank_device
 from braid.runtime.tp.sharding import parallelize, plan_shards
 
@@ -41,6 +47,7 @@ class Ranks:
         self.group: Communicator | None = None  # rank 0's end, once every rank has joined
         self.failure: str | None = None  # once set, no forward runs again
         self.threads_before: int | None = None  # torch's threads before rank 0 took its share
+        self.store_path: str | None = None  # the rendezvous store's file, removed at close
         self._procs: list[subprocess.Popen] = []
         self._senders: list[Connection] = []
         self._receivers: list[Connection] = []
@@ -117,6 +124,8 @@ class Ranks:
             conn.close()
         if self.group is not None:
             self.group.close()
+        if self.store_path is not None:
+            remove_store(self.store_path)
         if self.threads_before is not None:
             # The count is process-wide (threads started later take it): give it back.
             torch.set_num_threads(self.threads_before)
@@ -178,7 +187,7 @@ def start_ranks(
     # CPU ranks split the cores torch would use (more threads than cores in all would leave
     # OpenMP teams spinning on each other's cores).
     threads = max(1, torch.get_num_threads() // tp) if device.type == "cpu" else 1
-    store = open_store(tp)
+    store, store_path = open_store(tp)
     specs = [
         RankSpec(
             path=path,
@@ -190,11 +199,12 @@ def start_ranks(
             cpu_kernels=config.cpu_kernels,
             deterministic=config.deterministic,
             quantization=config.quantization,
-            port=store.port,
+            store_path=store_path,
         )
         for shard in shards
     ]
     ranks = Ranks(specs[1:])
+    ranks.store_path = store_path
     try:
         if device.type == "cpu":
             ranks.threads_before = torch.get_num_threads()

@@ -31,7 +31,7 @@ class RankSpec:
     cpu_kernels: bool
     deterministic: bool
     quantization: str
-    port: int  # of rank 0's rendezvous store on 127.0.0.1
+    store_path: str  # rank 0's rendezvous store (a file: runtime/tp/group.py)
 
 
 @dataclass(frozen=True)

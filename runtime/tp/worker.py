@@ -64,7 +64,7 @@ def serve(spec: RankSpec, receiver: Connection, sender: Connection) -> None:
         torch.cuda.set_device(spec.device)
     model, kv = load_rank(spec)
     sender.send(("ready", RankReport.of(spec.shard.rank, model, kv)))
-    store = join_store(spec.port, spec.shard.world)
+    store = join_store(spec.store_path, spec.shard.world)
     group = Communicator(store, spec.shard.rank, spec.shard.world, spec.device)
     parallelize(model, group)
     while (message := receiver.recv()) is not None:

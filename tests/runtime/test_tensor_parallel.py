@@ -127,6 +127,45 @@ def test_tiny_tp2_prefix_cache_and_concurrent_requests(tiny_model_path):
     assert exited(rank1.pid)
 
 
+def listening_addresses(pid: int) -> list[str]:
+    """The local addresses of the TCP sockets process `pid` listens on."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:  # closed since listed
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    addresses = []
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{table}") as f:
+            for line in list(f)[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # state LISTEN
+                    addresses.append(fields[1].rsplit(":", 1)[0])
+    return addresses
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads /proc")
+def test_the_ranks_listen_on_loopback_only(tiny_model_path):
+    """Nothing the ranks open may be reached from another machine: the rendezvous is a file
+    (a TCP store listened on every interface, and anyone could read and write its keys), and
+    gloo's sockets are bound to 127.0.0.1."""
+    engine = Engine(model=str(tiny_model_path), device="cpu", dtype="float32", tp=2)
+    try:
+        rank1 = engine.tp_ranks[1]
+        for pid in (os.getpid(), rank1.pid):
+            for address in listening_addresses(pid):
+                # 0100007F: 127.0.0.1; in tcp6, ::1 or ::ffff:127.0.0.1
+                assert address in ("0100007F", "00000000000000000000000001000000") or (
+                    address.endswith("0100007F")
+                ), (pid, address)
+        assert engine.generate("hi", GREEDY).text is not None
+    finally:
+        engine.shutdown()
+
+
 def test_a_parallelized_quantized_shard_decodes_through_its_all_reduces(tiny_model_path):
     """A quantized shard has the one-call decode stack (quant_decoder.py) until its o and
     down projections sum over the ranks: then every step must take the layers with them."""
