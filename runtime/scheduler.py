@@ -212,7 +212,8 @@ class Scheduler:
         r.num_computed = r.num_tree_slots = prefix.numel()
         r.cache_node = node
         if r.num_preemptions == 0:
-            r.num_cached_prompt_tokens = prefix.numel()
+            # The prefix may reach past the prompt into output a grammar forced at admission.
+            r.num_cached_prompt_tokens = min(prefix.numel(), len(r.prompt_ids))
         r.status = Status.RUNNING
         self.waiting.remove(r)
         self.running.append(r)

@@ -94,6 +94,16 @@ def test_fully_forced_output_needs_no_sampling(tiny_engine):
     assert out.token_ids == tiny_engine.tokenizer.encode(out.text, add_special_tokens=False)
 
 
+def test_forced_output_in_the_cache_is_not_counted_as_prompt(tiny_engine):
+    """Text a grammar forces at admission is output: when the cache already holds it (the
+    same request again), cached_tokens still counts only prompt tokens."""
+    prompt = "A prompt of a few tokens, forced to answer:"
+    params = _params(regex=r"Forced opening text, then [0-9]")
+    tiny_engine.generate(prompt, params)
+    again = tiny_engine.generate(prompt, params)
+    assert again.meta["cached_tokens"] == again.meta["prompt_tokens"]
+
+
 def test_jump_forward_off_gives_valid_output_too(tiny_model_path):
     from braid.runtime import Engine
 
