@@ -26,6 +26,7 @@ from braid.runtime.core_share import CoreShare
 from braid.runtime.cuda_graphs import DecodeGraphs
 from braid.runtime.detokenizer import IncrementalDetokenizer
 from braid.runtime.dtype import resolve_dtype
+from braid.runtime.embedding import EmbedJob
 from braid.runtime.kv_cache import KVPool
 from braid.runtime.model_loader import load_model, load_model_config, resolve_model_dir
 from braid.runtime.model_runner import ModelRunner, StepResult
@@ -259,9 +260,15 @@ class Engine:
         return self.encode(ids)
 
     async def stream(
-        self, prompt: Prompt, params: SamplingParams | None = None, priority: int = 0
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        on_submit: Callable[[int], None] | None = None,
     ) -> AsyncIterator[StreamChunk]:
-        """Yield chunks of new text as they are generated; leaving early aborts the request."""
+        """Yield chunks of new text as they are generated; leaving early aborts the request.
+        `on_submit(request id)` once it is queued: a caller that aborts it by that id reads
+        on to its last chunk (finish_reason "abort", with its counts)."""
         params = params or SamplingParams()
         if params.n != 1:
             raise ValueError("stream() takes n=1; call it once per sample")
@@ -276,6 +283,8 @@ class Engine:
             priority,
             prepared,
         )
+        if on_submit is not None:
+            on_submit(rid)
         finished = False
         try:
             while not finished:
@@ -313,6 +322,44 @@ class Engine:
         done = threading.Event()
         self._post("flush", done)
         done.wait()
+
+    def embed(self, ids_list: list[list[int]]) -> list[list[float]]:
+        """Each token list's embedding: the model's final normed hidden states mean-pooled
+        over its tokens, L2-normalized (what llama.cpp's server gives for a generative
+        model). Computed on the engine thread between generation steps, a group of inputs at
+        a time; raises ValueError for an empty list, an id outside the vocabulary, or a list
+        longer than the context or the KV pool."""
+        return self._embed(ids_list).result()
+
+    async def aembed(self, ids_list: list[list[int]]) -> list[list[float]]:
+        """`embed` for asyncio callers; cancelling it drops the inputs not yet embedded."""
+        return await asyncio.wrap_future(self._embed(ids_list))
+
+    def _embed(self, ids_list: list[list[int]]) -> Future[list[list[float]]]:
+        if not ids_list:
+            raise ValueError("no inputs to embed")
+        vocab = self.model_config.vocab_size
+        for i, ids in enumerate(ids_list):
+            if not ids:
+                raise ValueError(f"input[{i}] is empty")
+            bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
+            if bad:
+                raise ValueError(
+                    f"input[{i}]: token ids must be ints in [0, {vocab}); got {bad[:5]}"
+                )
+            if len(ids) > self.context_length:
+                raise ValueError(
+                    f"input[{i}] has {len(ids)} tokens; the model's context is "
+                    f"{self.context_length} tokens"
+                )
+            if len(ids) > self.kv.num_slots:
+                raise ValueError(
+                    f"input[{i}] has {len(ids)} tokens; the KV pool holds {self.kv.num_slots} "
+                    "(raise max_kv_tokens or kv_cache_gb)"
+                )
+        job = EmbedJob(ids_list, self.config.max_batch_tokens)
+        self._post("embed", job)
+        return job.done
 
     def describe(self) -> str:
         """What runs, in one line: weights, activations, device (for logs and the CLI)."""
@@ -541,6 +588,31 @@ class Engine:
         elif op == "flush":
             self.cache.reset()
             arg.set()
+        elif op == "embed":
+            self._embed_turn(arg)
+
+    def _embed_turn(self, job: EmbedJob) -> None:
+        """One turn of an embedding job; until it is done it goes back to the inbox, so a
+        generation step runs between its turns."""
+        if job.done.cancelled():  # its caller left
+            return
+        try:
+            finished = job.turn(self.runner, self.kv, self.cache, self._stats)
+        except RankFailure as e:  # no forward can run again (logged by the ranks)
+            self._failure = str(e)
+            job.settle(RuntimeError(self._failure))
+            return
+        except Exception as e:
+            log.exception("engine: embedding failed")
+            job.settle(RuntimeError(f"embedding failed: {e!r}"))
+            return
+        if finished:
+            job.settle()
+            return
+        try:
+            self._post("embed", job)
+        except RuntimeError as e:  # the engine is shutting down
+            job.settle(e)
 
     def _fail_unschedulable(self) -> None:
         """Nothing could run although requests wait: with nothing running to free KV, the

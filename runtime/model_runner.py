@@ -113,6 +113,18 @@ class ModelRunner:
             )
         return results
 
+    def hidden_states(
+        self, new_tokens: list[list[int]], slot_tables: list[torch.Tensor]
+    ) -> torch.Tensor:
+        """The final normed hidden states [T, hidden] of every new token, in the weights'
+        dtype (embeddings pool them): a forward like `run`'s, without the head or sampling."""
+        rows = [list(range(len(t))) for t in new_tokens]
+        fb = ForwardBatch.build(new_tokens, slot_tables, rows, device=self.device)
+        if self.ranks is None:
+            return self.model(fb, self.kv, hidden_states=True)
+        with self.ranks.step(new_tokens, slot_tables, [None] * len(new_tokens)):
+            return self.model(fb, self.kv, hidden_states=True)
+
     def sample_node(
         self, logits: torch.Tensor, r, drafted: tuple[int, torch.Tensor] | None = None
     ) -> StepResult:

@@ -173,13 +173,18 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(
-        self, batch: ForwardBatch, kv: KVPool, num_layers: int | None = None
+        self,
+        batch: ForwardBatch,
+        kv: KVPool,
+        num_layers: int | None = None,
+        hidden_states: bool = False,
     ) -> torch.Tensor:
         """Next-token logits [N, V] for the rows in batch.logits_indices, in the weights'
         dtype: greedy decoding takes the argmax of bfloat16 logits as they are (converting
         64 rows of a 49k vocabulary cost ~0.1 ms a step), and the sampler and the logprobs
         convert to float32 themselves. With `num_layers`, only the first layers run before
-        the head (a self-draft)."""
+        the head (a self-draft). With `hidden_states`, those rows' final normed hidden states
+        [N, hidden] instead of logits (what embeddings are pooled from)."""
         residual = self.embed_tokens(batch.input_ids)  # (T, hidden)
         if self.decoder is not None and self.decoder.serves(batch):
             x = self.decoder(residual, batch, kv, num_layers or len(self.layers))
@@ -191,7 +196,7 @@ class LlamaForCausalLM(nn.Module):
         # Only the rows whose logits are wanted go through the last add and norm.
         rows = batch.logits_indices
         x = self.norm(x[rows], self.ops, residual[rows])
-        return self.lm_head(x)
+        return x if hidden_states else self.lm_head(x)
 
     def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Copy weights named as in transformers' checkpoints, fusing q/k/v and gate/up.

@@ -4,16 +4,26 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import re
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from braid.runtime.config import RequestLimits
 from braid.runtime.engine import Engine
-from braid.runtime.server import native_routes, openai_routes, tools
+from braid.runtime.server import (
+    anthropic_routes,
+    embedding_routes,
+    native_routes,
+    openai_routes,
+    responses_routes,
+    token_routes,
+    tools,
+)
 from braid.runtime.server.service import ClientGone, Overloaded, Service
 from braid.runtime.server.wire import ModelNotFound, error_body
 
@@ -36,11 +46,13 @@ def create_app(
     owns_engine: bool = False,
     accept_any_model: bool = False,
     limits: RequestLimits | None = None,
+    aliases: tuple[str, ...] = (),
 ) -> Starlette:
-    """An app serving `engine` as `model_name`; with `owns_engine` the engine is shut down
-    with the app, after the server has drained its in-flight requests. OpenAI requests naming
-    another model get a 404, unless `accept_any_model` (for clients that hard-code a name).
-    `limits` bound what one request may ask for (default: RequestLimits())."""
+    """An app serving `engine` as `model_name` (and as each of `aliases`); with `owns_engine`
+    the engine is shut down with the app, after the server has drained its in-flight
+    requests. OpenAI requests naming another model get a 404, unless `accept_any_model` (for
+    clients that hard-code a name). `limits` bound what one request may ask for (default:
+    RequestLimits())."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -49,7 +61,12 @@ def create_app(
             engine.shutdown()
 
     app = Starlette(
-        routes=openai_routes.ROUTES + native_routes.ROUTES,
+        routes=openai_routes.ROUTES
+        + responses_routes.ROUTES
+        + anthropic_routes.ROUTES
+        + embedding_routes.ROUTES
+        + token_routes.ROUTES
+        + native_routes.ROUTES,
         middleware=[Middleware(_BodyLimit, max_bytes=max_request_bytes)]
         + ([Middleware(ApiKey, key=api_key)] if api_key else []),
         exception_handlers={
@@ -58,12 +75,13 @@ def create_app(
             BodyTooLarge: _reply(413, "request_too_large"),
             Overloaded: _reply(503, "overloaded"),
             ClientGone: _reply(499, "client_closed_request"),  # nobody reads it
+            404: _not_found,  # no route matched
             HTTPException: _http_exception,
             Exception: _reply(500, "server_error"),  # uvicorn logs its traceback
         },
         lifespan=lifespan,
     )
-    app.state.service = Service(engine, model_name, max_queued_requests, limits)
+    app.state.service = Service(engine, model_name, max_queued_requests, limits, aliases)
     app.state.accept_any_model = accept_any_model
     # Whether the chat template renders tools and tool turns itself (see server/tools.py).
     app.state.tools_in_template = tools.template_renders_tools(engine.tokenizer)
@@ -82,6 +100,23 @@ async def _http_exception(request: Request, exc: HTTPException) -> Response:
     return JSONResponse(
         error_body(exc.status_code, "invalid_request_error", exc.detail), exc.status_code
     )
+
+
+# A path parameter's converter, which a listing of the routes leaves out: {id:path} -> {id}.
+_CONVERTER = re.compile(r":\w+}")
+
+
+async def _not_found(request: Request, exc: HTTPException) -> Response:
+    """OpenAI's error shape, with the routes there are: a client that got a path wrong (a
+    missing /v1, a typo) sees the right one."""
+    routes = [
+        f"{method} {_CONVERTER.sub('}', route.path)}"
+        for route in request.app.routes
+        if isinstance(route, Route)
+        for method in sorted(route.methods - {"HEAD"})  # starlette adds HEAD to every GET
+    ]
+    message = f"no route {request.method} {request.url.path}; the routes are: {', '.join(routes)}"
+    return JSONResponse(error_body(404, "invalid_request_error", message, "not_found"), 404)
 
 
 class BodyTooLarge(Exception):
@@ -123,18 +158,27 @@ class _BodyLimit:
 
 
 class ApiKey:
-    """Every route but the open ones needs `Authorization: Bearer <key>` (what the openai
-    client sends)."""
+    """Every route but the open ones needs the key, as `Authorization: Bearer <key>` (what the
+    openai client sends) or `x-api-key: <key>` (what the anthropic client sends)."""
 
     def __init__(self, app, key: str) -> None:
         self.app = app
-        self.expected = f"Bearer {key}".encode()
+        self.bearer = f"Bearer {key}".encode()
+        self.key = key.encode()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["path"] not in _OPEN_PATHS:
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                body = error_body(401, "authentication_error", "missing or wrong API key")
-                await JSONResponse(body, 401)(scope, receive, send)
+            headers = dict(scope["headers"])
+            # Both compared in constant time, whichever is given (`|` does not short-circuit).
+            given = hmac.compare_digest(
+                headers.get(b"authorization", b""), self.bearer
+            ) | hmac.compare_digest(headers.get(b"x-api-key", b""), self.key)
+            if not given:
+                message = "missing or wrong API key"
+                if scope["path"].startswith(anthropic_routes.PATH):
+                    response = anthropic_routes.error_response(401, "authentication_error", message)
+                else:
+                    response = JSONResponse(error_body(401, "authentication_error", message), 401)
+                await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -19,6 +20,7 @@ from braid.runtime.server.limits import check_max_tokens, check_openai_body
 from braid.runtime.server.service import Service, samples, unless_disconnected
 from braid.runtime.server.sse import event_stream
 from braid.runtime.server.wire import (
+    IGNORED_HEADER,
     BadRequest,
     ChatCompletionRequest,
     CompletionRequest,
@@ -27,47 +29,65 @@ from braid.runtime.server.wire import (
     openai_request,
 )
 
+log = logging.getLogger("braid.serve")
+
 
 async def models(request: Request) -> Response:
-    return JSONResponse({"object": "list", "data": [_model_card(request)]})
+    """GET /v1/models: a card for each name the model is served as, the primary first."""
+    svc: Service = request.app.state.service
+    return JSONResponse(
+        {"object": "list", "data": [_model_card(request, name) for name in svc.model_names]}
+    )
 
 
 async def model(request: Request) -> Response:
-    """GET /v1/models/{id}: the served model's card, or OpenAI's 404 for another id."""
-    _check_model(request, request.path_params["model_id"])
-    return JSONResponse(_model_card(request))
+    """GET /v1/models/{id}: the served model's card under that id, or OpenAI's 404 for an id
+    it is not served as."""
+    name = request.path_params["model_id"]
+    _check_model(request, name)
+    return JSONResponse(_model_card(request, name))
 
 
-def _model_card(request: Request) -> dict:
+def _model_card(request: Request, name: str) -> dict:
     svc: Service = request.app.state.service
     return {
-        "id": svc.model_name,
+        "id": name,
         "object": "model",
-        "created": 0,
+        "created": svc.created,
         "owned_by": "braid",
         "max_model_len": svc.engine.context_length,
     }
 
 
 def _check_model(request: Request, name: object) -> None:
-    """A model name other than the served one is a 404 (as OpenAI answers), unless the server
-    accepts any name (`braid serve --accept-any-model`)."""
+    """A model name the model is not served as (its name or an alias) is a 404 (as OpenAI
+    answers), unless the server accepts any name (`braid serve --accept-any-model`)."""
     svc: Service = request.app.state.service
     if (
         isinstance(name, str)
-        and name != svc.model_name
+        and name not in svc.model_names
         and not getattr(request.app.state, "accept_any_model", False)
     ):
         raise ModelNotFound(name)
 
 
 def _openai_request(request: Request, obj: dict, kind: type):
-    """The request's Struct and SamplingParams, its model checked first, then its fields
-    against the server's limits."""
+    """The request's Struct, its SamplingParams and the fields it sent that braid ignores
+    (logged: _ignoring), its model checked first, then its fields against the limits."""
     _check_model(request, obj.get("model"))
     svc: Service = request.app.state.service
     check_openai_body(obj, svc.limits)
     return openai_request(obj, kind, svc.engine.context_length)
+
+
+def _ignoring(response: Response, ignored: list[str], route: str) -> Response:
+    """Unknown fields are ignored, as vLLM and SGLang ignore them (clients send their own
+    extensions), and said so: in the log and in a response header naming them."""
+    if ignored:
+        names = ", ".join(ignored)
+        log.warning("%s: ignored the unknown fields %s", route, names)
+        response.headers[IGNORED_HEADER] = names
+    return response
 
 
 def _check_context(svc: Service, obj: dict, params: SamplingParams, prompt_ids: list) -> None:
@@ -83,7 +103,7 @@ def _check_context(svc: Service, obj: dict, params: SamplingParams, prompt_ids: 
 async def completions(request: Request) -> Response:
     svc: Service = request.app.state.service
     obj = decode_object(await request.body())
-    req, params = _openai_request(request, obj, CompletionRequest)
+    req, params, ignored = _openai_request(request, obj, CompletionRequest)
     prompts = _prompts(req.prompt)
     drawn = _best_of(req, params)  # best_of samples per prompt, of which n are returned
     svc.check_room(len(prompts) * drawn.n)  # before anything is tokenized or expanded
@@ -91,42 +111,57 @@ async def completions(request: Request) -> Response:
     _check_context(svc, obj, params, prompt_ids)
     await svc.check_params(params)
     jobs = [(ids, p) for ids in prompt_ids for p in samples(drawn)]
-    head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": svc.model_name}
+    head = {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "created": int(time.time()),
+        "model": svc.reply_model(req.model),
+    }
     prefix = [svc.engine.tokenizer.decode(ids) if req.echo else "" for ids in prompt_ids]
 
-    def logprobs(i: int, ids: list[int], meta: dict) -> dict | None:
+    def logprobs(
+        i: int, ids: list[int], lps: list, tops: list, meta: dict | None = None, start: int = 0
+    ) -> dict | None:
+        """The listing of output tokens `ids` (text offsets from `start`), after the prompt's
+        when echoed and `meta` (the output's last) is given."""
         if req.logprobs is None:
             return None
-        tokens, lps, tops = [], [], []
-        if req.echo:  # the prompt's tokens first; the first has no logprob
+        tokens, lps, tops = list(ids), list(lps), [_top_by_text(svc, top) for top in tops]
+        if req.echo and meta is not None:  # the prompt's tokens first; the first has none
             prompt_lps = meta.get("prompt_logprobs", [])
             prompt_tops = meta.get("prompt_top_logprobs") or [{} for _ in prompt_lps]
-            tokens += jobs[i][0]
-            lps += [None, *prompt_lps]
-            tops += [None, *(_top_by_text(svc, top) for top in prompt_tops)]
-        tokens += ids
-        lps += meta.get("logprobs", [])
-        tops += [_top_by_text(svc, top) for top in meta.get("top_logprobs", [])]
+            tokens = jobs[i][0] + tokens
+            lps = [None, *prompt_lps, *lps]
+            tops = [None, *(_top_by_text(svc, top) for top in prompt_tops), *tops]
         texts = svc.token_texts(tokens)
-        offsets = [0, *itertools.accumulate(len(t) for t in texts)][:-1]
+        offsets = itertools.accumulate((len(t) for t in texts[:-1]), initial=start)
         return {
             "tokens": texts,
             "token_logprobs": lps,
             "top_logprobs": tops,
-            "text_offset": offsets,
+            "text_offset": list(offsets) if texts else [],
         }
 
     if req.stream:
         out_ids: list[list[int]] = [[] for _ in jobs]
+        sent = [0 for _ in jobs]  # characters of the choice's text sent so far
 
         def render(i: int, chunk: StreamChunk) -> Iterable[dict]:
             text = chunk.text
-            if req.echo and not out_ids[i]:  # the first chunk (every chunk is sent)
+            first = not out_ids[i]
+            if req.echo and first:  # the first chunk (every chunk is sent)
                 text = prefix[i // params.n] + text
             out_ids[i] += chunk.token_ids
-            lp = None
-            if chunk.finish_reason is not None:  # the engine reports logprobs at the end
-                lp = logprobs(i, out_ids[i], chunk.meta or {})
+            # Each chunk its own tokens' logprobs, as OpenAI streams them (the echoed
+            # prompt's go with the first chunk, which the engine sends before any output).
+            lp = logprobs(
+                i,
+                chunk.token_ids,
+                chunk.logprobs or [],
+                chunk.top_logprobs or [],
+                (chunk.meta or {}) if req.echo and first else None,
+                sent[i],
+            )
+            sent[i] += len(text)
             choice = {
                 "index": i,
                 "text": text,
@@ -135,7 +170,8 @@ async def completions(request: Request) -> Response:
             }
             yield {**head, "object": "text_completion", "choices": [choice]}
 
-        return event_stream(svc, jobs, render, _usage_chunk(req, head, "text_completion", params.n))
+        usage = _usage_chunk(req, head, "text_completion", params.n)
+        return _ignoring(event_stream(svc, jobs, render, usage), ignored, "completions")
 
     outs = await unless_disconnected(request, svc.collect_all(jobs))
     metas = [o.meta for o in outs]  # every sample counts in the usage
@@ -144,7 +180,13 @@ async def completions(request: Request) -> Response:
         {
             "index": i,
             "text": prefix[i // params.n] + out.text,
-            "logprobs": logprobs(i, out.token_ids, out.meta),
+            "logprobs": logprobs(
+                i,
+                out.token_ids,
+                out.meta.get("logprobs", []),
+                out.meta.get("top_logprobs", []),
+                out.meta,
+            ),
             "finish_reason": out.finish_reason,
         }
         for i, out in enumerate(outs)
@@ -155,20 +197,22 @@ async def completions(request: Request) -> Response:
         "choices": choices,
         "usage": _usage(metas, drawn.n),
     }
-    return JSONResponse(body)
+    return _ignoring(JSONResponse(body), ignored, "completions")
 
 
 async def chat_completions(request: Request) -> Response:
     svc: Service = request.app.state.service
     obj = decode_object(await request.body())
-    req, params = _openai_request(request, obj, ChatCompletionRequest)
+    req, params, ignored = _openai_request(request, obj, ChatCompletionRequest)
     svc.check_room(params.n)
     plan = tools.plan(req)
     svc.check_text_length(sum(len(m.text) for m in req.messages), "messages")
+    variables = svc.template_variables(req.chat_template_kwargs)
     if tools.uses_tools(req):
-        ids = await svc.encode(await _render_with_tools(request, req))
+        ids = await svc.encode(await _render_with_tools(request, req, variables))
     else:
-        ids = await svc.encode(await svc.render_chat([m.as_dict() for m in req.messages]))
+        messages = [m.as_dict() for m in req.messages]
+        ids = await svc.encode(await svc.render_chat(messages, variables))
     _check_context(svc, obj, params, [ids])
     calling = plan is not None and plan.calls  # the output may be calls: constrained, parsed
     if calling:
@@ -178,19 +222,14 @@ async def chat_completions(request: Request) -> Response:
     head = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "created": int(time.time()),
-        "model": svc.model_name,
+        "model": svc.reply_model(req.model),
     }
 
-    def logprobs(ids: list[int], meta: dict) -> dict | None:
+    def logprobs(ids: list[int], lps: list[float], tops: list[dict]) -> dict | None:
         if not params.wants_logprobs:
             return None
         content = []
-        for text, lp, top in zip(
-            svc.token_texts(ids),
-            meta.get("logprobs", []),
-            meta.get("top_logprobs", []),
-            strict=True,
-        ):
+        for text, lp, top in zip(svc.token_texts(ids), lps, tops, strict=True):
             alternatives = [
                 {"token": t, "logprob": v, "bytes": list(t.encode())}
                 for t, v in _top_by_text(svc, top).items()
@@ -199,65 +238,58 @@ async def chat_completions(request: Request) -> Response:
             content.append({**entry, "top_logprobs": alternatives})
         return {"content": content}
 
-    if req.stream and calling:
-        out_ids: list[list[int]] = [[] for _ in jobs]
-        parsers = [tools.CallParser() for _ in jobs]
+    # Several calls may repeat themselves: such outputs end at the first repeat.
+    stream = tools.ended_at_repeat(svc) if calling and plan.parallel else None
+    if req.stream:
+        parsers = [tools.CallParser() if calling else None for _ in jobs]
         started = [False for _ in jobs]
+        # Each token's logprob goes out with the first chunk sent after it was sampled (a
+        # chunk whose text is held back, or a call not yet whole, sends none).
+        pending = [_PendingLogprobs() for _ in jobs]
 
-        def render_calls(i: int, chunk: StreamChunk) -> Iterable[dict]:
-            events = parsers[i].feed(chunk.text)
-            out_ids[i] += chunk.token_ids
-            lp, finish = None, None
-            if chunk.finish_reason is not None:
-                events += parsers[i].finish()
-                lp = logprobs(out_ids[i], chunk.meta or {})
-                finish = tools.finish_reason(parsers[i], chunk.finish_reason)
-            delta = tools.delta(parsers[i], events)
+        def render(i: int, chunk: StreamChunk) -> Iterable[dict]:
+            pending[i].add(chunk)
+            finish = chunk.finish_reason
+            if parsers[i] is None:
+                delta = {"content": chunk.text} if chunk.text else {}
+            else:
+                events = parsers[i].feed(chunk.text)
+                if finish is not None:
+                    events += parsers[i].finish()
+                    finish = tools.finish_reason(parsers[i], finish)
+                delta = tools.delta(parsers[i], events)
+                if req.legacy_functions:
+                    delta = tools.legacy_delta(delta)
+                    finish = "function_call" if finish == "tool_calls" else finish
             if not started[i]:  # the first chunk carries the role, whatever else it has
                 started[i] = True
                 delta = {"role": "assistant", **delta}
             elif not delta and finish is None:
                 return
-            choice = {"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}
+            if parsers[i] is None and "content" not in delta:
+                delta["content"] = ""
+            choice = {
+                "index": i,
+                "delta": delta,
+                "logprobs": logprobs(*pending[i].take()),
+                "finish_reason": finish,
+            }
             yield {**head, "object": "chat.completion.chunk", "choices": [choice]}
 
-        return event_stream(
-            svc, jobs, render_calls, _usage_chunk(req, head, "chat.completion.chunk", params.n)
-        )
+        usage = _usage_chunk(req, head, "chat.completion.chunk", params.n)
+        response = event_stream(svc, jobs, render, usage, stream)
+        return _ignoring(response, ignored, "chat/completions")
 
-    if req.stream:
-        out_ids: list[list[int]] = [[] for _ in jobs]
-
-        def render(i: int, chunk: StreamChunk) -> Iterable[dict]:
-            delta = {"content": chunk.text}
-            if not out_ids[i]:
-                delta["role"] = "assistant"
-            out_ids[i] += chunk.token_ids
-            lp = None
-            if chunk.finish_reason is not None:  # the engine reports logprobs at the end
-                lp = logprobs(out_ids[i], chunk.meta or {})
-            # A chunk whose text is held back (a partial stop string, a split character)
-            # is still sent when it is the first: it carries the role.
-            if chunk.text or chunk.finish_reason is not None or "role" in delta:
-                choice = {
-                    "index": i,
-                    "delta": delta,
-                    "logprobs": lp,
-                    "finish_reason": chunk.finish_reason,
-                }
-                yield {**head, "object": "chat.completion.chunk", "choices": [choice]}
-
-        return event_stream(
-            svc, jobs, render, _usage_chunk(req, head, "chat.completion.chunk", params.n)
-        )
-
-    outs = await unless_disconnected(request, svc.collect_all(jobs))
+    outs = await unless_disconnected(request, svc.collect_all(jobs, stream))
     choices = []
     for i, out in enumerate(outs):
         message, finish = {"role": "assistant", "content": out.text}, out.finish_reason
         if calling:
             message, finish = tools.message(out.text, out.finish_reason)
-        logprob_listing = logprobs(out.token_ids, out.meta)
+            if req.legacy_functions:
+                message, finish = tools.legacy_message(message, finish)
+        lps, tops = out.meta.get("logprobs", []), out.meta.get("top_logprobs", [])
+        logprob_listing = logprobs(out.token_ids, lps, tops)
         choices.append(
             {"index": i, "message": message, "logprobs": logprob_listing, "finish_reason": finish}
         )
@@ -267,10 +299,12 @@ async def chat_completions(request: Request) -> Response:
         "choices": choices,
         "usage": _usage([o.meta for o in outs], params.n),
     }
-    return JSONResponse(body)
+    return _ignoring(JSONResponse(body), ignored, "chat/completions")
 
 
-async def _render_with_tools(request: Request, req: ChatCompletionRequest) -> list[int]:
+async def _render_with_tools(
+    request: Request, req: ChatCompletionRequest, variables: dict
+) -> list[int]:
     """The prompt's tokens of a conversation with tools, calls or tool results: through the
     model's chat template, which renders them itself where it can (tools.conversation)."""
     svc: Service = request.app.state.service
@@ -280,7 +314,12 @@ async def _render_with_tools(request: Request, req: ChatCompletionRequest) -> li
 
     def render() -> list[int]:
         return svc.engine.tokenizer.apply_chat_template(
-            messages, tools=tool_list, add_generation_prompt=True, tokenize=True, return_dict=False
+            messages,
+            tools=tool_list,
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+            **variables,
         )
 
     try:
@@ -331,6 +370,25 @@ def _prompts(prompt: str | list) -> list[str | list[int]]:
     ):
         return list(prompt)
     raise BadRequest("prompt must be a string, a list of token ids, or a list of either")
+
+
+class _PendingLogprobs:
+    """A streamed choice's tokens and logprobs not yet sent."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.lps: list[float] = []
+        self.tops: list[dict[int, float]] = []
+
+    def add(self, chunk: StreamChunk) -> None:
+        self.ids += chunk.token_ids
+        self.lps += chunk.logprobs or []
+        self.tops += chunk.top_logprobs or []
+
+    def take(self) -> tuple[list[int], list[float], list[dict[int, float]]]:
+        taken = self.ids, self.lps, self.tops
+        self.ids, self.lps, self.tops = [], [], []
+        return taken
 
 
 def _top_by_text(svc: Service, top: dict[int, float]) -> dict[str, float]:

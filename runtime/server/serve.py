@@ -35,7 +35,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--api-key-file)",
     )
     key.add_argument("--api-key-file", help="read the API key from this file")
-    serve.add_argument("--served-model-name", help="the model's name in the APIs")
+    serve.add_argument(
+        "--served-model-name",
+        nargs="+",
+        metavar="NAME",
+        help="the model's name in the APIs; further names are aliases that requests may give "
+        "too (/v1/models lists them all, the first first)",
+    )
     serve.add_argument(
         "--accept-any-model",
         action="store_true",
@@ -96,14 +102,16 @@ def run(args: argparse.Namespace) -> int:
 
     logging.getLogger().setLevel(args.log_level.upper())
     key = api_key(args)
-    name = args.served_model_name or (Path(args.model).name if args.model else "default")
-    if cluster_serve.is_cluster(args):
+    names = args.served_model_name or [Path(args.model).name if args.model else "default"]
+    name = names[0]
+    if cluster_serve.is_cluster(args):  # its replicas serve the primary name only
         return cluster_serve.run(args, key, name, (EngineConfig, RequestLimits))
     config = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)}
     engine = Engine(**config)
     app = create_app(
         engine,
         model_name=name,
+        aliases=tuple(names[1:]),
         api_key=key,
         max_queued_requests=args.max_queued_requests,
         max_request_bytes=args.max_request_bytes,

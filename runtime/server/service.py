@@ -5,11 +5,12 @@ response starts, engine streams timed for the metrics, and cancelling work whose
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 from starlette.requests import Request
@@ -24,6 +25,8 @@ from braid.runtime.server.metrics import Metrics
 from braid.runtime.server.wire import BadRequest
 
 T = TypeVar("T")
+# A job's chunks from (prompt ids, params): Service.stream, or a route's wrapper of it.
+Streamer = Callable[[list[int], SamplingParams], AsyncIterator[StreamChunk]]
 
 
 class Overloaded(Exception):
@@ -41,9 +44,13 @@ class Service:
         model_name: str,
         max_queued_requests: int,
         limits: RequestLimits | None = None,
+        aliases: tuple[str, ...] = (),
     ) -> None:
         self.engine = engine
-        self.model_name = model_name
+        self.model_name = model_name  # the primary name: listed first, reported by /server_info
+        # Every name a request may give (--served-model-name NAME ALIAS...), the primary first.
+        self.model_names = tuple(dict.fromkeys((model_name, *aliases)))
+        self.created = int(time.time())  # the model cards' `created`
         self.limits = limits or RequestLimits()
         # Sequences (n counts each sample) the server holds, running or waiting in the engine.
         self.capacity = engine.config.max_running_requests + max_queued_requests
@@ -69,6 +76,11 @@ class Service:
             yield
         finally:
             self.num_active -= num_sequences
+
+    def reply_model(self, requested: object) -> str:
+        """The model name a reply carries: the one the request gave (once checked: an alias,
+        or any name under --accept-any-model), else the primary one."""
+        return requested if isinstance(requested, str) and requested else self.model_name
 
     def check_room(self, num_sequences: int) -> None:
         """A 400 for a request that could never be held, a 503 while the server is full:
@@ -119,6 +131,25 @@ class Service:
                 f"it cannot fit {room}"
             )
 
+    def template_variables(self, kwargs: dict[str, Any] | None) -> dict[str, Any]:
+        """A request's chat_template_kwargs, which may set the template's variables but
+        never apply_chat_template's own arguments (tokenization, the template itself...) or
+        the special tokens."""
+        if not kwargs:
+            return {}
+        tokenizer = self.engine.tokenizer
+        # Its arguments, and the special tokens' texts (a template variable each, which a
+        # request could otherwise redefine).
+        own = set(inspect.signature(tokenizer.apply_chat_template).parameters)
+        own |= {"messages", "kwargs", *tokenizer.special_tokens_map}
+        taken = sorted(k for k in kwargs if k in own)
+        if taken:
+            raise BadRequest(
+                f"chat_template_kwargs may not set {', '.join(taken)}: they are arguments of "
+                "the template's rendering, not variables of the template"
+            )
+        return kwargs
+
     async def check_params(self, params: SamplingParams) -> None:
         """Compile the constraint and stop regexes now, in the engine's bounded compile
         workers (the engine then finds them in the compile cache)."""
@@ -127,12 +158,19 @@ class Service:
         except ValueError as e:
             raise BadRequest(str(e)) from None
 
-    async def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        """The conversation's prompt tokens through the model's chat template."""
+    async def render_chat(
+        self, messages: list[dict[str, str]], template_kwargs: dict[str, Any] | None = None
+    ) -> list[int]:
+        """The conversation's prompt tokens through the model's chat template
+        (`template_kwargs`: the template's own variables, checked by template_variables)."""
 
         def render() -> list[int]:
             return self.engine.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=False
+                messages,
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+                **(template_kwargs or {}),
             )
 
         try:
@@ -142,13 +180,18 @@ class Service:
                 f"the model's chat template cannot render these messages: {e}"
             ) from None
 
-    async def stream(self, ids: list[int], params: SamplingParams) -> AsyncIterator[StreamChunk]:
+    async def stream(
+        self,
+        ids: list[int],
+        params: SamplingParams,
+        on_submit: Callable[[int], None] | None = None,
+    ) -> AsyncIterator[StreamChunk]:
         """engine.stream for one sample per call (n is split into seeded samples by
         `samples`), timed into the latency histograms; leaving early aborts it. A request
         its own parameters failed raises BadRequest, an engine failure RuntimeError."""
         start = time.monotonic()
         first, num_tokens = None, 0
-        async for chunk in self.engine.stream(ids, params):
+        async for chunk in self.engine.stream(ids, params, on_submit=on_submit):
             if chunk.token_ids and first is None:
                 first = time.monotonic()
                 self.metrics.ttft.observe(first - start)
@@ -162,22 +205,24 @@ class Service:
                 raise (BadRequest if chunk.request_error else RuntimeError)(chunk.error)
             yield chunk
 
-    async def collect(self, ids: list[int], params: SamplingParams) -> GenerateOutput:
-        """One sample's whole output."""
+    async def collect(
+        self, ids: list[int], params: SamplingParams, stream: Streamer | None = None
+    ) -> GenerateOutput:
+        """One sample's whole output, read from `stream` (default: self.stream)."""
         text, token_ids = [], []
-        async for chunk in self.stream(ids, params):
+        async for chunk in (stream or self.stream)(ids, params):
             text.append(chunk.text)
             token_ids += chunk.token_ids
         return GenerateOutput("".join(text), token_ids, chunk.finish_reason, chunk.meta or {})
 
     async def collect_all(
-        self, jobs: list[tuple[list[int], SamplingParams]]
+        self, jobs: list[tuple[list[int], SamplingParams]], stream: Streamer | None = None
     ) -> list[GenerateOutput]:
         """Every job's output, the jobs admitted together; one failing cancels the rest."""
         with self.admit(len(jobs)):
             try:
                 async with asyncio.TaskGroup() as group:
-                    tasks = [group.create_task(self.collect(ids, p)) for ids, p in jobs]
+                    tasks = [group.create_task(self.collect(ids, p, stream)) for ids, p in jobs]
             except ExceptionGroup as eg:
                 raise eg.exceptions[0] from None
         return [t.result() for t in tasks]

@@ -9,7 +9,7 @@ from starlette.responses import StreamingResponse
 
 from braid.runtime.outputs import StreamChunk
 from braid.runtime.sampling_params import SamplingParams
-from braid.runtime.server.service import Service, merged
+from braid.runtime.server.service import Service, Streamer, merged
 from braid.runtime.server.wire import BadRequest, error_body
 
 DONE = b"data: [DONE]\n\n"
@@ -24,18 +24,20 @@ def event_stream(
     jobs: list[tuple[list[int], SamplingParams]],
     render: Callable[[int, StreamChunk], Iterable[object]],
     last: Callable[[list[dict]], object] | None = None,
+    stream: Streamer | None = None,
 ) -> StreamingResponse:
-    """Stream the jobs' chunks, each rendered into events by `render(job index, chunk)`;
-    `last(final metas)` makes a closing event. Admission is checked now and held while the
-    stream runs; a client that disconnects cancels it, which aborts the engine requests.
-    Once the response has started an error can only be reported in the stream."""
+    """Stream the jobs' chunks (read from `stream`, default svc.stream), each rendered into
+    events by `render(job index, chunk)`; `last(final metas)` makes a closing event.
+    Admission is checked now and held while the stream runs; a client that disconnects
+    cancels it, which aborts the engine requests. Once the response has started an error
+    can only be reported in the stream."""
     svc.check_room(len(jobs))
 
     async def body():
         with svc.admit(len(jobs), checked=True):  # the headers are out: no 503 now
             metas: list[dict] = [{} for _ in jobs]
             try:
-                streams = [svc.stream(ids, p) for ids, p in jobs]
+                streams = [(stream or svc.stream)(ids, p) for ids, p in jobs]
                 async for i, chunk in merged(streams):
                     if chunk.meta is not None:
                         metas[i] = chunk.meta

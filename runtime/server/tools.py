@@ -26,15 +26,18 @@ tokens, and once it has written `<tool_call>` it can only finish a call.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from braid.grammars.index_builder import escape
+from braid.runtime.outputs import StreamChunk
 from braid.runtime.sampling_params import SamplingParams
 from braid.runtime.server.wire import (
     BadRequest,
@@ -45,7 +48,7 @@ from braid.runtime.server.wire import (
 )
 
 if TYPE_CHECKING:
-    from braid.runtime.server.service import Service
+    from braid.runtime.server.service import Service, Streamer
 
 MARK = "<tool_call>"  # an output starting with this is calls
 _OPEN = MARK + '\n{"name": "'  # then the name
@@ -68,7 +71,7 @@ class ToolPlan:
     tools: list[Tool]  # every tool, as rendered into the prompt
     mode: str  # "none" (text), "auto" (text or calls), "required" or "named" (calls)
     callable: list[Tool]  # the tools a call may name
-    parallel: bool  # one call or more (else exactly one)
+    parallel: bool  # one call or more (else exactly one); named: one
 
     @property
     def calls(self) -> bool:
@@ -100,7 +103,7 @@ def plan(req: ChatCompletionRequest) -> ToolPlan | None:
         named = [t for t in tools if t.function.name == choice.function.name]
         if not named:
             raise BadRequest(f"tool_choice names {choice.function.name!r}, which is not in tools")
-        return ToolPlan(tools, "named", named, parallel)
+        return ToolPlan(tools, "named", named, False)  # exactly the one call asked for
     return ToolPlan(tools, choice or "auto", tools, parallel)
 
 
@@ -189,9 +192,10 @@ def conversation(
     tools = [tool_json(t) for t in req.tools or []]
     names = {}  # call id -> function name, for tool messages
     for i, m in enumerate(req.messages):
-        if m.function_call is not None:
+        if m.function_call is not None or m.role == "function":
             raise BadRequest(
-                f"messages[{i}].function_call (the legacy form) is not supported: use tool_calls"
+                f"messages[{i}]: function_call messages and function results (the legacy "
+                "API) go with `functions`; with tools use tool_calls and tool messages"
             )
         if m.tool_calls and m.role != "assistant":
             raise BadRequest(f"messages[{i}]: only assistant messages carry tool_calls")
@@ -359,14 +363,19 @@ class Call:
 @dataclass
 class CallParser:
     """Reads an output constrained by `call_regex` as it streams. `feed` takes text and gives
-    what it completes: ("text", str) for text, ("call", i) when call i's name is known and
-    ("arguments", i, str) for pieces of its arguments (the calls are in `calls`).
+    what it completes: ("text", str) for text, and for each call once it is whole ("call",
+    i) then ("arguments", i, its arguments), the call then being `calls[i]`.
 
     A text that starts with MARK is calls; one that cannot start it is text; a proper prefix
-    of MARK waits (and is text if the output ends there).
+    of MARK waits (and is text if the output ends there). Only whole calls are reported: one
+    cut off by max_tokens never is. A call that repeats an earlier one (same name, same
+    arguments) ends the output: a model that has made its calls and writes them again would
+    otherwise go on until max_tokens (`repeated` says so; what follows is dropped).
     """
 
     calls: list[Call] = field(default_factory=list)
+    repeated: bool = False
+    _current: Call | None = None  # the call being read
     _state: str = "start"
     _buffer: str = ""
     _expect: str = ""  # the fixed text due next, in state "fixed"
@@ -376,9 +385,14 @@ class CallParser:
     _escaped: bool = False
 
     @property
+    def is_text(self) -> bool:
+        """The output is text, not calls (so far)."""
+        return self._state in ("start", "text")
+
+    @property
     def complete(self) -> bool:
-        """Every call so far is whole (the output stopped between calls)."""
-        return self._state == "between" and bool(self.calls)
+        """Every call so far is whole (the output stopped between calls, or at a repeat)."""
+        return self._state in ("between", "ended") and bool(self.calls)
 
     def feed(self, text: str) -> list[tuple]:
         self._buffer += text
@@ -407,26 +421,38 @@ class CallParser:
                 end = self._buffer.find('"')
                 if end < 0:
                     break
-                self.calls.append(Call(f"call_{uuid.uuid4().hex[:24]}", self._buffer[:end]))
-                events.append(("call", len(self.calls) - 1))
+                self._current = Call(f"call_{uuid.uuid4().hex[:24]}", self._buffer[:end])
                 self._buffer = self._buffer[end:]
                 self._fixed(_MID, "arguments")
                 self._depth, self._in_string, self._escaped = 0, False, False
             elif state == "arguments":
                 end = self._scan()
-                piece = self._buffer[:end]
+                self._current.arguments += self._buffer[:end]
                 self._buffer = self._buffer[end:]
-                self.calls[-1].arguments += piece
-                events.append(("arguments", len(self.calls) - 1, piece))
                 if self._depth == 0:  # the object closed
-                    self._fixed(_CLOSE, "between")
+                    self._fixed(_CLOSE, "called")
+            elif state == "called":
+                events += self._whole(self._current)
             elif state == "between":
                 self._buffer = self._buffer.lstrip(_SEPARATOR)
                 if self._buffer:
                     self._fixed(_OPEN, "name")
-            else:  # broken: the rest is dropped
+            else:  # ended at a repeat, or broken: the rest is dropped
                 self._buffer = ""
+        if self._state == "called":  # the close was the last text fed
+            events += self._whole(self._current)
         return events
+
+    def _whole(self, call: Call) -> list[tuple]:
+        """A call read to its close: reported, or the end of the output if it repeats one."""
+        self._current = None
+        if any((c.name, c.arguments) == (call.name, call.arguments) for c in self.calls):
+            self.repeated, self._state, self._buffer = True, "ended", ""
+            return []
+        self._state = "between"
+        self.calls.append(call)
+        i = len(self.calls) - 1
+        return [("call", i), ("arguments", i, call.arguments)]
 
     def finish(self) -> list[tuple]:
         """At the end of the output: a held prefix of MARK is text after all."""
@@ -467,26 +493,48 @@ def parse(text: str) -> CallParser:
     return parser
 
 
+def message(text: str, engine_reason: str | None) -> tuple[dict[str, Any], str | None]:
+    """A whole output as a chat message with its tool_calls (those whole), and its
+    finish_reason."""
+    parser = parse(text)
+    if parser.is_text:
+        return {"role": "assistant", "content": text}, engine_reason
+    reply: dict[str, Any] = {"role": "assistant", "content": None}
+    if parser.calls:
+        reply["tool_calls"] = [c.as_json() for c in parser.calls]
+    return reply, finish_reason(parser, engine_reason)
+
+
 def finish_reason(parser: CallParser, engine_reason: str | None) -> str | None:
-    """OpenAI's "tool_calls" when the output ended (not cut off) after whole calls."""
-    if engine_reason == "stop" and parser.complete:
+    """OpenAI's "tool_calls" when the output ended (not cut off) after whole calls; a
+    repeat ends it (ended_at_repeat aborts the request there)."""
+    if parser.complete and (engine_reason == "stop" or parser.repeated):
         return "tool_calls"
     return engine_reason
 
 
-def message(text: str, engine_reason: str | None) -> tuple[dict[str, Any], str | None]:
-    """A whole output as a chat message with its tool_calls, and its finish_reason."""
-    parser = parse(text)
-    if not parser.calls:
-        return {"role": "assistant", "content": text}, engine_reason
-    calls = [c.as_json() for c in parser.calls]
-    reply = {"role": "assistant", "content": None, "tool_calls": calls}
-    return reply, finish_reason(parser, engine_reason)
+def ended_at_repeat(svc: Service) -> Streamer:
+    """svc.stream for outputs that may be several calls: the request is aborted as soon as
+    its output repeats a call (CallParser), and its last chunk then says "stop"."""
+
+    async def stream(ids: list[int], params: SamplingParams) -> AsyncIterator[StreamChunk]:
+        rid: list[int] = []
+        watch = CallParser()
+        async for chunk in svc.stream(ids, params, on_submit=rid.append):
+            if not watch.repeated:
+                watch.feed(chunk.text)
+                if watch.repeated:
+                    svc.engine.abort(rid[0])
+            if watch.repeated and chunk.finish_reason == "abort" and chunk.error is None:
+                chunk = dataclasses.replace(chunk, finish_reason="stop")
+            yield chunk
+
+    return stream
 
 
 def delta(parser: CallParser, events: list[tuple]) -> dict[str, Any]:
-    """The streamed chunk's delta for these events: text as content, calls as OpenAI's
-    tool_calls pieces (a call's first piece carries its id, type and name)."""
+    """The streamed chunk's delta for these events: text as content, each whole call as
+    one OpenAI tool_calls piece (its id, type, name and arguments)."""
     content = "".join(e[1] for e in events if e[0] == "text")
     pieces: list[dict[str, Any]] = []
     for e in events:
@@ -505,3 +553,19 @@ def delta(parser: CallParser, events: list[tuple]) -> dict[str, Any]:
     if pieces:
         out["tool_calls"] = pieces
     return out
+
+
+def legacy_message(reply: dict[str, Any], finish: str | None) -> tuple[dict, str | None]:
+    """A chat message as the legacy functions API answers: its one call as function_call."""
+    calls = reply.pop("tool_calls", None)
+    if calls:
+        reply["function_call"] = calls[0]["function"]
+    return reply, "function_call" if finish == "tool_calls" else finish
+
+
+def legacy_delta(delta: dict[str, Any]) -> dict[str, Any]:
+    """A streamed delta as the legacy functions API sends it (its one call whole)."""
+    pieces = delta.pop("tool_calls", None)
+    if pieces:
+        delta["function_call"] = pieces[0]["function"]
+    return delta

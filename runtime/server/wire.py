@@ -3,12 +3,15 @@
 Fields that mean the same on the wire as in SamplingParams (max_tokens, temperature, stop,
 seed, regex, ...) are not listed here: `split_sampling` takes them out of the request body
 by SamplingParams' own field names and msgspec converts them into it, so the defaults and
-the validation are SamplingParams'. Each API's Struct lists only what is its own, and
-forbids unknown fields, so a misspelt parameter is a 400 rather than silently ignored.
+the validation are SamplingParams'. Each API's Struct lists only what is its own. The
+OpenAI routes take other servers' fields as vLLM and SGLang do: unknown ones are ignored and
+named in a response header, known ones braid lacks that would change the reply are a 400
+(_UNIMPLEMENTED); SGLang's /generate forbids unknown fields.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from typing import Any, Literal
@@ -166,7 +169,8 @@ class ToolCall(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class ChatMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    role: Literal["system", "user", "assistant", "developer", "tool"]
+    # "function": the legacy API's function result (read as a tool message)
+    role: Literal["system", "user", "assistant", "developer", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant's calls
@@ -175,7 +179,7 @@ class ChatMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     refusal: str | None = None
     annotations: list[Any] | None = None
     audio: Any = None
-    function_call: Any = None  # the legacy single call: refused unless null
+    function_call: FunctionCall | None = None  # the legacy API's single call
 
     @property
     def text(self) -> str:
@@ -219,6 +223,13 @@ class ChatCompletionRequest(_OpenAIRequest):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None  # None: OpenAI's default, true
+    # The legacy function-calling API, read as tools (one call at most); the reply then
+    # carries `function_call` instead of tool_calls (legacy_functions).
+    functions: list[FunctionDefinition] | None = None
+    function_call: Literal["none", "auto"] | FunctionName | None = None
+    # Variables for the model's chat template (Qwen3's enable_thinking...), as vLLM and
+    # SGLang take them; never apply_chat_template's own arguments (openai_routes checks).
+    chat_template_kwargs: dict[str, Any] | None = None
     # Sent by OpenAI clients and agent frameworks; accepted and unused here.
     store: bool | None = None
     metadata: dict[str, str] | None = None
@@ -235,12 +246,79 @@ class ChatCompletionRequest(_OpenAIRequest):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_fixed(self, {"continue_final_message": False})
+        if self.functions is not None:
+            self._read_legacy_functions()
+
+    @property
+    def legacy_functions(self) -> bool:
+        return self.functions is not None
+
+    def _read_legacy_functions(self) -> None:
+        """functions / function_call as tools / tool_choice (one call at most), and the
+        conversation's function_call messages and function results as calls and tool
+        messages."""
+        if self.tools is not None or self.tool_choice is not None:
+            raise ValueError("give tools or the legacy functions, not both")
+        self.tools = [Tool("function", f) for f in self.functions]
+        choice = self.function_call
+        if isinstance(choice, FunctionName):
+            choice = NamedToolChoice("function", choice)
+        self.tool_choice, self.parallel_tool_calls = choice, False
+        last_call: dict[str, str] = {}  # function name -> the id given to its latest call
+        for i, m in enumerate(self.messages):
+            if m.function_call is not None:
+                if m.role != "assistant":
+                    raise ValueError(f"messages[{i}]: only assistant messages carry function_call")
+                call_id = f"call_{i}"
+                m.tool_calls = [ToolCall(id=call_id, function=m.function_call)]
+                m.function_call = None
+                last_call[m.tool_calls[0].function.name] = call_id
+            elif m.role == "function":
+                if m.name not in last_call:
+                    raise ValueError(f"messages[{i}]: a function result with no call of {m.name!r}")
+                m.role, m.tool_call_id = "tool", last_call[m.name]
+
+
+# The response header naming the request's fields braid ignored.
+IGNORED_HEADER = "X-Braid-Ignored-Fields"
+# vLLM's names for braid's constraints (its older guided_* fields and its structured_outputs).
+_VLLM_CONSTRAINTS = {
+    "guided_json": "json_schema",
+    "guided_regex": "regex",
+    "guided_choice": "choices",
+}
+_STRUCTURED_OUTPUTS = {"json": "json_schema", "regex": "regex", "choice": "choices"}
+# Fields other servers take that would change the output, which braid does not implement:
+# a 400 naming them unless they hold the value that changes nothing (ignoring them would be
+# a silently wrong reply). The value None: any non-null value is refused.
+_UNIMPLEMENTED: dict[str, Any] = {
+    "suffix": None,  # completions' fill-in-the-middle
+    "audio": None,
+    "modalities": ["text"],
+    "prediction": None,
+    "web_search_options": None,
+    "guided_grammar": None,  # vLLM's grammar dialects differ from braid's `grammar` (lark)
+    "guided_whitespace_pattern": None,
+    "truncate_prompt_tokens": None,
+    "chat_template": None,
+    "documents": None,
+    "echo": False,  # on chat (completions has its own)
+    "add_generation_prompt": True,
+    "use_beam_search": False,
+    "include_stop_str_in_output": False,
+    "cache_salt": None,  # a tenant's own prefix cache: not implemented yet
+    "typical_p": 1.0,
+    "mirostat": 0,
+}
 
 
 def openai_request(
     obj: dict[str, Any], kind: type[_OpenAIRequest], context_length: int
-) -> tuple[Any, SamplingParams]:
-    """Decode an OpenAI request body into its Struct and its SamplingParams."""
+) -> tuple[Any, SamplingParams, list[str]]:
+    """Decode an OpenAI request body into its Struct, its SamplingParams and the names of
+    the fields it sent that braid ignores (unknown to it, and not output-changing ones it
+    knows it lacks: those are a 400)."""
+    obj, ignored = _known_fields(obj, kind)
     fields, rest = split_sampling(obj)
     req = convert(rest, kind)
     if isinstance(req, ChatCompletionRequest):
@@ -260,7 +338,42 @@ def openai_request(
             fields["prompt_logprobs_from"] = 1
     # OpenAI's max_tokens defaults to the rest of the context (the engine caps it there).
     fields.setdefault("max_tokens", context_length)
-    return req, sampling_params(fields)
+    return req, sampling_params(fields), ignored
+
+
+def _known_fields(obj: dict[str, Any], kind: type[_OpenAIRequest]) -> tuple[dict, list[str]]:
+    """The body with vLLM's constraint fields under braid's names and the fields braid does
+    not know taken out (returned by name); an output-changing field braid lacks is a 400."""
+    known = {f.encode_name for f in msgspec.structs.fields(kind)} | SAMPLING_FIELDS | _REPORTING
+    obj = dict(obj)
+    constraints = {_VLLM_CONSTRAINTS[k]: obj.pop(k) for k in list(obj) if k in _VLLM_CONSTRAINTS}
+    structured = obj.pop("structured_outputs", None)
+    if structured is not None:
+        if not isinstance(structured, dict):
+            raise BadRequest("structured_outputs must be an object")
+        for key, value in structured.items():
+            if key not in _STRUCTURED_OUTPUTS:
+                raise BadRequest(
+                    f"structured_outputs.{key} is not supported (json, regex and choice are; "
+                    "braid's own `grammar` field takes a lark EBNF grammar)"
+                )
+            constraints[_STRUCTURED_OUTPUTS[key]] = value
+    for ours, value in constraints.items():
+        if value is None:
+            continue
+        if obj.get(ours) is not None:
+            raise BadRequest(f"{ours} is given twice (also under vLLM's name)")
+        obj[ours] = json.loads(value) if ours == "json_schema" and isinstance(value, str) else value
+    ignored = []
+    for key in [k for k in obj if k not in known]:
+        value = obj.pop(key)
+        if key in _UNIMPLEMENTED:
+            harmless = _UNIMPLEMENTED[key]
+            if value is not None and value != harmless:
+                raise BadRequest(f"{key} is not implemented by braid (it would change the reply)")
+        elif value is not None:
+            ignored.append(key)
+    return obj, ignored
 
 
 # ---- SGLang's native /generate ------------------------------------------------------------

@@ -168,6 +168,38 @@ def test_extra_constraints_n_seed_and_logprobs(client):
         assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob)
 
 
+def test_streamed_logprobs_come_with_each_chunk(client):
+    """Each chunk carries its own tokens' logprobs, as OpenAI streams them (guidance's OpenAI
+    backend rebuilds the text from them): chunk by chunk they are the whole reply's."""
+    chat = dict(
+        model="tiny",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=10,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    whole = client.chat.completions.create(**chat).choices[0]
+    chunks = [c.choices[0] for c in client.chat.completions.create(**chat, stream=True)]
+    with_tokens = [c for c in chunks if c.logprobs and c.logprobs.content]
+    assert len(with_tokens) > 1  # not all at the end
+    streamed = [entry for c in with_tokens for entry in c.logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [
+        (e.token, e.logprob) for e in whole.logprobs.content
+    ]
+    assert all(len(e.top_logprobs) == 2 for e in streamed)
+    assert "".join(e.token for e in streamed) == "".join(c.delta.content or "" for c in chunks)
+
+    completion = dict(model="tiny", prompt="Once upon", max_tokens=10, temperature=0, logprobs=1)
+    whole = client.completions.create(**completion).choices[0].logprobs
+    chunks = [c.choices[0] for c in client.completions.create(**completion, stream=True)]
+    listings = [c.logprobs for c in chunks if c.logprobs and c.logprobs.tokens]
+    assert len(listings) > 1
+    assert [t for x in listings for t in x.tokens] == whole.tokens
+    assert [lp for x in listings for lp in x.token_logprobs] == whole.token_logprobs
+    assert [o for x in listings for o in x.text_offset] == whole.text_offset
+
+
 def test_echo_prompt_logprobs_match_transformers(engine, client, reference_logprobs):
     prompt = "The quick brown fox"
     out = client.completions.create(
@@ -283,7 +315,7 @@ BAD_REQUESTS = [
     (b'{"prompt": "a", "temperature": -1}', "temperature"),
     (b'{"prompt": "a", "regex": "(unclosed"}', "regex"),
     (b'{"prompt": "a", "json_schema": {"type": "nonsense"}}', "nonsense"),
-    (b'{"prompt": "a", "suffix": "z"}', "unknown field `suffix`"),
+    (b'{"prompt": "a", "suffix": "z"}', "suffix is not implemented by braid"),
     (json.dumps({"prompt": "a " * 600}).encode(), "context"),
 ]
 

@@ -195,14 +195,64 @@ def test_parallel_calls(client):
     )
     for choice in out.choices:
         if choice.finish_reason == "tool_calls":
-            check_calls(choice)
-        else:  # cut off: the calls before the last are whole
+            calls = check_calls(choice)
+            # A call repeated ends the output: the calls are all different.
+            keys = [(c.function.name, c.function.arguments) for c in calls]
+            assert len(set(keys)) == len(keys)
+        else:  # cut off: the whole calls are there, the cut one is not
             assert choice.finish_reason == "length"
-            for call in choice.message.tool_calls[:-1]:
+            for call in choice.message.tool_calls or ():
                 jsonschema.validate(
                     json.loads(call.function.arguments), SCHEMAS[call.function.name]
                 )
     assert any(c.finish_reason == "tool_calls" for c in out.choices)
+
+
+@pytest.mark.parametrize(
+    "choice,parallel",
+    [
+        ({"type": "function", "function": {"name": "get_weather"}}, None),
+        ({"type": "function", "function": {"name": "ping"}}, True),
+        ("required", False),
+    ],
+)
+def test_exactly_the_call_asked_for_over_thirty_seeds(client, choice, parallel):
+    """A named tool_choice is one call of that function, whatever parallel_tool_calls says;
+    required with parallel_tool_calls false is one call. The random model would write more
+    if the constraint let it (its EOS is as likely as any token)."""
+    names = (choice["function"]["name"],) if isinstance(choice, dict) else tuple(SCHEMAS)
+    extra = {} if parallel is None else {"parallel_tool_calls": parallel}
+    for seed in range(30):
+        out = client.chat.completions.create(
+            model="tiny",
+            messages=ASK,
+            tools=TOOLS,
+            tool_choice=choice,
+            max_tokens=200,
+            temperature=1.0,
+            seed=seed,
+            **extra,
+        )
+        [call] = check_calls(out.choices[0], names)
+
+
+def test_a_call_cut_by_max_tokens_is_never_returned(client):
+    """Cut in its first call: no tool_calls at all, content null, finish_reason length; the
+    stream sends no piece of it either."""
+    request = dict(
+        model="tiny",
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "place_order"}},
+        max_tokens=12,
+        seed=5,
+    )
+    choice = client.chat.completions.create(**request).choices[0]
+    assert choice.finish_reason == "length"
+    assert choice.message.tool_calls is None and choice.message.content is None
+    chunks = list(client.chat.completions.create(**request, stream=True))
+    assert not any(c.choices[0].delta.tool_calls for c in chunks)
+    assert chunks[-1].choices[0].finish_reason == "length"
 
 
 def reassemble(chunks) -> list[dict]:
@@ -485,6 +535,19 @@ def test_parser_reads_calls_split_anywhere():
         assert not parser.calls and not parser.complete
 
 
+def test_parser_reports_whole_calls_only_and_ends_at_a_repeat():
+    f = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+    g = '<tool_call>\n{"name": "f", "arguments": {"a": 2}}\n</tool_call>'
+    cut = tools.parse(f + "\n" + g[:-3])  # the second call's close cut short
+    assert [c.arguments for c in cut.calls] == ['{"a": 1}'] and not cut.complete
+    assert not tools.parse(f[:30]).calls and not tools.parse(f[:30]).is_text
+    looping = tools.parse("\n".join([f, g, f, g, f]) + "\n<tool_call>\n{")
+    assert [c.arguments for c in looping.calls] == ['{"a": 1}', '{"a": 2}']
+    assert looping.repeated and looping.complete
+    assert tools.finish_reason(looping, "length") == "tool_calls"
+    assert tools.finish_reason(cut, "length") == "length"
+
+
 def test_text_regex_refuses_only_the_marker():
     import re
 
@@ -522,3 +585,31 @@ def test_a_server_on_a_template_with_tools_uses_it(engine):
     finally:
         server.stop()
         engine.tokenizer.chat_template = saved
+
+
+def test_the_default_model_ends_its_calls(default_model_path):
+    """The default model, asked for one or more calls, writes its call and then writes it
+    again and again: the repeat ends the output, so it gets its one call and "tool_calls"
+    rather than a reply cut at max_tokens."""
+    engine = Engine(max_kv_tokens=4096)
+    server = LiveServer(engine)
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        weather = function("get_weather", WEATHER, "Current weather in a city.")
+        for seed in range(3):
+            out = client.chat.completions.create(
+                model="tiny",
+                messages=ASK,
+                tools=[weather],
+                tool_choice="required",
+                max_tokens=400,
+                temperature=0.7,
+                seed=seed,
+            )
+            calls = check_calls(out.choices[0], names=("get_weather",))
+            keys = [c.function.arguments for c in calls]
+            assert len(set(keys)) == len(keys)
+            assert out.usage.completion_tokens < 400
+    finally:
+        server.stop()
+        engine.shutdown()

@@ -1,0 +1,69 @@
+"""The stored responses of /v1/responses: what `previous_response_id` continues and
+`GET /v1/responses/{id}` returns, held in memory within a count and a byte budget."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from braid.runtime.server.wire import ChatMessage
+
+# A response holds its whole conversation (a long agent run's history is resent by
+# reference, not copied), so the budget counts each one's full size: an upper bound.
+DEFAULT_MAX_RESPONSES = 4096
+DEFAULT_MAX_BYTES = 128 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    body: dict[str, Any]  # the response object as it was returned
+    history: list[ChatMessage]  # its conversation: input and output, without instructions
+    num_bytes: int
+
+
+class ResponseStore:
+    """Responses by id, the least recently used evicted first once there are more than
+    `max_responses` or their sizes (as JSON) add up to more than `max_bytes`. A response
+    larger than the whole budget is not kept. Used on the event loop only: no locking."""
+
+    def __init__(
+        self, max_responses: int = DEFAULT_MAX_RESPONSES, max_bytes: int = DEFAULT_MAX_BYTES
+    ) -> None:
+        if max_responses < 1 or max_bytes < 1:
+            raise ValueError("ResponseStore's max_responses and max_bytes must be >= 1")
+        self.max_responses = max_responses
+        self.max_bytes = max_bytes
+        self.num_bytes = 0
+        self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def put(self, body: dict[str, Any], history: list[ChatMessage]) -> bool:
+        """Keep the response (under body["id"]); False if it alone is over the budget."""
+        size = len(msgspec.json.encode(body)) + len(msgspec.json.encode(history))
+        if size > self.max_bytes:
+            return False
+        self.delete(body["id"])
+        self._entries[body["id"]] = StoredResponse(body, history, size)
+        self.num_bytes += size
+        while len(self._entries) > self.max_responses or self.num_bytes > self.max_bytes:
+            _, evicted = self._entries.popitem(last=False)
+            self.num_bytes -= evicted.num_bytes
+        return True
+
+    def get(self, response_id: str) -> StoredResponse | None:
+        entry = self._entries.get(response_id)
+        if entry is not None:
+            self._entries.move_to_end(response_id)
+        return entry
+
+    def delete(self, response_id: str) -> bool:
+        entry = self._entries.pop(response_id, None)
+        if entry is None:
+            return False
+        self.num_bytes -= entry.num_bytes
+        return True
