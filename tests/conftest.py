@@ -147,6 +147,48 @@ def default_model_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def long_tiny_model(tmp_path_factory, default_model_path):
+    """Build (once per kind) a tiny random model with a 2,048-token context (a tools preamble
+    does not fit the shared tiny model's 512) and return its path. `head_scale` multiplies
+    its output head: 0.01 gives near-uniform logits (the most random text there is, so every
+    valid tool call is the constraint's doing), 8 decisive greedy picks."""
+    built: dict[tuple[float, bool], Path] = {}
+
+    def make(head_scale: float, tied: bool) -> Path:
+        if (head_scale, tied) not in built:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(default_model_path)
+            config = transformers.LlamaConfig(
+                vocab_size=len(tokenizer),
+                eos_token_id=tokenizer.eos_token_id,
+                tie_word_embeddings=tied,
+                **(TINY | {"max_position_embeddings": 2048}),
+            )
+            torch.manual_seed(0)
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            with torch.no_grad():
+                model.lm_head.weight.mul_(head_scale)
+            path = tmp_path_factory.mktemp("tiny-long")
+            model.save_pretrained(path)
+            tokenizer.save_pretrained(path)
+            built[head_scale, tied] = path
+        return built[head_scale, tied]
+
+    return make
+
+
+# A tool's parameters, as the tool-calling tests of every API use them.
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 10},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="session")
 def make_tiny_model(tmp_path_factory, default_model_path):
     """Build (once per variant) a tiny random model saved as an HF directory with the default
     model's tokenizer, and return its path."""

@@ -11,21 +11,10 @@ import httpx
 import jsonschema
 import openai
 import pytest
-import torch
-import transformers
-from conftest import TINY, LiveServer
+from conftest import WEATHER, LiveServer
 
 from braid.runtime import Engine, SamplingParams
 
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 10},
-        "unit": {"enum": ["celsius", "fahrenheit"]},
-    },
-    "required": ["city", "unit"],
-    "additionalProperties": False,
-}
 ORDER = {
     "type": "object",
     "properties": {
@@ -47,23 +36,8 @@ GREEDY = {"temperature": 0}
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory, default_model_path):
-    """A tiny random model with a 2,048-token context (the tools' preamble does not fit the
-    shared tiny model's 512)."""
-    tokenizer = transformers.AutoTokenizer.from_pretrained(default_model_path)
-    config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer),
-        eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=False,  # tied, it repeats the prompt's last token
-        **(TINY | {"max_position_embeddings": 2048}),
-    )
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)  # decisive greedy picks (random init is near-uniform)
-    path = tmp_path_factory.mktemp("tiny-anthropic")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+def engine(long_tiny_model):
+    path = long_tiny_model(8.0, tied=False)
     engine = Engine(model=str(path), device="cpu", dtype="float32", max_kv_tokens=8192)
     yield engine
     engine.shutdown()

@@ -11,9 +11,7 @@ import jsonschema
 import openai
 import pydantic
 import pytest
-import torch
-import transformers
-from conftest import TINY, LiveServer
+from conftest import WEATHER, LiveServer
 from openai.types.responses import Response, ResponseStreamEvent
 
 from braid.runtime import Engine
@@ -21,15 +19,6 @@ from braid.runtime.server import tools
 from braid.runtime.server.response_store import ResponseStore
 from braid.runtime.server.wire import ChatMessage
 
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 10},
-        "unit": {"enum": ["celsius", "fahrenheit"]},
-    },
-    "required": ["city", "unit"],
-    "additionalProperties": False,
-}
 ORDER = {
     "type": "object",
     "properties": {
@@ -67,24 +56,8 @@ EVENTS = pydantic.TypeAdapter(ResponseStreamEvent)
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory, default_model_path):
-    """A tiny random model with a 2,048-token context (the tools' preamble is ~400 tokens)
-    and near-uniform logits: it writes the most random text there is, so every valid call is
-    the constraint's doing."""
-    tokenizer = transformers.AutoTokenizer.from_pretrained(default_model_path)
-    config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer),
-        eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=True,
-        **(TINY | {"max_position_embeddings": 2048}),
-    )
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(0.01)
-    path = tmp_path_factory.mktemp("tiny-responses")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+def engine(long_tiny_model):
+    path = long_tiny_model(0.01, tied=True)
     engine = Engine(model=str(path), device="cpu", dtype="float32", max_kv_tokens=8192)
     yield engine
     engine.shutdown()

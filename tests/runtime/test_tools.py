@@ -8,23 +8,13 @@ import json
 import jsonschema
 import openai
 import pytest
-import torch
 import transformers
-from conftest import TINY, LiveServer
+from conftest import WEATHER, LiveServer
 
 from braid.runtime import Engine
 from braid.runtime.server import tools
 from braid.runtime.server.wire import ChatCompletionRequest, convert
 
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 10},
-        "unit": {"enum": ["celsius", "fahrenheit"]},
-    },
-    "required": ["city", "unit"],
-    "additionalProperties": False,
-}
 ORDER = {
     "type": "object",
     "properties": {
@@ -72,24 +62,8 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory, default_model_path):
-    """A tiny random model with a 2,048-token context (three tools' preamble alone is ~500
-    tokens, the shared tiny model's whole context) and near-uniform logits: it writes the
-    most random text there is, and `call_bias` can steer it exactly."""
-    tokenizer = transformers.AutoTokenizer.from_pretrained(default_model_path)
-    config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer),
-        eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=True,
-        **(TINY | {"max_position_embeddings": 2048}),
-    )
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(0.01)  # logits within ~0.01 of each other
-    path = tmp_path_factory.mktemp("tiny-long")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+def engine(long_tiny_model):
+    path = long_tiny_model(0.01, tied=True)
     engine = Engine(model=str(path), device="cpu", dtype="float32", max_kv_tokens=8192)
     yield engine
     engine.shutdown()
