@@ -9,6 +9,7 @@ from braid._lazy import lazy_exports
 # grammars.index_builder, and importing this package must not pull in torch and transformers
 # (seconds) before it can serve its first constraint.
 _EXPORTS = {
+    "CompileQueueFull": "braid.grammars.compiler",
     "GrammarCompiler": "braid.grammars.compiler",
     "compile": "braid.grammars.compiler",
     "CharPattern": "braid.grammars.char_regex",

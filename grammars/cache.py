@@ -60,6 +60,12 @@ class GrammarCache:
             while len(self._entries) > self.max_entries:
                 self._evict_oldest()
 
+    def discard(self, key: Hashable, future: Future) -> None:
+        """Drop the entry if it is still `future` (its compile was abandoned)."""
+        with self._lock:
+            if self._entries.get(key) is future:
+                self._drop(key)
+
     def trim(self) -> None:
         """Measure every compiled entry and evict the least recently used until the total
         fits the budget. Measuring runs outside the lock (a lazy automaton's count waits for

@@ -17,6 +17,7 @@ the worker sent first.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import pickle
@@ -27,7 +28,8 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
@@ -62,6 +64,7 @@ _CACHE_SIZE = 256  # compiled jobs kept per cache, however small
 # Memory of a cache's grammars and the vocabulary structures they share (grammars/cache.py).
 GRAMMAR_MEMORY_MB = 1024
 _TRIM_INTERVAL_S = 1.0  # an idle compile thread measures the cache again this often
+_ABANDON_CHECK_S = 0.05  # a compile thread checks this often whether its job's callers left
 # What GrammarCompiler.stats reports.
 COMPILER_STATS = (
     "grammar_memory_bytes",
@@ -147,6 +150,19 @@ def _run_here(job: Job, vocab: TokenVocabulary, index: bool):
         return pattern, None
 
 
+class CompileQueueFull(RuntimeError):
+    """More distinct jobs wait to compile than the compiler queues: try again later."""
+
+
+@dataclass
+class _Pending:
+    """A job queued or compiling, and how many of its callers still wait for it."""
+
+    job: Job
+    waiters: int = 0
+    abandoned: bool = False  # every caller cancelled: skip it, or stop its worker
+
+
 class GrammarCompiler:
     """Compiles jobs for one vocabulary off the caller's thread, within limits.
 
@@ -156,6 +172,11 @@ class GrammarCompiler:
     Results are cached, and concurrent submissions of one job share one compile. The cache
     keeps the grammars and the vocabulary structures they share within `max_cache_mb`
     (grammars/cache.py); a server has one compiler, so that is its grammars' whole memory.
+
+    A caller that cancels its future (a client gone) gives up its place: a job nobody waits
+    for any more is skipped, or its worker stopped if it is compiling, so abandoned jobs do
+    not hold up the ones after them. At most `max_queued` distinct jobs wait or compile at
+    once; past that `submit` raises CompileQueueFull.
     """
 
     def __init__(
@@ -166,6 +187,7 @@ class GrammarCompiler:
         max_state_mb: int = STATE_MEMORY_MB,
         workers: int = 2,
         max_cache_mb: int = GRAMMAR_MEMORY_MB,
+        max_queued: int = 256,
     ) -> None:
         self.vocab = as_vocabulary(vocab)
         self.timeout_s = timeout_s
@@ -178,6 +200,8 @@ class GrammarCompiler:
         self._last_trim = time.monotonic()
         self._workers: dict[str, _Worker] = {}  # compile thread -> its worker process
         self._lock = threading.Lock()
+        self.max_queued = max_queued
+        self._pending: dict[Future, _Pending] = {}  # by the job's shared future
         self._jobs: queue.Queue[tuple[Job, Future[Compiled]] | None] = queue.Queue()
         self._threads = [
             threading.Thread(target=self._serve, name=f"braid-grammar-{i}", daemon=True)
@@ -187,15 +211,43 @@ class GrammarCompiler:
             t.start()
 
     def submit(self, job: Job) -> Future[Compiled]:
+        """A future of the compiled job: the cached one once compiled, else the caller's own,
+        which it may cancel."""
         with self._lock:
             future = self._cache.get(job)
-            if future is not None:
+            if future is not None and future.done():
                 return future
-            future = Future()
-            self._cache.put(job, future)
-            self._ebnf_seen |= isinstance(job, Ebnf)
-        self._jobs.put((job, future))
-        return future
+            if future is None:
+                if len(self._pending) >= self.max_queued:
+                    raise CompileQueueFull(
+                        f"{len(self._pending)} constraints are waiting to compile, the most "
+                        "this engine queues; try again later"
+                    )
+                future = Future()
+                self._cache.put(job, future)
+                self._pending[future] = _Pending(job)
+                self._ebnf_seen |= isinstance(job, Ebnf)
+                self._jobs.put((job, future))
+            self._pending[future].waiters += 1
+        mine: Future[Compiled] = Future()
+        future.add_done_callback(functools.partial(_settle, mine))
+        mine.add_done_callback(functools.partial(self._left, future))
+        return mine
+
+    def _left(self, shared: Future, mine: Future) -> None:
+        """A caller's future is done: if it was cancelled and nobody else waits for the job,
+        the job is abandoned (and dropped from the cache: a later request compiles it anew)."""
+        if not mine.cancelled():
+            return
+        with self._lock:
+            pending = self._pending.get(shared)
+            if pending is None:
+                return
+            pending.waiters -= 1
+            if pending.waiters == 0:
+                pending.abandoned = True
+                del self._pending[shared]
+                self._cache.discard(pending.job, shared)
 
     def trim(self) -> None:
         """Measure the cache and evict what is past its budget (see grammars/cache.py)."""
@@ -235,6 +287,8 @@ class GrammarCompiler:
     def _serve(self) -> None:
         worker: _Worker | None = None  # this thread's own, made on first use
 
+        pending: _Pending | None = None  # the job being compiled
+
         def in_worker(job: Job, index: bool):
             nonlocal worker
             if worker is not None and worker.alive and worker.process.poll() is not None:
@@ -243,7 +297,7 @@ class GrammarCompiler:
                 worker = _Worker(self.vocab, self.max_memory_mb)
                 self._workers[threading.current_thread().name] = worker
             try:
-                return worker.build(job, self.timeout_s, index)
+                return worker.build(job, self.timeout_s, index, lambda: pending.abandoned)
             except _WorkerLost as e:
                 raise ValueError(str(e)) from None
 
@@ -257,10 +311,19 @@ class GrammarCompiler:
             if item is None:
                 break
             job, future = item
+            with self._lock:
+                pending = self._pending.get(future)
+            if pending is None:  # abandoned while queued
+                future.set_exception(ValueError("abandoned by every request that asked"))
+                continue
             try:
                 future.set_result(_build(job, self.vocab, in_worker, self.max_state_mb))
+            except _Abandoned:
+                future.set_exception(ValueError("abandoned by every request that asked"))
             except Exception as e:  # handed to the request that asked
                 future.set_exception(e if isinstance(e, ValueError) else ValueError(str(e)))
+            with self._lock:
+                self._pending.pop(future, None)
             self.trim()
         if worker is not None:
             worker.stop()
@@ -268,6 +331,21 @@ class GrammarCompiler:
 
 class _WorkerLost(Exception):
     pass
+
+
+class _Abandoned(Exception):
+    """Every caller of the job being compiled left; its worker was stopped."""
+
+
+def _settle(mine: Future, shared: Future) -> None:
+    """A caller's future gets the shared compile's outcome (unless the caller cancelled)."""
+    try:
+        if shared.exception() is not None:
+            mine.set_exception(shared.exception())
+        else:
+            mine.set_result(shared.result())
+    except InvalidStateError:  # cancelled meanwhile
+        pass
 
 
 class _Worker:
@@ -294,17 +372,17 @@ class _Worker:
         self.sender.send(vocab)
         self.alive = True
 
-    def build(self, job: Job, timeout_s: float, index: bool):
+    def build(self, job: Job, timeout_s: float, index: bool, abandoned: Callable[[], bool]):
         """What `_run_here(job, index)` gives, built in the worker. For a regex-like
         constraint an index that runs past INDEX_BUDGET_S or the memory limit gives (regex,
-        None)."""
+        None). Once `abandoned()` says nobody waits, the worker is stopped (_Abandoned)."""
         deadline = time.monotonic() + timeout_s
         what = "the stop regex" if isinstance(job, CharPattern) else "the constraint"
         try:
             self.sender.send((job, index))
         except OSError:
             pass  # the worker is gone: receiving says so
-        first = self._receive(deadline, timeout_s, what)
+        first = self._receive(deadline, timeout_s, what, abandoned)
         if isinstance(job, CharPattern):
             return pickle.loads(first)
         if isinstance(job, Ebnf):
@@ -316,16 +394,23 @@ class _Worker:
             return pattern, None
         budget = min(deadline, time.monotonic() + INDEX_BUDGET_S)
         try:
-            return pattern, pickle.loads(self._receive(budget, timeout_s, what))
+            return pattern, pickle.loads(self._receive(budget, timeout_s, what, abandoned))
         except _WorkerLost as e:
             log.info("outlines index abandoned (%s); compiling the regex lazily", e)
             return pattern, None
 
-    def _receive(self, deadline: float, timeout_s: float, what: str) -> bytes:
-        try:
-            ready = self.receiver.poll(max(0.0, deadline - time.monotonic()))
-        except OSError:
-            ready = True  # the worker is gone: recv below says so
+    def _receive(
+        self, deadline: float, timeout_s: float, what: str, abandoned: Callable[[], bool]
+    ) -> bytes:
+        ready = False
+        while not ready and time.monotonic() < deadline:
+            if abandoned():
+                self.stop()
+                raise _Abandoned()
+            try:
+                ready = self.receiver.poll(min(_ABANDON_CHECK_S, deadline - time.monotonic()))
+            except OSError:
+                ready = True  # the worker is gone: recv below says so
         if not ready:
             self.stop()
             raise _WorkerLost(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
@@ -148,7 +148,8 @@ class GrammarService:
 
 
 def _gather(futures: list[Future], combine: Callable[[list], T]) -> Future[T]:
-    """A future of `combine(results)` once every future is done, or of the first error."""
+    """A future of `combine(results)` once every future is done, or of the first error.
+    Cancelling it cancels the futures (their compiles are abandoned if nobody else waits)."""
     out: Future[T] = Future()
     if not futures:
         out.set_result(combine([]))
@@ -162,14 +163,26 @@ def _gather(futures: list[Future], combine: Callable[[list], T]) -> Future[T]:
             remaining -= 1
             if remaining:
                 return
+        if any(f.cancelled() for f in futures):
+            out.cancel()
+            return
         errors = [f.exception() for f in futures if f.exception() is not None]
-        if errors:
-            out.set_exception(errors[0])
-        else:
-            out.set_result(combine([f.result() for f in futures]))
+        try:
+            if errors:
+                out.set_exception(errors[0])
+            else:
+                out.set_result(combine([f.result() for f in futures]))
+        except InvalidStateError:  # cancelled meanwhile
+            pass
+
+    def cancel_parts(_: Future) -> None:
+        if out.cancelled():
+            for f in futures:
+                f.cancel()
 
     for f in futures:
         f.add_done_callback(settle)
+    out.add_done_callback(cancel_parts)
     return out
 
 

@@ -69,11 +69,11 @@ def test_distinct_constraints_stay_within_the_budget_and_cached_ones_work(vocab,
         assert 1 < stats["grammar_cache_entries"] < NUM_CONSTRAINTS
         # The most recent ones are still cached: the same compile serves them, and works.
         last = NUM_CONSTRAINTS - 1
-        assert compiler.submit(_schema(last)) is futures[last]
+        assert compiler.submit(_schema(last)).result() is futures[last].result()
         assert takes(futures[last].result(), _document(last))
         # An evicted one compiles again and works the same.
         again = compiler.submit(_schema(0))
-        assert again is not futures[0]
+        assert again.result(timeout=120) is not futures[0].result()
         assert takes(again.result(timeout=120), _document(0))
         assert not takes(again.result(), _document(1))
     finally:
@@ -125,5 +125,29 @@ def test_a_worker_killed_mid_compile_fails_only_its_job_and_is_replaced(vocab, t
         assert pid not in compiler.worker_pids()
         # The next job gets a new worker.
         assert takes(compiler.submit(grammars.Regex("[a-z]{2}")).result(timeout=60), "ok")
+    finally:
+        compiler.close()
+
+
+def test_abandoned_compiles_give_up_their_place(vocab, takes):
+    """Three slow jobs on one compile thread, every caller gone: the compiling one's worker
+    is stopped and the queued ones are skipped, so the next job compiles at once instead of
+    after them (each takes tens of seconds). The queue is bounded meanwhile."""
+    compiler = grammars.GrammarCompiler(vocab, timeout_s=600, workers=1, max_queued=3)
+    try:
+        slow = [compiler.submit(CharPattern(f"a{{{20000 + i}}}")) for i in range(3)]
+        wait_for(lambda: len(compiler.worker_pids()) == 1, 60, "the compile worker")
+        [pid] = compiler.worker_pids()
+        with pytest.raises(grammars.CompileQueueFull, match="3 constraints are waiting"):
+            compiler.submit(grammars.Regex("[0-9]{3}"))
+        assert all(f.cancel() for f in slow)
+        quick = compiler.submit(grammars.Regex("[0-9]{3}"))
+        assert takes(quick.result(timeout=30), "123")
+        assert pid not in compiler.worker_pids()
+        # A job one caller left and another still waits for is compiled for the other.
+        shared = CharPattern("[ab]c")
+        leaving, staying = compiler.submit(shared), compiler.submit(shared)
+        leaving.cancel()
+        assert staying.result(timeout=30) is not None
     finally:
         compiler.close()

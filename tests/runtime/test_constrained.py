@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 
 import jsonschema
 import pytest
-from conftest import assert_no_kv_leak, wait_idle
+from conftest import assert_no_kv_leak, wait_for, wait_idle
 
 from braid.runtime import SamplingParams
 
@@ -205,3 +206,16 @@ def test_forced_text_cut_by_max_tokens_finishes_for_its_length(tiny_engine):
     out = tiny_engine.generate("x", SamplingParams(regex=regex, max_tokens=3))
     assert out.finish_reason == "length" and len(out.token_ids) == 3
     assert re.fullmatch(regex, out.text) is None and out.text.startswith(("yes", "no"))
+
+
+def test_cancelling_a_prepare_stops_its_compile(tiny_engine):
+    """A caller that leaves (the server cancels the future when its client disconnects)
+    gives up the compile: the worker compiling it is stopped, its place freed."""
+    slow = SamplingParams(stop_regex=["b{20000}"])  # tens of seconds in a compile worker
+    future = tiny_engine.prepare(slow)
+    wait_for(tiny_engine.grammars.worker_pids, 60, "a compile worker")
+    time.sleep(0.5)  # the job reaches its worker
+    working = set(tiny_engine.grammars.worker_pids())
+    assert future.cancel()
+    wait_for(lambda: not working <= set(tiny_engine.grammars.worker_pids()), 30, "the stop")
+    assert tiny_engine.generate("x", _params(regex="[0-9]")).text.isdigit()
