@@ -21,8 +21,19 @@ from braid.runtime.server.wire import SAMPLING_FIELDS
 
 
 class RemoteBackend:
-    def __init__(self, url: str, api_key: str | None = None, timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        api_key: str | None = None,
+        timeout: float = 600.0,
+        cache_salt: str | None = None,
+    ) -> None:
+        """`cache_salt`: the server's prefix cache shares this backend's prompts only with
+        requests that give the same salt (forks of a program still share theirs)."""
         self.http = HttpClient(url, api_key, timeout)
+        # Sent with every request that runs the model, only when set: a server older than
+        # the field refuses it, even null.
+        self._salt = {"cache_salt": cache_salt} if cache_salt is not None else {}
         self.model_info = self.http.get_sync("/get_model_info")
         # Token id -> text, as the server named them in the logprobs it reported.
         self._token_texts: dict[int, str] = {}
@@ -51,6 +62,7 @@ class RemoteBackend:
             "return_logprob": params.wants_logprobs or prompt_from is not None,
             "top_logprobs_num": params.top_logprobs,
             "return_text_in_logprobs": True,
+            **self._salt,
         }
         if prompt_from is not None:
             body["logprob_start_len"] = prompt_from
@@ -82,7 +94,7 @@ class RemoteBackend:
         return GenerateOutput(last["text"], last["output_ids"], reason, meta)
 
     async def score(self, prefix: str, continuations: list[str]) -> list[list[float]]:
-        body = {"prefix": prefix, "continuations": continuations}
+        body = {"prefix": prefix, "continuations": continuations, **self._salt}
         return (await self.http.post("/braid/score", body))["logprobs"]
 
     def token_texts(self, token_ids: list[int]) -> list[str | None]:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from braid.runtime import template_render
+from braid.runtime.template_render import TemplateLimitError
 from braid.runtime.tokenizer import adds_bos
 
 # The roles a program can write messages in.
@@ -57,9 +59,11 @@ class ChatTemplate:
 
         def render(messages: list[tuple[str, str]]) -> str | None:
             try:
-                text = tokenizer.apply_chat_template(
-                    [{"role": r, "content": c} for r, c in messages], tokenize=False
+                text = template_render.render(
+                    tokenizer, [{"role": r, "content": c} for r, c in messages]
                 )
+            except TemplateLimitError:  # past its bounds: no refusal of this order of roles
+                raise
             except Exception:  # a template may refuse an order of roles: try another
                 return None
             return text.removeprefix(bos) if strip_bos else text

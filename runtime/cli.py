@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from braid.runtime import Engine, SamplingParams
+    from braid.runtime import Engine, SamplingParams, template_render
 
     t0 = time.perf_counter()
     engine = Engine(
@@ -70,9 +70,9 @@ def _generate(args: argparse.Namespace) -> int:
         messages = [{"role": "user", "content": args.prompt}]
         if args.system:
             messages.insert(0, {"role": "system", "content": args.system})
-        prompt = engine.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=False
-        )
+        # The prompt is the operator's own text: the special tokens it spells are theirs.
+        text = template_render.render(engine.tokenizer, messages, add_generation_prompt=True)
+        prompt = template_render.tokenize(engine.tokenizer, text)
     num_tokens, t1 = 0, 0.0
 
     async def run() -> None:

@@ -61,6 +61,11 @@ class EngineConfig:
     grammar_compile_workers: int = _setting(
         2, "compile worker processes: a slow compile holds up one of them, not all"
     )
+    grammar_compile_queue: int = _setting(
+        256,
+        "distinct constraints waiting to compile at most; past it a request is refused (503 "
+        "on the server); a compile every request asking for it left is dropped",
+    )
     grammar_state_memory_mb: int = _setting(
         128,
         "states a lazy automaton (a regex too large for an index) may make; past it, it "
@@ -155,12 +160,14 @@ class EngineConfig:
             self.grammar_compile_timeout_s <= 0
             or self.grammar_compile_memory_mb < 64
             or self.grammar_compile_workers < 1
+            or self.grammar_compile_queue < 1
             or self.grammar_state_memory_mb < 1
             or self.grammar_memory_mb < 1
         ):
             raise ValueError(
                 "EngineConfig: grammar_compile_timeout_s must be > 0, "
                 "grammar_compile_memory_mb >= 64, grammar_compile_workers >= 1, "
+                "grammar_compile_queue >= 1, "
                 "grammar_state_memory_mb >= 1 and grammar_memory_mb >= 1"
             )
         if self.spec_method not in ("none", "ngram", "draft"):
@@ -249,6 +256,11 @@ class RequestLimits:
     max_choices: int = _setting(
         1024, "options of a choices constraint; continuations of one select (/braid/score)"
     )
+    # Each continuation is tokenized with the prefix (their tokens may merge at the boundary),
+    # so a select's tokenizing grows as prefix x continuations: ~3 s of a core at the default.
+    max_score_chars: int = _setting(
+        1 << 22, "characters one select (/braid/score) tokenizes: the prefix with each continuation"
+    )
     # Applied to each request's logits at every step; OpenAI's own bound.
     max_logit_bias: int = _setting(300, "entries of logit_bias")
     max_constraint_bytes: int = _setting(
@@ -261,11 +273,17 @@ class RequestLimits:
         f"levels of objects and arrays a JSON schema may nest (the compiler takes at most "
         f"{MAX_SCHEMA_DEPTH})",
     )
+    allow_special_tokens_in_content: bool = _setting(
+        False,
+        "let chat messages (their content, tools and template variables) spell special "
+        "tokens such as <|im_start|>: for trusted clients only; otherwise that text is "
+        "tokenized as text, so a user cannot open a turn of another role",
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is not None and value < 1:
+            if value is not None and not isinstance(value, bool) and value < 1:
                 raise ValueError(f"RequestLimits.{f.name} must be >= 1, got {value}")
         if self.max_schema_depth > MAX_SCHEMA_DEPTH:
             raise ValueError(

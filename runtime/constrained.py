@@ -82,6 +82,7 @@ class GrammarService:
                     max_state_mb=self.config.grammar_state_memory_mb,
                     workers=self.config.grammar_compile_workers,
                     max_cache_mb=self.config.grammar_memory_mb,
+                    max_queued=self.config.grammar_compile_queue,
                 )
             return self._compiler.submit(job)
 

@@ -243,9 +243,18 @@ def _rows_in_our_order(name: str, w: np.ndarray, config: ModelConfig) -> np.ndar
 def _save_config_and_tokenizer(gguf_path: Path, out_dir: Path):
     from transformers import AutoConfig, AutoTokenizer
 
+    # transformers reads the file with the gguf package, which meets a malformed file with
+    # struct.error, numpy's errors or gigabytes of arrays: our reader checks it first, and
+    # what transformers still refuses (a value of the wrong kind) is said to be the file's.
+    read_tensors(gguf_path)
     folder, name = str(gguf_path.parent), gguf_path.name
-    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out_dir)
-    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    try:
+        AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out_dir)
+        config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    except Exception as e:
+        raise ValueError(
+            f"{gguf_path}: transformers cannot read its config and tokenizer: {e}"
+        ) from e
     if config.model_type != "llama":
         raise ValueError(
             f"{gguf_path}: only llama GGUF files are supported, not {config.model_type}"

@@ -5,12 +5,16 @@ The `gguf` package's reader builds every metadata field as numpy views, which ta
 for a tokenizer's strings (docs/runtime.md). Loading needs only the tensor index, which
 follows the metadata: the values are skipped by their lengths here, and the tensors' bytes
 are views of one read-only mapping. Every
-offset and length is checked against the file: a truncated or malformed file is a
-ValueError naming what is wrong.
+offset and length is checked against the file, and the tensors' data must be aligned, in the
+file and apart: a truncated or malformed file is a ValueError naming the file and what is
+wrong. Other readers (the `gguf` package's, which transformers uses) fail on such files with
+struct.error or numpy's errors, or read a misaligned tensor's bytes as weights, so
+runtime/gguf_file.py has this reader check a file before they see it.
 """
 
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from dataclasses import dataclass
@@ -24,6 +28,12 @@ _VERSIONS = (2, 3)  # 64-bit counts and lengths (version 1's 32-bit ones are lon
 _SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 _STRING, _ARRAY = 8, 9
 _DEFAULT_ALIGNMENT = 32
+# Bounds no model file comes near, past which a count is corruption: each index entry and
+# array item costs the readers that build them (ours, the gguf package's) Python objects, so
+# a crafted file of a few GB could otherwise hold tens of GB of them. (The largest
+# vocabularies have ~256k entries; the largest models ~2k tensors.)
+_MAX_TENSORS = 1 << 20
+_MAX_ARRAY_ITEMS = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -45,8 +55,11 @@ class _Cursor:
     def take(self, size: int) -> int:
         """The position of the next `size` bytes, which must be in the file."""
         start = self.pos
-        if size < 0 or start + size > len(self.buffer):
-            raise ValueError(f"{self.path}: not a valid GGUF file (truncated at byte {start})")
+        if start + size > len(self.buffer):  # a truncated file, or a corrupt length
+            raise ValueError(
+                f"{self.path}: not a valid GGUF file (truncated at byte {start}: {size} bytes "
+                f"needed, {len(self.buffer) - start} left)"
+            )
         self.pos += size
         return start
 
@@ -82,6 +95,11 @@ class _Cursor:
             self.take(length)
         elif kind == _ARRAY:
             item, count = self.unpack("<IQ")
+            if count > _MAX_ARRAY_ITEMS:
+                raise ValueError(
+                    f"{self.path}: a GGUF array of {count} items at byte {self.pos - 12} "
+                    f"(at most {_MAX_ARRAY_ITEMS} are read)"
+                )
             if item in _SCALAR_SIZES:
                 self.take(_SCALAR_SIZES[item] * count)
             elif item == _STRING:
@@ -119,11 +137,15 @@ def _read_tensors(path: Path) -> list[GGUFTensor]:
     if version not in _VERSIONS:
         raise ValueError(f"{path}: GGUF version {version} is not supported (2 and 3 are)")
     count, kv_count = cursor.unpack("<QQ")
+    if count > _MAX_TENSORS:
+        raise ValueError(f"{path}: not a valid GGUF file (a count of {count} tensors)")
     alignment = _DEFAULT_ALIGNMENT
     for _ in range(kv_count):
         key = cursor.string()
         (kind,) = cursor.unpack("<I")
-        if key == "general.alignment" and kind == 4:
+        if key == "general.alignment":
+            if kind != 4:  # a uint32, as llama.cpp requires: another is no alignment we know
+                raise ValueError(f"{path}: general.alignment is of GGUF type {kind}, not uint32")
             (alignment,) = cursor.unpack("<I")
             if alignment == 0 or alignment & (alignment - 1):
                 raise ValueError(f"{path}: GGUF alignment {alignment} is not a power of two")
@@ -142,16 +164,41 @@ def _read_tensors(path: Path) -> list[GGUFTensor]:
         except ValueError:
             raise ValueError(f"{path}: tensor {name} has unknown type {kind}") from None
     data_start = -(-cursor.pos // alignment) * alignment
-    tensors = []
+    tensors, extents = [], []
     for name, kind, shape, offset in index:
         block, block_bytes = gguf.GGML_QUANT_SIZES[kind]
         if shape[0] % block:
             raise ValueError(f"{path}: tensor {name}'s rows are not whole {kind.name} blocks")
+        # Offsets are aligned so that a row's blocks (and the kernels' loads) start where
+        # the writer put them: a shifted tensor reads its neighbour's bytes as weights.
+        if offset % alignment:
+            raise ValueError(
+                f"{path}: tensor {name}'s data offset {offset} is not a multiple of the "
+                f"file's alignment ({alignment})"
+            )
         row_bytes = shape[0] // block * block_bytes
-        rows = int(np.prod(shape[1:], dtype=np.int64))
-        start = data_start + offset
-        if start + rows * row_bytes > len(buffer):
+        rows = math.prod(shape[1:])  # Python ints: dimensions of 2**40 must not wrap
+        if rows >> 63 or shape[0] >> 63:  # ggml counts in int64 (an empty tensor's rows too)
+            raise ValueError(f"{path}: tensor {name}'s shape {shape} is past int64")
+        start, size = data_start + offset, rows * row_bytes
+        if start + size > len(buffer):
             raise ValueError(f"{path}: tensor {name}'s data runs past the end of the file")
-        data = np.frombuffer(buffer, np.uint8, rows * row_bytes, start).reshape(rows, row_bytes)
+        extents.append((start, start + size, name))
+        data = np.frombuffer(buffer, np.uint8, size, start).reshape(rows, row_bytes)
         tensors.append(GGUFTensor(name, kind, shape, data))
+    _check_apart(path, extents)
     return tensors
+
+
+def _check_apart(path: Path, extents: list[tuple[int, int, str]]) -> None:
+    """Each tensor's bytes its own: no two tensors share a byte, nor a name."""
+    names = set()
+    previous_end, previous = 0, ""
+    for start, end, name in sorted(extents):
+        if name in names:
+            raise ValueError(f"{path}: tensor {name} is given twice")
+        names.add(name)
+        if start < previous_end:
+            raise ValueError(f"{path}: tensor {name}'s data overlaps tensor {previous}'s")
+        if end > start:  # an empty tensor occupies nothing
+            previous_end, previous = end, name

@@ -4,13 +4,17 @@ Each edge holds a run of tokens and the KV slots of those tokens. A request matc
 prompt against the tree, locks the matched path (so eviction cannot take it), computes only
 the rest, and on finishing inserts its tokens; the tree then owns those slots. Unlocked
 leaves are evicted least-recently-used first when the KV pool runs low.
+
+Prefixes are shared only within a namespace (a request's cache_salt): each namespace has a
+subtree of its own, so a request never matches, and never learns of, what was computed in
+another. Locking and eviction do not care: the LRU order runs over all namespaces together.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Hashable, Iterator, Sequence
 
 import torch
 
@@ -29,49 +33,57 @@ class Node:
         self.last_used = 0
 
 
+class NamespaceRoot(Node):
+    """The top of one namespace's subtree: no tokens of its own, the cache's root above it."""
+
+    __slots__ = ("namespace",)
+
+    def __init__(self, root: Node, namespace: Hashable) -> None:
+        super().__init__(root, (), root.slots)
+        self.namespace = namespace
+
+
 class RadixCache:
     """The locking contract: `match_prefix` returns the deepest node covering the match; the
     caller `lock`s it while it uses those slots and `unlock`s it afterwards. Slots reachable
-    from a locked node are never evicted."""
+    from a locked node are never evicted.
+
+    A namespace is any hashable key; None is the one requests without a salt share."""
 
     def __init__(self, kv: KVPool, enabled: bool = True) -> None:
         self.kv = kv
         self.enabled = enabled
         self.root = Node(None, (), torch.empty(0, dtype=torch.int64))
         self.root.lock_count = 1  # the root is never evicted
+        # Each namespace's subtree, while it holds tokens: the first insert into a namespace
+        # makes its root, and evicting its last token drops it (salts are the clients' to
+        # choose: an emptied namespace must not stay behind).
+        self._roots: dict[Hashable, NamespaceRoot] = {}
         self._clock = itertools.count(1)
         self.num_cached_tokens = 0  # slots owned by the tree
         self.num_locked_tokens = 0  # of those, slots on locked paths
 
-    def match_prefix(self, tokens: list[int]) -> tuple[torch.Tensor, Node]:
-        """Slots of the longest cached prefix of `tokens`, and the node where it ends."""
-        node, matched, i = self.root, [], 0
+    def match_prefix(
+        self, tokens: list[int], namespace: Hashable = None
+    ) -> tuple[torch.Tensor, Node]:
+        """Slots of the longest prefix of `tokens` cached in `namespace`, and the node where
+        it ends (the root when nothing matched: a namespace's own root is never locked, so
+        that it is empty only when nothing in it is in use)."""
         if not self.enabled:
             return self.root.slots, self.root
-        now = next(self._clock)
-        while i < len(tokens) and (child := node.children.get(tokens[i])) is not None:
-            n = common_prefix_length(child.tokens, tokens, i)
-            if n < len(child.tokens):
-                child = self._split(child, n)
-            child.last_used = now
-            matched.append(child.slots)
-            node, i = child, i + n
-        slots = torch.cat(matched) if matched else self.root.slots
-        return slots, node
+        node, i = self._descend(tokens, namespace)
+        if i == 0:
+            return self.root.slots, self.root
+        return torch.cat(self._path_slots(node)), node
 
-    def insert(self, tokens: list[int], slots: torch.Tensor) -> int:
-        """Give the tree `slots` (one per token). Returns how many leading tokens were
-        already cached: the caller's slots for those are duplicates and are freed here."""
+    def insert(self, tokens: list[int], slots: torch.Tensor, namespace: Hashable = None) -> int:
+        """Give the tree `slots` (one per token) under `namespace`. Returns how many leading
+        tokens were already cached there: the caller's slots for those are duplicates and are
+        freed here."""
         if not self.enabled:
             self.kv.free(slots)
             return 0
-        node, i, now = self.root, 0, next(self._clock)
-        while i < len(tokens) and (child := node.children.get(tokens[i])) is not None:
-            n = common_prefix_length(child.tokens, tokens, i)
-            if n < len(child.tokens):
-                child = self._split(child, n)
-            child.last_used = now
-            node, i = child, i + n
+        node, i = self._descend(tokens, namespace)
         # Tokens [0, i) were already in the tree; the caller's copies of them are freed,
         # except slots that are the tree's own (a request that matched them shares them).
         dup = slots[:i]
@@ -80,8 +92,10 @@ class RadixCache:
         if extra.numel():
             self.kv.free(extra)
         if i < len(tokens):
+            if node is self.root:  # the namespace's first tokens
+                node = self._roots[namespace] = NamespaceRoot(self.root, namespace)
             leaf = Node(node, tuple(tokens[i:]), slots[i:].clone())
-            leaf.last_used = now
+            leaf.last_used = next(self._clock)
             node.children[tokens[i]] = leaf
             self.num_cached_tokens += len(tokens) - i
         return i
@@ -119,13 +133,31 @@ class RadixCache:
             self.num_cached_tokens -= len(leaf.tokens)
             parent = leaf.parent
             del parent.children[leaf.tokens[0]]
-            if parent is not self.root and not parent.children and parent.lock_count == 0:
+            if parent.children or parent.lock_count:
+                continue
+            if isinstance(parent, NamespaceRoot):  # the namespace's last tokens went
+                del self._roots[parent.namespace]
+            else:
                 heapq.heappush(leaves, (parent.last_used, id(parent), parent))
         return freed
 
     def reset(self) -> None:
         """Drop every unlocked entry (flush_cache)."""
         self.evict(self.num_cached_tokens)
+
+    def _descend(self, tokens: list[int], namespace: Hashable) -> tuple[Node, int]:
+        """Follow `tokens` down `namespace`'s subtree as far as it holds them, marking the
+        path used and splitting the edge the match ends inside (so a node ends exactly
+        there). Returns the node reached (the root for a namespace not held) and how many
+        tokens matched."""
+        node, i, now = self._roots.get(namespace, self.root), 0, next(self._clock)
+        while i < len(tokens) and (child := node.children.get(tokens[i])) is not None:
+            n = common_prefix_length(child.tokens, tokens, i)
+            if n < len(child.tokens):
+                child = self._split(child, n)
+            child.last_used = now
+            node, i = child, i + n
+        return node, i
 
     def _split(self, child: Node, n: int) -> Node:
         """Cut child's edge after n tokens; return the new upper node."""
@@ -145,8 +177,9 @@ class RadixCache:
             node = node.parent
         return path[::-1]
 
-    def _nodes(self):
-        stack = list(self.root.children.values())
+    def _nodes(self) -> Iterator[Node]:
+        """Every node that holds tokens, in all namespaces."""
+        stack = [child for root in self._roots.values() for child in root.children.values()]
         while stack:
             node = stack.pop()
             yield node

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -48,6 +48,9 @@ class Request:
     stop_ids: frozenset[int]
     max_new_tokens: int
     priority: int = 0
+    # The radix cache's namespace: cached prefixes are shared only among requests of one
+    # (their cache_salt; None for requests without one).
+    cache_namespace: Hashable = None
     matcher: Matcher | None = None  # the constraint's state, when the request has one
     grammar_error: str | None = None  # the matcher failed (MatcherError): r fails, alone
     arrival: float = field(default_factory=time.monotonic)

@@ -126,8 +126,8 @@ class Scheduler:
             return
         fed = req.num_computed
         tokens = req.token_ids[:fed]
-        self.cache.insert(tokens, req.slots[:fed])
-        prefix, node = self.cache.match_prefix(tokens)
+        self.cache.insert(tokens, req.slots[:fed], req.cache_namespace)
+        prefix, node = self.cache.match_prefix(tokens, req.cache_namespace)
         self.cache.lock(node)
         self.cache.unlock(req.cache_node)
         req.slots = torch.cat([prefix, req.slots[fed:]])
@@ -169,7 +169,8 @@ class Scheduler:
         for r in self._admission_order():
             if budget <= 0 or len(self.running) >= self.config.max_running_requests:
                 return
-            prefix, node = self.cache.match_prefix(r.token_ids[: r.max_cached_prefix])
+            cacheable = r.token_ids[: r.max_cached_prefix]
+            prefix, node = self.cache.match_prefix(cacheable, r.cache_namespace)
             if self._waits_for_shared_prefix(r, prefix.numel()):
                 continue
             if not self._admit(r, prefix, node, batch, budget):
@@ -181,7 +182,8 @@ class Scheduler:
             # Longest cached prefix first: those requests cost least to start and keep the
             # cache entries they use warm.
             def key(r: Request):
-                cached = self.cache.match_prefix(r.token_ids[: r.max_cached_prefix])[0].numel()
+                cacheable = r.token_ids[: r.max_cached_prefix]
+                cached = self.cache.match_prefix(cacheable, r.cache_namespace)[0].numel()
                 return (-r.priority, -cached, r.arrival)
         else:
 
@@ -223,13 +225,15 @@ class Scheduler:
 
     def _waits_for_shared_prefix(self, r: Request, cached: int) -> bool:
         """Is a prefix of r that the cache lacks (past its `cached` tokens) being prefilled
-        right now by another request?"""
+        right now by another request of its namespace? (Another namespace's prefill is never
+        shared; waiting for it would make r's first token late only when r's prompt matches
+        another client's, which would tell r's client what that prompt holds.)"""
         if not self.cache.enabled:
             return False
         return any(
             common_prefix_length(r.token_ids, x.token_ids) - cached >= MIN_SHARED_TOKENS
             for x in self.running
-            if not x.is_decoding
+            if not x.is_decoding and x.cache_namespace == r.cache_namespace
         )
 
     def _make_room(self, n: int) -> bool:
@@ -254,7 +258,7 @@ class Scheduler:
 
     def _release(self, r: Request) -> None:
         fed = r.num_computed
-        self.cache.insert(r.token_ids[:fed], r.slots[:fed])
+        self.cache.insert(r.token_ids[:fed], r.slots[:fed], r.cache_namespace)
         if r.slots.numel() > fed:  # allocated for a step that never ran
             self.kv.free(r.slots[fed:])
         self.cache.unlock(r.cache_node)

@@ -1,10 +1,13 @@
-"""Tokenizer loading and the set of token ids that end generation."""
+"""Tokenizer loading (its chat template checked) and the set of token ids that end
+generation."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from braid.runtime import template_render
 
 if TYPE_CHECKING:  # chat templates use adds_bos without importing transformers or torch
     from transformers import PreTrainedTokenizerBase
@@ -20,9 +23,27 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
         # transformers' generic config class holds them; the architecture's own config class
         # (what AutoTokenizer loads when given none) imports most of transformers.
         config = PreTrainedConfig.from_dict(json.loads((path / "config.json").read_text()))
-        return AutoTokenizer.from_pretrained(path, config=config)
+        tokenizer = AutoTokenizer.from_pretrained(path, config=config)
+        check_chat_template(tokenizer)
+        return tokenizer
     except (OSError, ValueError, TypeError) as e:
         raise ValueError(f"cannot load the tokenizer in {path}: {e}") from None
+
+
+def check_chat_template(tokenizer: PreTrainedTokenizerBase) -> None:
+    """Refuse, at load, a chat template that runs past its bounds (runtime/template_render.py)
+    on a one-message conversation: one that loops without end would otherwise be met by
+    every chat request."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        return
+    try:
+        template_render.render(
+            tokenizer, [{"role": "user", "content": "Hello"}], add_generation_prompt=True
+        )
+    except template_render.TemplateLimitError:
+        raise
+    except Exception:  # it refuses this conversation (a role it wants first...): others may do
+        pass
 
 
 def adds_bos(tokenizer: PreTrainedTokenizerBase) -> bool:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 import httpx
 import msgspec
@@ -22,9 +24,11 @@ _HOP_HEADERS = frozenset(
         "authorization",
         "accept-encoding",  # so the bytes relayed are never compressed
         "content-encoding",
+        "origin",  # the front has judged it (server/guards.py); a replica would refuse it
     }
 )
 _DONE = b"data: [DONE]"
+T = TypeVar("T")
 
 
 async def forward(
@@ -38,17 +42,22 @@ async def forward(
 ) -> Response:
     """Send the request on to `base_url` (with the `auth` headers instead of the client's)
     and relay the answer; a stream is relayed as it comes. `on_done` runs once the upstream
-    answer is over, however it ended."""
+    answer is over, however it ended. A client that leaves before its answer is whole closes
+    the upstream request, so the replica aborts it (starlette notices for a stream; this
+    watches the wait for the upstream's headers and the read of a whole answer)."""
     headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS]
     headers += list(auth.items())
     url = base_url + request.url.path + (f"?{request.url.query}" if request.url.query else "")
     outgoing = client.build_request(request.method, url, headers=headers, content=body)
     try:
-        upstream = await client.send(outgoing, stream=True)
+        upstream = await _unless_client_leaves(request, client.send(outgoing, stream=True))
     except httpx.HTTPError as e:
         on_done()
         message = f"{upstream_name} did not answer ({type(e).__name__}: {e}); retry later"
         return JSONResponse(error_body(503, "overloaded", message), 503)
+    if upstream is None:
+        on_done()
+        return _client_gone()
     reply_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS}
     if upstream.headers.get("content-type", "").startswith("text/event-stream"):
         return StreamingResponse(
@@ -57,13 +66,15 @@ async def forward(
             headers=reply_headers,
         )
     try:
-        content = await upstream.aread()
+        content = await _unless_client_leaves(request, upstream.aread())
     except httpx.HTTPError as e:
         message = f"{upstream_name} failed before answering ({type(e).__name__}: {e})"
         return JSONResponse(error_body(502, "server_error", message), 502)
     finally:
         await upstream.aclose()
         on_done()
+    if content is None:
+        return _client_gone()
     if upstream.status_code >= 400 and not _is_json(content):
         # The router's own errors are plain text: give them braid's (OpenAI's) error shape.
         status = upstream.status_code
@@ -94,6 +105,33 @@ async def _relay(
         )
         yield b"data: " + msgspec.json.encode(error_body(502, "server_error", message)) + b"\n\n"
         yield _DONE + b"\n\n"
+
+
+async def _unless_client_leaves(request: Request, work: Awaitable[T]) -> T | None:
+    """`work`'s result, or None if the client disconnects first: then `work` is cancelled,
+    which closes its connection upstream, and the replica aborts the request as it does for
+    any client that leaves (otherwise it decoded on, to max_tokens, for nobody)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        task.cancel()  # nothing, once it is done
+    try:
+        return await task
+    except asyncio.CancelledError:
+        return None
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has disconnected (its request's body already read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _client_gone() -> Response:
+    return Response(status_code=499)  # nobody reads it
 
 
 def _is_json(content: bytes) -> bool:

@@ -51,15 +51,21 @@ def is_cluster(args: argparse.Namespace) -> bool:
 
 
 def run(
-    args: argparse.Namespace, api_key: str | None, model_name: str, configs: tuple[type, ...]
+    args: argparse.Namespace,
+    api_key: str | None,
+    model_name: str,
+    configs: tuple[type, ...],
+    server_options: dict,
 ) -> int:
     """Serve the cluster until SIGTERM. `configs`: the dataclasses whose fields are `braid
-    serve` flags (EngineConfig, ...), given to each local replica as they were given here."""
+    serve` flags (EngineConfig, ...), given to each local replica as they were given here;
+    `server_options`: uvicorn's settings for the front (its connection limits)."""
     import uvicorn
 
     from braid.runtime.cluster.affinity import PrefixAffinity
     from braid.runtime.cluster.front import Cluster, create_front
     from braid.runtime.cluster.router import RouterSettings, SGLangRouter
+    from braid.runtime.server import guards
 
     if args.dp < 0 or (args.dp == 0 and not args.worker_url):
         raise ValueError("--dp must be >= 1, or 0 with at least one --worker-url")
@@ -79,7 +85,16 @@ def run(
         replicas.stop()
         raise
     affinity = PrefixAffinity(len(replicas.urls))
-    cluster = Cluster(replicas, router, affinity, model_name, api_key, args.max_request_bytes)
+    cluster = Cluster(
+        replicas,
+        router,
+        affinity,
+        model_name,
+        api_key,
+        args.max_request_bytes,
+        allowed_hosts=guards.allowed_hosts(args.host, args.allowed_hosts),
+        allowed_origins=guards.allowed_origins(args.allowed_origins),
+    )
     log.info(
         "serving %s on http://%s:%d: %d replicas (%s) behind SGLang's router (%s), API key %s",
         model_name,
@@ -98,6 +113,7 @@ def run(
         port=args.port,
         log_level=args.log_level,
         access_log=args.access_log,
+        **server_options,
     )
     return 0
 

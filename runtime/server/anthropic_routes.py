@@ -27,9 +27,10 @@ from braid.runtime.config import RequestLimits
 from braid.runtime.sampling_params import SamplingParams
 from braid.runtime.server import tools
 from braid.runtime.server.limits import check_schema
-from braid.runtime.server.service import Overloaded, Service, unless_disconnected
+from braid.runtime.server.service import REQUEST_SALT, Overloaded, Service, unless_disconnected
 from braid.runtime.server.wire import (
     BadRequest,
+    CacheSalt,
     ChatCompletionRequest,
     ModelNotFound,
     convert,
@@ -128,6 +129,7 @@ class MessagesRequest(CountTokensRequest):
     stream: bool = False
     metadata: dict[str, Any] | None = None  # accepted, unused (Anthropic's user_id)
     service_tier: str | None = None  # accepted, unused
+    cache_salt: CacheSalt | None = None  # braid's (vLLM's name): see wire.CacheSalt
 
 
 # ---- errors ----------------------------------------------------------------------------------
@@ -294,7 +296,8 @@ async def _prompt(
             "a final assistant message (a prefill) cannot be continued while the reply may "
             "call tools: give tool_choice {'type': 'none'} or leave the prefill out"
         )
-    svc.check_text_length(sum(len(m.text) for m in chat.messages) + len(prefill), "messages")
+    # Tools and calls too (tools.rendered_chars), before anything is rendered.
+    svc.check_text_length(tools.rendered_chars(chat) + len(prefill), "messages")
     if tools.uses_tools(chat):
         ids = await _render_with_tools(request, chat)
     else:
@@ -313,18 +316,7 @@ async def _render_with_tools(request: Request, chat: ChatCompletionRequest) -> l
     svc: Service = request.app.state.service
     system_role = svc.chat_template is not None and "system" in svc.chat_template.closing
     messages, tool_list = tools.conversation(chat, request.app.state.tools_in_template, system_role)
-    render = functools.partial(
-        svc.engine.tokenizer.apply_chat_template,
-        messages,
-        tools=tool_list,
-        add_generation_prompt=True,
-        tokenize=True,
-        return_dict=False,
-    )
-    try:
-        return await svc.off_loop(render)
-    except Exception as e:  # the template refused the conversation
-        raise BadRequest(f"the model's chat template cannot render these messages: {e}") from None
+    return await svc.render_chat(messages, tools=tool_list)
 
 
 def _sampling(req: MessagesRequest, max_tokens: int) -> SamplingParams:
@@ -504,6 +496,7 @@ async def messages(request: Request) -> Response:
     _check_limits(obj, svc.limits)
     req = convert(obj, MessagesRequest)
     _check_model(request, req.model)
+    REQUEST_SALT.set(req.cache_salt)
     svc.check_room(1)
     prompt, plan = await _prompt(request, req)
     ids = await svc.encode(prompt)  # checked against the context and --max-prompt-tokens

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import re
+from collections.abc import Sequence
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -18,17 +19,22 @@ from braid.runtime.engine import Engine
 from braid.runtime.server import (
     anthropic_routes,
     embedding_routes,
+    guards,
     native_routes,
     openai_routes,
+    openapi,
     responses_routes,
     token_routes,
     tools,
 )
-from braid.runtime.server.service import ClientGone, Overloaded, Service
+from braid.runtime.server.service import TENANT, ClientGone, Overloaded, Service
 from braid.runtime.server.wire import ModelNotFound, error_body
 
 # Routes a load balancer or a scraper may call without the API key.
 _OPEN_PATHS = frozenset({"/health", "/metrics"})
+# Who shares cached prefixes: every request (apart from those giving a cache_salt), or the
+# requests of one API key only.
+CACHE_SCOPES = ("shared", "key")
 
 
 # A request body larger than this gets a 413 before it is read whole. A prompt that fits a
@@ -40,19 +46,33 @@ DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
 def create_app(
     engine: Engine,
     model_name: str,
-    api_key: str | None = None,
+    api_key: str | Sequence[str] | None = None,
     max_queued_requests: int = 1024,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     owns_engine: bool = False,
     accept_any_model: bool = False,
     limits: RequestLimits | None = None,
     aliases: tuple[str, ...] = (),
+    cache_scope: str = "shared",
+    allowed_hosts: frozenset[str] | None = None,
+    allowed_origins: frozenset[str] = frozenset(),
 ) -> Starlette:
     """An app serving `engine` as `model_name` (and as each of `aliases`); with `owns_engine`
     the engine is shut down with the app, after the server has drained its in-flight
     requests. OpenAI requests naming another model get a 404, unless `accept_any_model` (for
     clients that hard-code a name). `limits` bound what one request may ask for (default:
-    RequestLimits())."""
+    RequestLimits()). `api_key`: the key every route but /health and /metrics needs, or
+    several (any one of them will do); with `cache_scope` "key" each key's requests share
+    cached prefixes only with each other. Requests with a Host outside `allowed_hosts` (None:
+    any), an Origin outside `allowed_origins`, or a body that is not JSON are refused
+    (server/guards.py)."""
+    keys = [api_key] if isinstance(api_key, str) else list(api_key or ())
+    if cache_scope not in CACHE_SCOPES:
+        raise ValueError(
+            f"cache_scope must be one of {', '.join(CACHE_SCOPES)}; got {cache_scope!r}"
+        )
+    if cache_scope == "key" and not keys:
+        raise ValueError("cache_scope 'key' scopes the prefix cache by API key: give the keys")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -66,9 +86,11 @@ def create_app(
         + anthropic_routes.ROUTES
         + embedding_routes.ROUTES
         + token_routes.ROUTES
-        + native_routes.ROUTES,
-        middleware=[Middleware(_BodyLimit, max_bytes=max_request_bytes)]
-        + ([Middleware(ApiKey, key=api_key)] if api_key else []),
+        + native_routes.ROUTES
+        + openapi.ROUTES,
+        middleware=guards.middleware(allowed_hosts, allowed_origins)
+        + [Middleware(_BodyLimit, max_bytes=max_request_bytes)]
+        + ([Middleware(ApiKey, keys=keys, scoped=cache_scope == "key")] if keys else []),
         exception_handlers={
             ValueError: _reply(400, "invalid_request_error"),  # BadRequest and the engine's
             ModelNotFound: _reply(404, "invalid_request_error", "model_not_found"),
@@ -158,27 +180,40 @@ class _BodyLimit:
 
 
 class ApiKey:
-    """Every route but the open ones needs the key, as `Authorization: Bearer <key>` (what the
-    openai client sends) or `x-api-key: <key>` (what the anthropic client sends)."""
+    """Every route but the open ones needs one of the keys, as `Authorization: Bearer <key>`
+    (what the openai client sends) or `x-api-key: <key>` (what the anthropic client sends).
+    `scoped` (--cache-scope key): each key is a tenant of its own, whose requests share cached
+    prefixes only with each other (service.TENANT)."""
 
-    def __init__(self, app, key: str) -> None:
+    def __init__(self, app, keys: Sequence[str], scoped: bool = False) -> None:
         self.app = app
-        self.bearer = f"Bearer {key}".encode()
-        self.key = key.encode()
+        self.keys = [(f"Bearer {key}".encode(), key.encode()) for key in keys]
+        self.scoped = scoped
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["path"] not in _OPEN_PATHS:
-            headers = dict(scope["headers"])
-            # Both compared in constant time, whichever is given (`|` does not short-circuit).
-            given = hmac.compare_digest(
-                headers.get(b"authorization", b""), self.bearer
-            ) | hmac.compare_digest(headers.get(b"x-api-key", b""), self.key)
-            if not given:
-                message = "missing or wrong API key"
-                if scope["path"].startswith(anthropic_routes.PATH):
-                    response = anthropic_routes.error_response(401, "authentication_error", message)
-                else:
-                    response = JSONResponse(error_body(401, "authentication_error", message), 401)
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http" or scope["path"] in _OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        bearer, given = headers.get(b"authorization", b""), headers.get(b"x-api-key", b"")
+        # Every key compared in constant time, whichever header is given (`|` does not
+        # short-circuit): the time taken tells nothing of which key matched, or how nearly.
+        matches = [
+            hmac.compare_digest(bearer, b) | hmac.compare_digest(given, k) for b, k in self.keys
+        ]
+        if not any(matches):
+            message = "missing or wrong API key"
+            if scope["path"].startswith(anthropic_routes.PATH):
+                response = anthropic_routes.error_response(401, "authentication_error", message)
+            else:
+                response = JSONResponse(error_body(401, "authentication_error", message), 401)
+            await response(scope, receive, send)
+            return
+        if not self.scoped:
+            await self.app(scope, receive, send)
+            return
+        tenant = TENANT.set(str(matches.index(True)))  # the key's place in the list
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            TENANT.reset(tenant)

@@ -105,9 +105,14 @@ def check_max_tokens(field: str, max_tokens: int, num_prompt_tokens: int, contex
         )
 
 
-def check_continuations(count: int, limits: RequestLimits) -> None:
-    """A select's choices (/braid/score)."""
+def check_continuations(prefix: str, continuations: list[str], limits: RequestLimits) -> None:
+    """A select's choices (/braid/score): how many, and the text scoring them tokenizes (the
+    prefix with each continuation), before any of it is tokenized."""
+    count = len(continuations)
     _at_most("continuations", "entries", count, limits.max_choices, "max_choices")
+    chars = len(prefix) * count + sum(len(c) for c in continuations)
+    what = "characters to tokenize (the prefix with each continuation)"
+    _at_most("prefix + continuations", what, chars, limits.max_score_chars, "max_score_chars")
 
 
 def _at(obj: Any, *path: str) -> Any:

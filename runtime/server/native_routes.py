@@ -17,7 +17,13 @@ from braid.runtime.outputs import GenerateOutput, StreamChunk
 from braid.runtime.sampling_params import SamplingParams
 from braid.runtime.server.limits import check_continuations, check_fields, check_max_tokens
 from braid.runtime.server.metrics import CONTENT_TYPE
-from braid.runtime.server.service import Service, samples, unless_disconnected
+from braid.runtime.server.service import (
+    REQUEST_SALT,
+    Service,
+    cache_salt,
+    samples,
+    unless_disconnected,
+)
 from braid.runtime.server.sse import event_stream
 from braid.runtime.server.wire import GenerateRequest, ScoreRequest, convert, decode_object
 
@@ -25,6 +31,7 @@ from braid.runtime.server.wire import GenerateRequest, ScoreRequest, convert, de
 async def generate(request: Request) -> Response:
     svc: Service = request.app.state.service
     req = convert(decode_object(await request.body()), GenerateRequest)
+    REQUEST_SALT.set(req.cache_salt)
     prompts, batch = req.prompts()
     given_rids = req.rids(len(prompts))
     fields = _sampling_fields(req)
@@ -86,11 +93,15 @@ async def generate(request: Request) -> Response:
             ids[i] += chunk.token_ids
             yield result(i, "".join(texts[i]), list(ids[i]), chunk)
 
-        return event_stream(svc, jobs, render)
+        return event_stream(svc, jobs, render, listings=req.return_logprob)
 
     outs = await unless_disconnected(request, svc.collect_all(jobs))
-    results = [result(i, o.text, o.token_ids, o) for i, o in enumerate(outs)]
-    return JSONResponse(results if batch or len(results) > 1 else results[0])
+
+    def reply() -> Response:
+        results = [result(i, o.text, o.token_ids, o) for i, o in enumerate(outs)]
+        return JSONResponse(results if batch or len(results) > 1 else results[0])
+
+    return await svc.build_reply(reply, req.return_logprob)
 
 
 def _sampling_fields(req: GenerateRequest) -> list[tuple[str, dict]]:
@@ -197,14 +208,24 @@ async def metrics(request: Request) -> Response:
 
 
 async def score(request: Request) -> Response:
-    """The logprobs `select` ranks choices by, aligned exactly as a local engine aligns them."""
+    """The logprobs `select` ranks choices by, aligned exactly as a local engine aligns them.
+    Each continuation is tokenized with the prefix: the text is checked before any of it is,
+    and tokenized off the event loop; each is a sequence held in the queue limit."""
     svc: Service = request.app.state.service
     req = convert(decode_object(await request.body()), ScoreRequest)
-    check_continuations(len(req.continuations), svc.limits)
+    REQUEST_SALT.set(req.cache_salt)
+    prefix, continuations = req.prefix, req.continuations
+    check_continuations(prefix, continuations, svc.limits)
+    # With the prefix, each continuation is a prompt, bounded as any prompt is.
+    longest = max((len(c) for c in continuations), default=0)
+    svc.check_text_length(len(prefix) + longest, "prefix + continuation")
 
     async def run() -> list[list[float]]:
-        with svc.admit(len(req.continuations)):
-            return await svc.engine.ascore(req.prefix, req.continuations)
+        # Held until the engine has ended every leaf, those of a client that left included.
+        with svc.admit(len(continuations)):
+            leaves = await svc.off_loop(svc.engine.score_leaves, prefix, continuations)
+            svc.check_prompt_tokens(max(len(ids) for ids, _ in leaves))
+            return await svc.engine.ascore_leaves(leaves, cache_salt())
 
     logprobs = await unless_disconnected(request, run())  # a ValueError is a 400
     return JSONResponse({"logprobs": logprobs})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import time
 import uuid
@@ -17,7 +18,7 @@ from braid.runtime.outputs import StreamChunk
 from braid.runtime.sampling_params import SamplingParams
 from braid.runtime.server import tools
 from braid.runtime.server.limits import check_max_tokens, check_openai_body
-from braid.runtime.server.service import Service, samples, unless_disconnected
+from braid.runtime.server.service import REQUEST_SALT, Service, samples, unless_disconnected
 from braid.runtime.server.sse import event_stream
 from braid.runtime.server.wire import (
     IGNORED_HEADER,
@@ -73,21 +74,31 @@ def _check_model(request: Request, name: object) -> None:
 
 def _openai_request(request: Request, obj: dict, kind: type):
     """The request's Struct, its SamplingParams and the fields it sent that braid ignores
-    (logged: _ignoring), its model checked first, then its fields against the limits."""
+    (logged: _ignoring), its model checked first, then its fields against the limits; its
+    cache_salt is the salt of the engine requests it makes."""
     _check_model(request, obj.get("model"))
     svc: Service = request.app.state.service
     check_openai_body(obj, svc.limits)
-    return openai_request(obj, kind, svc.engine.context_length)
+    req, params, ignored = openai_request(obj, kind, svc.engine.context_length)
+    REQUEST_SALT.set(req.cache_salt)
+    return req, params, ignored
 
 
 def _ignoring(response: Response, ignored: list[str], route: str) -> Response:
     """Unknown fields are ignored, as vLLM and SGLang ignore them (clients send their own
     extensions), and said so: in the log and in a response header naming them."""
     if ignored:
-        names = ", ".join(ignored)
+        # The names are the client's: escaped as JSON does (no control character reaches the
+        # header or the log, and a header is latin-1) and cut to a bounded length.
+        names = ", ".join(json.dumps(name)[1:-1] for name in ignored)
+        if len(names) > _MAX_IGNORED_CHARS:
+            names = names[:_MAX_IGNORED_CHARS] + "..."
         log.warning("%s: ignored the unknown fields %s", route, names)
         response.headers[IGNORED_HEADER] = names
     return response
+
+
+_MAX_IGNORED_CHARS = 1024
 
 
 def _check_context(svc: Service, obj: dict, params: SamplingParams, prompt_ids: list) -> None:
@@ -171,33 +182,39 @@ async def completions(request: Request) -> Response:
             yield {**head, "object": "text_completion", "choices": [choice]}
 
         usage = _usage_chunk(req, head, "text_completion", params.n)
-        return _ignoring(event_stream(svc, jobs, render, usage), ignored, "completions")
+        response = event_stream(svc, jobs, render, usage, listings=req.logprobs is not None)
+        return _ignoring(response, ignored, "completions")
 
     outs = await unless_disconnected(request, svc.collect_all(jobs))
     metas = [o.meta for o in outs]  # every sample counts in the usage
     jobs, outs = _best(jobs, outs, drawn.n, params.n)
-    choices = [
-        {
-            "index": i,
-            "text": prefix[i // params.n] + out.text,
-            "logprobs": logprobs(
-                i,
-                out.token_ids,
-                out.meta.get("logprobs", []),
-                out.meta.get("top_logprobs", []),
-                out.meta,
-            ),
-            "finish_reason": out.finish_reason,
+
+    def reply() -> Response:
+        choices = [
+            {
+                "index": i,
+                "text": prefix[i // params.n] + out.text,
+                "logprobs": logprobs(
+                    i,
+                    out.token_ids,
+                    out.meta.get("logprobs", []),
+                    out.meta.get("top_logprobs", []),
+                    out.meta,
+                ),
+                "finish_reason": out.finish_reason,
+            }
+            for i, out in enumerate(outs)
+        ]
+        body = {
+            **head,
+            "object": "text_completion",
+            "choices": choices,
+            "usage": _usage(metas, drawn.n),
         }
-        for i, out in enumerate(outs)
-    ]
-    body = {
-        **head,
-        "object": "text_completion",
-        "choices": choices,
-        "usage": _usage(metas, drawn.n),
-    }
-    return _ignoring(JSONResponse(body), ignored, "completions")
+        return JSONResponse(body)
+
+    response = await svc.build_reply(reply, req.logprobs is not None)
+    return _ignoring(response, ignored, "completions")
 
 
 async def chat_completions(request: Request) -> Response:
@@ -206,7 +223,7 @@ async def chat_completions(request: Request) -> Response:
     req, params, ignored = _openai_request(request, obj, ChatCompletionRequest)
     svc.check_room(params.n)
     plan = tools.plan(req)
-    svc.check_text_length(sum(len(m.text) for m in req.messages), "messages")
+    svc.check_text_length(tools.rendered_chars(req), "messages")  # tools and calls too
     variables = svc.template_variables(req.chat_template_kwargs)
     if tools.uses_tools(req):
         ids = await svc.encode(await _render_with_tools(request, req, variables))
@@ -277,29 +294,34 @@ async def chat_completions(request: Request) -> Response:
             yield {**head, "object": "chat.completion.chunk", "choices": [choice]}
 
         usage = _usage_chunk(req, head, "chat.completion.chunk", params.n)
-        response = event_stream(svc, jobs, render, usage, stream)
+        response = event_stream(svc, jobs, render, usage, stream, listings=params.wants_logprobs)
         return _ignoring(response, ignored, "chat/completions")
 
     outs = await unless_disconnected(request, svc.collect_all(jobs, stream))
-    choices = []
-    for i, out in enumerate(outs):
-        message, finish = {"role": "assistant", "content": out.text}, out.finish_reason
-        if calling:
-            message, finish = tools.message(out.text, out.finish_reason)
-            if req.legacy_functions:
-                message, finish = tools.legacy_message(message, finish)
-        lps, tops = out.meta.get("logprobs", []), out.meta.get("top_logprobs", [])
-        logprob_listing = logprobs(out.token_ids, lps, tops)
-        choices.append(
-            {"index": i, "message": message, "logprobs": logprob_listing, "finish_reason": finish}
-        )
-    body = {
-        **head,
-        "object": "chat.completion",
-        "choices": choices,
-        "usage": _usage([o.meta for o in outs], params.n),
-    }
-    return _ignoring(JSONResponse(body), ignored, "chat/completions")
+
+    def reply() -> Response:
+        choices = []
+        for i, out in enumerate(outs):
+            message, finish = {"role": "assistant", "content": out.text}, out.finish_reason
+            if calling:
+                message, finish = tools.message(out.text, out.finish_reason)
+                if req.legacy_functions:
+                    message, finish = tools.legacy_message(message, finish)
+            lps, tops = out.meta.get("logprobs", []), out.meta.get("top_logprobs", [])
+            listing = logprobs(out.token_ids, lps, tops)
+            choices.append(
+                {"index": i, "message": message, "logprobs": listing, "finish_reason": finish}
+            )
+        body = {
+            **head,
+            "object": "chat.completion",
+            "choices": choices,
+            "usage": _usage([o.meta for o in outs], params.n),
+        }
+        return JSONResponse(body)
+
+    response = await svc.build_reply(reply, params.wants_logprobs)
+    return _ignoring(response, ignored, "chat/completions")
 
 
 async def _render_with_tools(
@@ -311,21 +333,7 @@ async def _render_with_tools(
     native = request.app.state.tools_in_template
     system_role = svc.chat_template is not None and "system" in svc.chat_template.closing
     messages, tool_list = tools.conversation(req, native, system_role)
-
-    def render() -> list[int]:
-        return svc.engine.tokenizer.apply_chat_template(
-            messages,
-            tools=tool_list,
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-            **variables,
-        )
-
-    try:
-        return await svc.off_loop(render)
-    except Exception as e:  # the template refused the conversation
-        raise BadRequest(f"the model's chat template cannot render these messages: {e}") from None
+    return await svc.render_chat(messages, variables, tool_list)
 
 
 def _best_of(req: CompletionRequest, params: SamplingParams) -> SamplingParams:

@@ -36,7 +36,7 @@ from braid.runtime.server.responses_wire import (
     function_tools,
     tool_choice,
 )
-from braid.runtime.server.service import Service, unless_disconnected
+from braid.runtime.server.service import REQUEST_SALT, Service, unless_disconnected
 from braid.runtime.server.wire import (
     BadRequest,
     ChatCompletionRequest,
@@ -192,6 +192,7 @@ async def create_response(request: Request) -> Response:
     _check_model(request, obj.get("model"))
     check_limits(obj, svc.limits)
     req, fields = decode(obj)
+    REQUEST_SALT.set(req.cache_salt)
     store = _store(request)
     history: list[ChatMessage] = []
     if req.previous_response_id is not None:
@@ -218,7 +219,7 @@ async def create_response(request: Request) -> Response:
     params = sampling_params(fields)
     svc.check_room(1)
     plan = tools.plan(chat)
-    svc.check_text_length(sum(len(m.text) for m in chat.messages), "input")
+    svc.check_text_length(tools.rendered_chars(chat), "input")  # tools and calls too
     if tools.uses_tools(chat):
         ids = await svc.encode(await _render_with_tools(request, chat, {}))
     else:

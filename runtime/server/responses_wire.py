@@ -11,6 +11,7 @@ from braid.runtime.config import RequestLimits
 from braid.runtime.server.limits import check_fields, check_schema
 from braid.runtime.server.wire import (
     BadRequest,
+    CacheSalt,
     ChatMessage,
     FunctionCall,
     FunctionDefinition,
@@ -93,6 +94,7 @@ class ResponsesRequest(_Strict):
     top_logprobs: int | None = None
     background: bool | None = None
     max_tool_calls: int | None = None  # accepted: it bounds built-in tools, braid has none
+    cache_salt: CacheSalt | None = None  # braid's (vLLM's name): see wire.CacheSalt
     # Sent by OpenAI clients and agent frameworks; accepted and unused here.
     service_tier: str | None = None
     prompt_cache_key: str | None = None

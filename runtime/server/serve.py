@@ -10,7 +10,9 @@ from pathlib import Path
 
 from braid.runtime.cluster import serve as cluster_serve
 from braid.runtime.config import EngineConfig, RequestLimits
-from braid.runtime.server.app import DEFAULT_MAX_REQUEST_BYTES
+from braid.runtime.server import connections, guards
+from braid.runtime.server.app import CACHE_SCOPES, DEFAULT_MAX_REQUEST_BYTES
+from braid.runtime.server.connections import ConnectionLimits
 
 log = logging.getLogger("braid.serve")
 
@@ -30,11 +32,20 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     key = serve.add_mutually_exclusive_group()
     key.add_argument(
         "--api-key",
-        help="require `Authorization: Bearer KEY` on every route but /health and /metrics "
-        f"(visible to local users in the process list: prefer ${API_KEY_ENV} or "
-        "--api-key-file)",
+        action="append",
+        help="require `Authorization: Bearer KEY` on every route but /health and /metrics; "
+        "repeat it for several keys, any of which will do (visible to local users in the "
+        f"process list: prefer ${API_KEY_ENV} or --api-key-file)",
     )
-    key.add_argument("--api-key-file", help="read the API key from this file")
+    key.add_argument("--api-key-file", help="read the API keys from this file, one a line")
+    serve.add_argument(
+        "--cache-scope",
+        choices=CACHE_SCOPES,
+        default="shared",
+        help="who shares cached prompt prefixes: every request without a cache_salt (shared), "
+        "or only the requests of one API key (key: tenants never see each other's prompts "
+        "in cached token counts or timing)",
+    )
     serve.add_argument(
         "--served-model-name",
         nargs="+",
@@ -62,6 +73,20 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     serve.add_argument("--log-level", default="info", help="debug, info, warning or error")
     serve.add_argument("--access-log", action="store_true", help="log every request")
+    callers = serve.add_argument_group("connections and callers (docs/server.md)")
+    _add_fields(callers, ConnectionLimits)
+    callers.add_argument(
+        "--allowed-hosts",
+        metavar="NAMES",
+        help="Host names the server answers, comma-separated (`*`: any); default: bound to "
+        "loopback, localhost, 127.0.0.1 and ::1 only (against DNS rebinding), else any",
+    )
+    callers.add_argument(
+        "--allowed-origins",
+        metavar="ORIGINS",
+        help="web origins (scheme://host:port, comma-separated; `*`: any) whose pages may "
+        "call the server, with CORS; default: none, a request with an Origin header is refused",
+    )
     _add_fields(serve.add_argument_group("engine (EngineConfig)"), EngineConfig)
     _add_fields(serve.add_argument_group("request limits (RequestLimits)"), RequestLimits)
     cluster_serve.add_arguments(serve)
@@ -82,16 +107,19 @@ def _add_fields(group: argparse._ArgumentGroup, config: type) -> None:
             group.add_argument(flag, type=kind, default=field.default, help=meaning)
 
 
-def api_key(args: argparse.Namespace) -> str | None:
-    """--api-key, else the file --api-key-file names, else $BRAID_API_KEY, else none."""
+def api_keys(args: argparse.Namespace) -> list[str]:
+    """The --api-key flags, else the lines of the file --api-key-file names, else
+    $BRAID_API_KEY, else none."""
     if args.api_key:
         return args.api_key
     if args.api_key_file:
-        key = Path(args.api_key_file).read_text().strip()
-        if not key:
+        keys = [line.strip() for line in Path(args.api_key_file).read_text().splitlines()]
+        keys = [key for key in keys if key]
+        if not keys:
             raise ValueError(f"--api-key-file {args.api_key_file} is empty")
-        return key
-    return os.environ.get(API_KEY_ENV) or None
+        return keys
+    key = os.environ.get(API_KEY_ENV)
+    return [key] if key else []
 
 
 def run(args: argparse.Namespace) -> int:
@@ -101,18 +129,27 @@ def run(args: argparse.Namespace) -> int:
     from braid.runtime.server.app import create_app
 
     logging.getLogger().setLevel(args.log_level.upper())
-    key = api_key(args)
+    keys = api_keys(args)
     names = args.served_model_name or [Path(args.model).name if args.model else "default"]
     name = names[0]
+    server_options = connections.prepare(connections.from_flags(args))  # before the model loads
     if cluster_serve.is_cluster(args):  # its replicas serve the primary name only
-        return cluster_serve.run(args, key, name, (EngineConfig, RequestLimits))
+        if len(keys) > 1 or args.cache_scope != "shared":
+            raise ValueError(
+                "a cluster (--dp, --worker-url) takes one API key and no --cache-scope"
+            )
+        key = keys[0] if keys else None
+        return cluster_serve.run(args, key, name, (EngineConfig, RequestLimits), server_options)
     config = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)}
     engine = Engine(**config)
     app = create_app(
         engine,
         model_name=name,
         aliases=tuple(names[1:]),
-        api_key=key,
+        api_key=keys,
+        cache_scope=args.cache_scope,
+        allowed_hosts=guards.allowed_hosts(args.host, args.allowed_hosts),
+        allowed_origins=guards.allowed_origins(args.allowed_origins),
         max_queued_requests=args.max_queued_requests,
         max_request_bytes=args.max_request_bytes,
         limits=RequestLimits(
@@ -124,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     kv = engine.kv
     log.info(
         "serving %s (%s) on http://%s:%d: %s, context %d tokens, KV pool %d tokens "
-        "(%.2f GB), API key %s",
+        "(%.2f GB), API keys: %d, cache scope %s",
         name,
         app.state.service.model_path,
         args.host,
@@ -133,7 +170,8 @@ def run(args: argparse.Namespace) -> int:
         engine.context_length,
         kv.num_slots,
         kv.num_bytes / 1024**3,
-        "required" if key else "off",
+        len(keys),
+        args.cache_scope,
     )
     # On SIGTERM uvicorn stops accepting connections, lets in-flight responses finish
     # (streams included), then runs the app's shutdown, which stops the engine.
@@ -143,5 +181,6 @@ def run(args: argparse.Namespace) -> int:
         port=args.port,
         log_level=args.log_level,
         access_log=args.access_log,
+        **server_options,
     )
     return 0

@@ -5,16 +5,21 @@ response starts, engine streams timed for the metrics, and cancelling work whose
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 import msgspec
 from starlette.requests import Request
 
+from braid.grammars.compiler import CompileQueueFull
+from braid.runtime import template_render
 from braid.runtime.chat_template import ChatTemplate
 from braid.runtime.config import RequestLimits
 from braid.runtime.engine import Engine
@@ -28,9 +33,29 @@ T = TypeVar("T")
 # A job's chunks from (prompt ids, params): Service.stream, or a route's wrapper of it.
 Streamer = Callable[[list[int], SamplingParams], AsyncIterator[StreamChunk]]
 
+# The prefix-cache scope of the HTTP request being served, in two parts: its API key's tenant
+# (set by app.ApiKey under --cache-scope key) and the request's own cache_salt (set by its
+# route once it has read the body). Context variables, so that every engine request the HTTP
+# request makes carries them, through whichever streamer or task (asyncio tasks and
+# starlette's streaming bodies start with a copy of the context they are made in).
+TENANT: ContextVar[str | None] = ContextVar("braid_tenant", default=None)
+REQUEST_SALT: ContextVar[str | None] = ContextVar("braid_request_salt", default=None)
+
+
+def cache_salt() -> str | None:
+    """The engine's cache_salt for the request being served: its engine requests share
+    cached prefixes only with those of the same tenant and the same salt."""
+    tenant, salt = TENANT.get(), REQUEST_SALT.get()
+    if tenant is None and salt is None:
+        return None
+    # A digest of the pair: the radix cache keeps a namespace's key as long as it holds
+    # tokens, and a salt's length is the client's to choose.
+    return hashlib.sha256(json.dumps([tenant, salt]).encode()).hexdigest()
+
 
 class Overloaded(Exception):
-    """The server holds as many requests as it may queue: a 503."""
+    """The server holds as many requests as it may queue, or the engine as many constraints
+    waiting to compile: a 503."""
 
 
 class ClientGone(Exception):
@@ -114,6 +139,18 @@ class Service:
             _too_long(len(ids), bound)
         return ids
 
+    def check_prompt_tokens(self, num_tokens: int) -> None:
+        """--max-prompt-tokens, for a prompt tokenized elsewhere than `encode`."""
+        bound = self.limits.max_prompt_tokens
+        if bound is not None and num_tokens > bound:
+            _too_long(num_tokens, bound)
+
+    async def build_reply(self, build: Callable[[], T], listings: bool) -> T:
+        """A whole reply built, off the event loop when it lists logprobs: n x tokens x
+        top_logprobs entries, each token's text decoded, took 1.1 s (and 10 MB of JSON) for
+        32 samples of 200 tokens with 20 alternatives each."""
+        return await self.off_loop(build) if listings else build()
+
     def check_text_length(self, num_chars: int, what: str) -> None:
         """Refuse text (a prompt, a conversation's messages) too long for any tokenization of
         it to fit --max-prompt-tokens (without it, the model's context), before paying to
@@ -157,28 +194,42 @@ class Service:
             await asyncio.wrap_future(self.engine.prepare(params))
         except ValueError as e:
             raise BadRequest(str(e)) from None
+        except CompileQueueFull as e:
+            raise Overloaded(str(e)) from None
 
     async def render_chat(
-        self, messages: list[dict[str, str]], template_kwargs: dict[str, Any] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
         """The conversation's prompt tokens through the model's chat template
-        (`template_kwargs`: the template's own variables, checked by template_variables)."""
+        (`template_kwargs`: the template's own variables, checked by template_variables;
+        `tools`: as templates take them). The text is checked by its length before it is
+        tokenized: the template's own text and variables are in it, the callers having
+        counted only the request's text (tools.rendered_chars) before rendering it. The
+        special tokens the request's strings spell are tokenized as text, unless the server
+        allows them (--allow-special-tokens-in-content)."""
+        tokenizer = self.engine.tokenizer
 
-        def render() -> list[int]:
-            return self.engine.tokenizer.apply_chat_template(
+        def render() -> str:
+            return template_render.render(
+                tokenizer,
                 messages,
+                tools,
                 add_generation_prompt=True,
-                tokenize=True,
-                return_dict=False,
-                **(template_kwargs or {}),
+                variables=template_kwargs,
+                mark_special_tokens=not self.limits.allow_special_tokens_in_content,
             )
 
         try:
-            return await self.off_loop(render)
+            text = await self.off_loop(render)
         except Exception as e:  # the template refused the conversation (a system message...)
             raise BadRequest(
                 f"the model's chat template cannot render these messages: {e}"
             ) from None
+        self.check_text_length(len(text), "the conversation as the chat template renders it")
+        return await self.off_loop(template_render.tokenize, tokenizer, text)
 
     async def stream(
         self,
@@ -191,7 +242,8 @@ class Service:
         its own parameters failed raises BadRequest, an engine failure RuntimeError."""
         start = time.monotonic()
         first, num_tokens = None, 0
-        async for chunk in self.engine.stream(ids, params, on_submit=on_submit):
+        chunks = self.engine.stream(ids, params, on_submit=on_submit, cache_salt=cache_salt())
+        async for chunk in chunks:
             if chunk.token_ids and first is None:
                 first = time.monotonic()
                 self.metrics.ttft.observe(first - start)

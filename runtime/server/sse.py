@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from functools import partial
 
 import msgspec
 from starlette.responses import StreamingResponse
@@ -25,13 +26,19 @@ def event_stream(
     render: Callable[[int, StreamChunk], Iterable[object]],
     last: Callable[[list[dict]], object] | None = None,
     stream: Streamer | None = None,
+    listings: bool = False,
 ) -> StreamingResponse:
     """Stream the jobs' chunks (read from `stream`, default svc.stream), each rendered into
-    events by `render(job index, chunk)`; `last(final metas)` makes a closing event.
+    events by `render(job index, chunk)` (off the event loop when they list logprobs,
+    `listings`: an echoed prompt's whole listing is one event); `last(final metas)` makes a
+    closing event.
     Admission is checked now and held while the stream runs; a client that disconnects
     cancels it, which aborts the engine requests. Once the response has started an error
     can only be reported in the stream."""
     svc.check_room(len(jobs))
+
+    def events(i: int, chunk: StreamChunk) -> list[bytes]:
+        return [event(obj) for obj in render(i, chunk)]
 
     async def body():
         with svc.admit(len(jobs), checked=True):  # the headers are out: no 503 now
@@ -41,8 +48,8 @@ def event_stream(
                 async for i, chunk in merged(streams):
                     if chunk.meta is not None:
                         metas[i] = chunk.meta
-                    for obj in render(i, chunk):
-                        yield event(obj)
+                    for e in await svc.build_reply(partial(events, i, chunk), listings):
+                        yield e
                 if last is not None:
                     yield event(last(metas))
             except BadRequest as e:  # the request's own parameters failed it midway

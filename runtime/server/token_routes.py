@@ -8,6 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from braid.runtime import template_render
 from braid.runtime.server.openai_routes import _check_model
 from braid.runtime.server.service import Service
 from braid.runtime.server.wire import BadRequest, ChatMessage, convert, decode_object
@@ -61,6 +62,7 @@ async def tokenize(request: Request) -> Response:
         messages = [m.as_dict() for m in req.messages]
         svc.check_text_length(sum(len(m["content"]) for m in messages), "messages")
         text = await _render(svc, messages, req.add_generation_prompt)
+        svc.check_text_length(len(text), "the conversation as the chat template renders it")
     else:
         req = convert(obj, TokenizePrompt)
         svc.check_text_length(len(req.prompt), "prompt")
@@ -101,8 +103,8 @@ async def _render(svc: Service, messages: list[dict[str, str]], generation_promp
     """The conversation's text through the model's chat template."""
 
     def render() -> str:
-        return svc.engine.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=generation_prompt, tokenize=False
+        return template_render.render(
+            svc.engine.tokenizer, messages, add_generation_prompt=generation_prompt
         )
 
     try:

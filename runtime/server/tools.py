@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from braid.grammars.index_builder import escape
+from braid.runtime import template_render
 from braid.runtime.outputs import StreamChunk
 from braid.runtime.sampling_params import SamplingParams
 from braid.runtime.server.wire import (
@@ -46,6 +47,7 @@ from braid.runtime.server.wire import (
     NamedToolChoice,
     Tool,
 )
+from braid.runtime.template_render import TemplateLimitError
 
 if TYPE_CHECKING:
     from braid.runtime.server.service import Service, Streamer
@@ -148,12 +150,33 @@ def template_renders_tools(tokenizer) -> bool:
         {"role": "tool", "tool_call_id": "call_0", "content": "braid_probe_result"},
     ]
     try:
-        text = tokenizer.apply_chat_template(messages, tools=[probe], tokenize=False)
+        text = template_render.render(tokenizer, messages, tools=[probe])
+    except TemplateLimitError:  # a template that runs without end: refused at start-up
+        raise
     except Exception:
         return False
     return all(
         s in text for s in ("braid_probe_tool", MARK, "braid_probe_call", "braid_probe_result")
     )
+
+
+def rendered_chars(req: ChatCompletionRequest) -> int:
+    """Characters of the request that any rendering of it writes into the prompt: each
+    message's text, its calls' names and arguments, each tool's name, description and
+    parameters (as compact JSON). Counted before anything is rendered, so that a conversation
+    no tokenization could fit is refused before the template and the tokenizer pay for it
+    (the template's own text is counted once rendered: Service.render_chat)."""
+    chars = 0
+    for m in req.messages:
+        chars += len(m.text)
+        for call in m.tool_calls or ():
+            chars += len(call.function.name) + len(call.function.arguments)
+    for tool in req.tools or ():
+        function = tool.function
+        chars += len(function.name) + len(function.description or "")
+        if function.parameters is not None:
+            chars += len(msgspec.json.encode(function.parameters).decode())
+    return chars
 
 
 def tool_json(tool: Tool) -> dict[str, Any]:

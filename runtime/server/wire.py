@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -31,6 +31,11 @@ class ModelNotFound(LookupError):
     def __init__(self, model: str) -> None:
         super().__init__(f"The model `{model}` does not exist or you do not have access to it.")
 
+
+# A request's own prefix-cache namespace (vLLM's `cache_salt`): it shares cached prefixes
+# only with requests that give the same salt, so other clients' cached token counts and
+# timing tell it nothing of their prompts. Empty is refused, as vLLM refuses it.
+CacheSalt = Annotated[str, msgspec.Meta(min_length=1)]
 
 # How many logprobs a request reports is each API's own field, not a sampling field.
 _REPORTING = {"logprobs", "top_logprobs", "prompt_logprobs_from"}
@@ -133,6 +138,7 @@ class _OpenAIRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted, unused
+    cache_salt: CacheSalt | None = None
     # SGLang's switches, which its router fills in (see _check_fixed).
     no_stop_trim: bool = False
     skip_special_tokens: bool = True
@@ -306,7 +312,6 @@ _UNIMPLEMENTED: dict[str, Any] = {
     "add_generation_prompt": True,
     "use_beam_search": False,
     "include_stop_str_in_output": False,
-    "cache_salt": None,  # a tenant's own prefix cache: not implemented yet
     "typical_p": 1.0,
     "mirostat": 0,
 }
@@ -402,6 +407,7 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     return_text_in_logprobs: bool = False
     stream: bool = False
     rid: str | list[str] | None = None
+    cache_salt: CacheSalt | None = None
     # What the SGLang router writes into every request it forwards (see _check_fixed).
     model: str | None = None  # accepted, unused: the served model
     log_metrics: bool = True
@@ -485,3 +491,4 @@ class ScoreRequest(msgspec.Struct, forbid_unknown_fields=True):
 
     prefix: str
     continuations: list[str]
+    cache_salt: CacheSalt | None = None

@@ -21,7 +21,7 @@ def written(tmp_path_factory):
     quantized ones, with an alignment of its own."""
     path = tmp_path_factory.mktemp("gguf") / "small.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_uint32("general.alignment", 64)
+    writer.add_custom_alignment(64)
     writer.add_array("tokenizer.ggml.tokens", [f"token{i}" for i in range(300)])
     writer.add_array("tokenizer.ggml.scores", [0.5] * 300)
     writer.add_string("general.name", "small")

@@ -52,12 +52,18 @@ def test_unknown_fields_are_ignored_and_named(server):
         assert "[DONE]" in r.read().decode()
     r = httpx.post(server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
     assert "x-braid-ignored-fields" not in r.headers
+    # A client's names are escaped (no control characters, latin-1) and cut short.
+    odd = {"prompt": "Hi", "max_tokens": 2, "caf\u00e9\n\U000dc082": 1, "x" * 5000: 2}
+    r = httpx.post(server.url + "/v1/completions", json=odd)
+    assert r.status_code == 200
+    named = r.headers["x-braid-ignored-fields"]
+    assert named.startswith("caf\\u00e9\\n\\udb30\\udc82, xxx") and named.endswith("...")
+    assert len(named) < 1100
 
 
 @pytest.mark.parametrize(
     "field,value",
     [
-        ("cache_salt", "tenant-a"),
         ("include_stop_str_in_output", True),
         ("guided_grammar", "root ::= 'a'"),
         ("use_beam_search", True),

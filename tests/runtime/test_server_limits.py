@@ -20,6 +20,7 @@ LIMITS = RequestLimits(
     max_stop_strings=3,
     max_stop_length=20,
     max_choices=5,
+    max_score_chars=1000,
     max_logit_bias=4,
     max_constraint_bytes=2000,
     max_schema_depth=10,
@@ -179,6 +180,16 @@ CASES = {
         {"prefix": "x", "continuations": list("abcdef")},
         ["continuations has 6 entries", "at most 5 (--max-choices)"],
     ),
+    "a select's text to tokenize": (
+        "/braid/score",
+        {"prefix": "x" * 300, "continuations": list("abcd")},
+        ["prefix + continuations has 1204 characters to tokenize", "(--max-score-chars)"],
+    ),
+    "a select past max_prompt_tokens": (
+        "/braid/score",
+        {"prefix": "word " * 100, "continuations": [" a"]},
+        ["prompt has", "at most 64 (--max-prompt-tokens)"],
+    ),
     "top_k a bigint": (
         "/v1/completions",
         {"prompt": "x", "top_k": 2**70},
@@ -227,6 +238,10 @@ def test_requests_at_the_bounds_are_served(server, engine):
         timeout=120,
     )
     assert r.status_code == 200, r.text
+    # 5 continuations (--max-choices) of 40 tokens, 1,000 characters to tokenize.
+    select = {"prefix": "word " * 39, "continuations": [f" opt{i}" for i in range(5)]}
+    r = httpx.post(server.url + "/braid/score", json=select, timeout=120)
+    assert r.status_code == 200 and len(r.json()["logprobs"]) == 5, r.text
     wait_idle(engine)
     assert_no_kv_leak(engine)
 

@@ -1,0 +1,113 @@
+"""GET /openapi.json: an OpenAPI 3.1 document of every route. Request bodies are built from
+the wire Structs the routes decode, so the document says what they accept and cannot drift
+from it; it is what client generators read, and what the HTTP fuzz
+(tests/runtime/test_http_fuzz.py) draws requests from."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from braid.runtime.sampling_params import SamplingParams
+from braid.runtime.server.anthropic_routes import CountTokensRequest, MessagesRequest
+from braid.runtime.server.embedding_routes import EmbeddingRequest
+from braid.runtime.server.responses_wire import ResponsesRequest
+from braid.runtime.server.token_routes import (
+    Detokenize,
+    TokenizeChat,
+    TokenizeContent,
+    TokenizePrompt,
+)
+from braid.runtime.server.wire import (
+    SAMPLING_FIELDS,
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateRequest,
+    ScoreRequest,
+)
+
+# (method, path) -> the Structs whose fields make its body (an API's own Struct, then
+# SamplingParams where the route reads sampling fields by their names), or alternatives.
+_BODIES: dict[tuple[str, str], tuple[str, list[type]]] = {
+    ("post", "/v1/completions"): ("merge", [CompletionRequest, SamplingParams]),
+    ("post", "/v1/chat/completions"): ("merge", [ChatCompletionRequest, SamplingParams]),
+    ("post", "/v1/responses"): ("merge", [ResponsesRequest, SamplingParams]),
+    ("post", "/v1/messages"): ("merge", [MessagesRequest]),
+    ("post", "/v1/messages/count_tokens"): ("merge", [CountTokensRequest]),
+    ("post", "/v1/embeddings"): ("merge", [EmbeddingRequest]),
+    ("post", "/tokenize"): ("one_of", [TokenizePrompt, TokenizeChat, TokenizeContent]),
+    ("post", "/detokenize"): ("merge", [Detokenize]),
+    ("post", "/generate"): ("merge", [GenerateRequest]),
+    ("post", "/braid/score"): ("merge", [ScoreRequest]),
+}
+_REF = "#/components/schemas/{name}"
+
+
+async def openapi(request: Request) -> Response:
+    state = request.app.state
+    if getattr(state, "openapi", None) is None:
+        state.openapi = document(request.app.routes)
+    return JSONResponse(state.openapi)
+
+
+def document(routes: list) -> dict[str, Any]:
+    """The OpenAPI document of these routes."""
+    structs = sorted({t for _, types in _BODIES.values() for t in types}, key=lambda t: t.__name__)
+    refs, components = msgspec.json.schema_components(structs, ref_template=_REF)
+    by_type = dict(zip(structs, refs, strict=True))
+    paths: dict[str, dict] = {}
+    for route in routes:
+        if not isinstance(route, Route):
+            continue
+        path = re.sub(r"\{(\w+)(:\w+)?\}", r"{\1}", route.path)
+        params = [
+            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+            for name in re.findall(r"\{(\w+)\}", path)
+        ]
+        for method in sorted(m.lower() for m in route.methods or () if m != "HEAD"):
+            operation: dict[str, Any] = {
+                "operationId": f"{method}_{path}",
+                "responses": {"200": {"description": "OK"}, "default": {"description": "error"}},
+            }
+            if params:
+                operation["parameters"] = params
+            if (method, path) in _BODIES:
+                kind, types = _BODIES[method, path]
+                body = (
+                    _merged(types, components)
+                    if kind == "merge"
+                    else {"oneOf": [by_type[t] for t in types]}
+                )
+                content = {"application/json": {"schema": body}}
+                operation["requestBody"] = {"required": True, "content": content}
+            paths.setdefault(path, {})[method] = operation
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "braid", "version": "1"},
+        "paths": paths,
+        "components": {"schemas": components},
+    }
+
+
+def _merged(types: list[type], components: dict[str, Any]) -> dict[str, Any]:
+    """One object schema with every field of `types` (SamplingParams only the fields the
+    routes read by its names), required where the first type requires it."""
+    first = components[types[0].__name__]
+    properties = dict(first.get("properties", {}))
+    for t in types[1:]:
+        fields = components[t.__name__].get("properties", {})
+        properties |= {
+            k: v for k, v in fields.items() if k in SAMPLING_FIELDS and k not in properties
+        }
+    schema = {"type": "object", "properties": properties}
+    if first.get("required"):
+        schema["required"] = first["required"]
+    return schema
+
+
+ROUTES = [Route("/openapi.json", openapi, methods=["GET"])]
