@@ -192,14 +192,6 @@ def _check_limits(obj: dict[str, Any], limits: RequestLimits) -> None:
             check_schema(tool["input_schema"], limits, f"tools[{i}].input_schema")
 
 
-def _check_model(request: Request, name: str | None) -> None:
-    """A name the model is not served as (its name or an alias) is a 404, unless the server
-    accepts any name (`braid serve --accept-any-model`)."""
-    svc: Service = request.app.state.service
-    if name is not None and name not in svc.model_names and not request.app.state.accept_any_model:
-        raise ModelNotFound(name)
-
-
 def _text(blocks: str | list[TextBlock]) -> str:
     # Blocks are separate pieces of text (Claude Code sends a reminder and the user's words as
     # two): a newline keeps them from running together.
@@ -298,25 +290,13 @@ async def _prompt(
         )
     # Tools and calls too (tools.rendered_chars), before anything is rendered.
     svc.check_text_length(tools.rendered_chars(chat) + len(prefill), "messages")
-    if tools.uses_tools(chat):
-        ids = await _render_with_tools(request, chat)
-    else:
-        ids = await svc.render_chat([m.as_dict() for m in chat.messages])
+    ids = await svc.render_conversation(chat)
     if prefill:
         tokenizer = svc.engine.tokenizer
         ids += await svc.off_loop(
             functools.partial(tokenizer.encode, prefill, add_special_tokens=False)
         )
     return ids, plan
-
-
-async def _render_with_tools(request: Request, chat: ChatCompletionRequest) -> list[int]:
-    """A conversation with tools, calls or results through the chat template, which renders
-    them itself where it can (tools.conversation); as /v1/chat/completions does."""
-    svc: Service = request.app.state.service
-    system_role = svc.chat_template is not None and "system" in svc.chat_template.closing
-    messages, tool_list = tools.conversation(chat, request.app.state.tools_in_template, system_role)
-    return await svc.render_chat(messages, tools=tool_list)
 
 
 def _sampling(req: MessagesRequest, max_tokens: int) -> SamplingParams:
@@ -495,7 +475,7 @@ async def messages(request: Request) -> Response:
     obj = decode_object(await request.body())
     _check_limits(obj, svc.limits)
     req = convert(obj, MessagesRequest)
-    _check_model(request, req.model)
+    svc.check_model(req.model)
     REQUEST_SALT.set(req.cache_salt)
     svc.check_room(1)
     prompt, plan = await _prompt(request, req)
@@ -547,7 +527,7 @@ async def count_tokens(request: Request) -> Response:
     obj = decode_object(await request.body())
     _check_limits(obj, svc.limits)
     req = convert(obj, CountTokensRequest)
-    _check_model(request, req.model)
+    svc.check_model(req.model)
     prompt, _ = await _prompt(request, req)
     return JSONResponse({"input_tokens": len(prompt)})
 

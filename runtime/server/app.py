@@ -25,7 +25,6 @@ from braid.runtime.server import (
     openapi,
     responses_routes,
     token_routes,
-    tools,
 )
 from braid.runtime.server.service import TENANT, ClientGone, Overloaded, Service
 from braid.runtime.server.wire import ModelNotFound, error_body
@@ -103,10 +102,9 @@ def create_app(
         },
         lifespan=lifespan,
     )
-    app.state.service = Service(engine, model_name, max_queued_requests, limits, aliases)
-    app.state.accept_any_model = accept_any_model
-    # Whether the chat template renders tools and tool turns itself (see server/tools.py).
-    app.state.tools_in_template = tools.template_renders_tools(engine.tokenizer)
+    app.state.service = Service(
+        engine, model_name, max_queued_requests, limits, aliases, accept_any_model
+    )
     return app
 
 

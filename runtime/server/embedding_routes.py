@@ -12,7 +12,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from braid.runtime.server.openai_routes import _check_model
 from braid.runtime.server.service import Service, unless_disconnected
 from braid.runtime.server.wire import BadRequest, convert, decode_object
 
@@ -29,7 +28,7 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
 async def embeddings(request: Request) -> Response:
     svc: Service = request.app.state.service
     obj = decode_object(await request.body())
-    _check_model(request, obj.get("model"))
+    svc.check_model(obj.get("model"))
     req = convert(obj, EmbeddingRequest)
     hidden = svc.engine.model_config.hidden_size
     if req.dimensions is not None and req.dimensions != hidden:

@@ -25,7 +25,6 @@ from braid.runtime.server.wire import (
     BadRequest,
     ChatCompletionRequest,
     CompletionRequest,
-    ModelNotFound,
     decode_object,
     openai_request,
 )
@@ -45,7 +44,7 @@ async def model(request: Request) -> Response:
     """GET /v1/models/{id}: the served model's card under that id, or OpenAI's 404 for an id
     it is not served as."""
     name = request.path_params["model_id"]
-    _check_model(request, name)
+    request.app.state.service.check_model(name)
     return JSONResponse(_model_card(request, name))
 
 
@@ -60,24 +59,12 @@ def _model_card(request: Request, name: str) -> dict:
     }
 
 
-def _check_model(request: Request, name: object) -> None:
-    """A model name the model is not served as (its name or an alias) is a 404 (as OpenAI
-    answers), unless the server accepts any name (`braid serve --accept-any-model`)."""
-    svc: Service = request.app.state.service
-    if (
-        isinstance(name, str)
-        and name not in svc.model_names
-        and not getattr(request.app.state, "accept_any_model", False)
-    ):
-        raise ModelNotFound(name)
-
-
 def _openai_request(request: Request, obj: dict, kind: type):
     """The request's Struct, its SamplingParams and the fields it sent that braid ignores
     (logged: _ignoring), its model checked first, then its fields against the limits; its
     cache_salt is the salt of the engine requests it makes."""
-    _check_model(request, obj.get("model"))
     svc: Service = request.app.state.service
+    svc.check_model(obj.get("model"))
     check_openai_body(obj, svc.limits)
     req, params, ignored = openai_request(obj, kind, svc.engine.context_length)
     REQUEST_SALT.set(req.cache_salt)
@@ -225,11 +212,7 @@ async def chat_completions(request: Request) -> Response:
     plan = tools.plan(req)
     svc.check_text_length(tools.rendered_chars(req), "messages")  # tools and calls too
     variables = svc.template_variables(req.chat_template_kwargs)
-    if tools.uses_tools(req):
-        ids = await svc.encode(await _render_with_tools(request, req, variables))
-    else:
-        messages = [m.as_dict() for m in req.messages]
-        ids = await svc.encode(await svc.render_chat(messages, variables))
+    ids = await svc.encode(await svc.render_conversation(req, variables))
     _check_context(svc, obj, params, [ids])
     calling = plan is not None and plan.calls  # the output may be calls: constrained, parsed
     if calling:
@@ -322,18 +305,6 @@ async def chat_completions(request: Request) -> Response:
 
     response = await svc.build_reply(reply, params.wants_logprobs)
     return _ignoring(response, ignored, "chat/completions")
-
-
-async def _render_with_tools(
-    request: Request, req: ChatCompletionRequest, variables: dict
-) -> list[int]:
-    """The prompt's tokens of a conversation with tools, calls or tool results: through the
-    model's chat template, which renders them itself where it can (tools.conversation)."""
-    svc: Service = request.app.state.service
-    native = request.app.state.tools_in_template
-    system_role = svc.chat_template is not None and "system" in svc.chat_template.closing
-    messages, tool_list = tools.conversation(req, native, system_role)
-    return await svc.render_chat(messages, variables, tool_list)
 
 
 def _best_of(req: CompletionRequest, params: SamplingParams) -> SamplingParams:

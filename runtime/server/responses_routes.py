@@ -26,7 +26,6 @@ from braid.runtime.outputs import StreamChunk
 from braid.runtime.sampling_params import SamplingParams
 from braid.runtime.server import tools
 from braid.runtime.server.limits import check_max_tokens
-from braid.runtime.server.openai_routes import _check_model, _render_with_tools
 from braid.runtime.server.response_store import ResponseStore
 from braid.runtime.server.responses_wire import (
     ResponsesRequest,
@@ -189,7 +188,7 @@ def _usage(meta: dict[str, Any]) -> dict[str, Any]:
 async def create_response(request: Request) -> Response:
     svc: Service = request.app.state.service
     obj = decode_object(await request.body())
-    _check_model(request, obj.get("model"))
+    svc.check_model(obj.get("model"))
     check_limits(obj, svc.limits)
     req, fields = decode(obj)
     REQUEST_SALT.set(req.cache_salt)
@@ -220,10 +219,7 @@ async def create_response(request: Request) -> Response:
     svc.check_room(1)
     plan = tools.plan(chat)
     svc.check_text_length(tools.rendered_chars(chat), "input")  # tools and calls too
-    if tools.uses_tools(chat):
-        ids = await svc.encode(await _render_with_tools(request, chat, {}))
-    else:
-        ids = await svc.encode(await svc.render_chat([m.as_dict() for m in chat.messages]))
+    ids = await svc.encode(await svc.render_conversation(chat))
     if req.max_output_tokens is not None:
         check_max_tokens(
             "max_output_tokens", params.max_tokens, len(ids), svc.engine.context_length

@@ -26,8 +26,9 @@ from braid.runtime.engine import Engine
 from braid.runtime.model_loader import resolve_model_dir
 from braid.runtime.outputs import GenerateOutput, StreamChunk
 from braid.runtime.sampling_params import SamplingParams
+from braid.runtime.server import tools
 from braid.runtime.server.metrics import Metrics
-from braid.runtime.server.wire import BadRequest
+from braid.runtime.server.wire import BadRequest, ChatCompletionRequest, ModelNotFound
 
 T = TypeVar("T")
 # A job's chunks from (prompt ids, params): Service.stream, or a route's wrapper of it.
@@ -70,11 +71,13 @@ class Service:
         max_queued_requests: int,
         limits: RequestLimits | None = None,
         aliases: tuple[str, ...] = (),
+        accept_any_model: bool = False,
     ) -> None:
         self.engine = engine
         self.model_name = model_name  # the primary name: listed first, reported by /server_info
         # Every name a request may give (--served-model-name NAME ALIAS...), the primary first.
         self.model_names = tuple(dict.fromkeys((model_name, *aliases)))
+        self.accept_any_model = accept_any_model
         self.created = int(time.time())  # the model cards' `created`
         self.limits = limits or RequestLimits()
         # Sequences (n counts each sample) the server holds, running or waiting in the engine.
@@ -86,6 +89,8 @@ class Service:
             self.chat_template: ChatTemplate | None = ChatTemplate.from_tokenizer(engine.tokenizer)
         except ValueError:  # the tokenizer has none
             self.chat_template = None
+        # Whether the chat template renders tools and tool turns itself (server/tools.py).
+        self.tools_in_template = tools.template_renders_tools(engine.tokenizer)
         # Tokenizing and rendering a request's text cost time in proportion to it: they run
         # here, off the event loop (the tokenizer releases the GIL while it works).
         self._prep = ThreadPoolExecutor(max_workers=2, thread_name_prefix="braid-prepare")
@@ -101,6 +106,23 @@ class Service:
             yield
         finally:
             self.num_active -= num_sequences
+
+    def check_model(self, name: object) -> None:
+        """A model name the model is not served as (its name or an alias) is a 404, as
+        OpenAI answers, unless the server accepts any name (--accept-any-model)."""
+        if isinstance(name, str) and name not in self.model_names and not self.accept_any_model:
+            raise ModelNotFound(name)
+
+    async def render_conversation(
+        self, req: ChatCompletionRequest, variables: dict[str, Any] | None = None
+    ) -> list[int]:
+        """A chat request's prompt tokens: its messages through the chat template, with its
+        tools, calls and tool results as tools.conversation writes them when it has any."""
+        if not tools.uses_tools(req):
+            return await self.render_chat([m.as_dict() for m in req.messages], variables)
+        system_role = self.chat_template is not None and "system" in self.chat_template.closing
+        messages, tool_list = tools.conversation(req, self.tools_in_template, system_role)
+        return await self.render_chat(messages, variables, tool_list)
 
     def reply_model(self, requested: object) -> str:
         """The model name a reply carries: the one the request gave (once checked: an alias,

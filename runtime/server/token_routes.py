@@ -9,7 +9,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from braid.runtime import template_render
-from braid.runtime.server.openai_routes import _check_model
 from braid.runtime.server.service import Service
 from braid.runtime.server.wire import BadRequest, ChatMessage, convert, decode_object
 
@@ -50,7 +49,7 @@ class Detokenize(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 async def tokenize(request: Request) -> Response:
     svc: Service = request.app.state.service
     obj = decode_object(await request.body())
-    _check_model(request, obj.get("model"))
+    svc.check_model(obj.get("model"))
     tokenizer = svc.engine.tokenizer
     if "content" in obj:
         req = convert(obj, TokenizeContent)
@@ -81,7 +80,7 @@ async def tokenize(request: Request) -> Response:
 async def detokenize(request: Request) -> Response:
     svc: Service = request.app.state.service
     obj = decode_object(await request.body())
-    _check_model(request, obj.get("model"))
+    svc.check_model(obj.get("model"))
     req = convert(obj, Detokenize)
     size = len(svc.engine.tokenizer)
     bad = [t for t in req.tokens if not 0 <= t < size]
