@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
@@ -11,6 +10,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from braid.runtime.server.disconnects import ClientGone, unless_disconnected
 from braid.runtime.server.wire import error_body
 
 # Headers that belong to one connection, or that the front sets itself.
@@ -111,23 +111,10 @@ async def _unless_client_leaves(request: Request, work: Awaitable[T]) -> T | Non
     """`work`'s result, or None if the client disconnects first: then `work` is cancelled,
     which closes its connection upstream, and the replica aborts the request as it does for
     any client that leaves (otherwise it decoded on, to max_tokens, for nobody)."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_disconnected(request))
     try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        task.cancel()  # nothing, once it is done
-    try:
-        return await task
-    except asyncio.CancelledError:
+        return await unless_disconnected(request, work)
+    except ClientGone:
         return None
-
-
-async def _disconnected(request: Request) -> None:
-    """Returns once the client has disconnected (its request's body already read)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def _client_gone() -> Response:

@@ -26,8 +26,9 @@ from starlette.routing import Route
 from braid.runtime.config import RequestLimits
 from braid.runtime.sampling_params import SamplingParams
 from braid.runtime.server import tools
+from braid.runtime.server.disconnects import unless_disconnected
 from braid.runtime.server.limits import check_schema
-from braid.runtime.server.service import REQUEST_SALT, Overloaded, Service, unless_disconnected
+from braid.runtime.server.service import REQUEST_SALT, Overloaded, Service
 from braid.runtime.server.wire import (
     BadRequest,
     CacheSalt,

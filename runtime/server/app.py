@@ -26,7 +26,8 @@ from braid.runtime.server import (
     responses_routes,
     token_routes,
 )
-from braid.runtime.server.service import TENANT, ClientGone, Overloaded, Service
+from braid.runtime.server.disconnects import ClientGone
+from braid.runtime.server.service import TENANT, Overloaded, Service
 from braid.runtime.server.wire import ModelNotFound, error_body
 
 # Routes a load balancer or a scraper may call without the API key.

@@ -12,7 +12,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from braid.runtime.server.service import Service, unless_disconnected
+from braid.runtime.server.disconnects import unless_disconnected
+from braid.runtime.server.service import Service
 from braid.runtime.server.wire import BadRequest, convert, decode_object
 
 

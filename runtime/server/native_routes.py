@@ -15,15 +15,10 @@ from starlette.routing import Route
 
 from braid.runtime.outputs import GenerateOutput, StreamChunk
 from braid.runtime.sampling_params import SamplingParams
+from braid.runtime.server.disconnects import unless_disconnected
 from braid.runtime.server.limits import check_continuations, check_fields, check_max_tokens
 from braid.runtime.server.metrics import CONTENT_TYPE
-from braid.runtime.server.service import (
-    REQUEST_SALT,
-    Service,
-    cache_salt,
-    samples,
-    unless_disconnected,
-)
+from braid.runtime.server.service import REQUEST_SALT, Service, cache_salt, samples
 from braid.runtime.server.sse import event_stream
 from braid.runtime.server.wire import GenerateRequest, ScoreRequest, convert, decode_object
 

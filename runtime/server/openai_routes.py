@@ -17,8 +17,9 @@ from starlette.routing import Route
 from braid.runtime.outputs import StreamChunk
 from braid.runtime.sampling_params import SamplingParams
 from braid.runtime.server import tools
+from braid.runtime.server.disconnects import unless_disconnected
 from braid.runtime.server.limits import check_max_tokens, check_openai_body
-from braid.runtime.server.service import REQUEST_SALT, Service, samples, unless_disconnected
+from braid.runtime.server.service import REQUEST_SALT, Service, samples
 from braid.runtime.server.sse import event_stream
 from braid.runtime.server.wire import (
     IGNORED_HEADER,

@@ -25,6 +25,7 @@ from starlette.routing import Route
 from braid.runtime.outputs import StreamChunk
 from braid.runtime.sampling_params import SamplingParams
 from braid.runtime.server import tools
+from braid.runtime.server.disconnects import unless_disconnected
 from braid.runtime.server.limits import check_max_tokens
 from braid.runtime.server.response_store import ResponseStore
 from braid.runtime.server.responses_wire import (
@@ -35,7 +36,7 @@ from braid.runtime.server.responses_wire import (
     function_tools,
     tool_choice,
 )
-from braid.runtime.server.service import REQUEST_SALT, Service, unless_disconnected
+from braid.runtime.server.service import REQUEST_SALT, Service
 from braid.runtime.server.wire import (
     BadRequest,
     ChatCompletionRequest,

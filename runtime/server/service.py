@@ -9,14 +9,13 @@ import hashlib
 import inspect
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
 import msgspec
-from starlette.requests import Request
 
 from braid.grammars.compiler import CompileQueueFull
 from braid.runtime import template_render
@@ -57,10 +56,6 @@ def cache_salt() -> str | None:
 class Overloaded(Exception):
     """The server holds as many requests as it may queue, or the engine as many constraints
     waiting to compile: a 503."""
-
-
-class ClientGone(Exception):
-    """The client disconnected; its requests were aborted."""
 
 
 class Service:
@@ -353,25 +348,3 @@ async def merged(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await `work`, cancelling it (and so aborting its engine requests) if the client
-    disconnects first."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-    if task.cancelled():
-        raise ClientGone()
-    return task.result()
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass

@@ -1,0 +1,38 @@
+"""Work a client is waiting for, cancelled when it disconnects: for the server's routes and the
+`--dp` front alike (this module imports nothing of the engine)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from starlette.requests import Request
+
+T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The client disconnected; its work was cancelled (its engine requests aborted)."""
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it if the client disconnects first (ClientGone then)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        raise ClientGone()
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has disconnected (its request's body already read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
