@@ -116,7 +116,7 @@ class Lexer:
         cands, pending, fresh, restart = lex
         buf = pending + bytes((byte,))
         need = _utf8_length(buf[0])
-        if need == 0 or (len(buf) > 1 and byte & 0xC0 != 0x80):
+        if need == 0 or (len(buf) > 1 and not _continues(buf)):
             return (DEAD,)
         if len(buf) < need:
             return CONTINUE, (cands, buf, fresh, restart)
@@ -175,6 +175,22 @@ class Lexer:
             for symbol, chars in term.fsm.alphabet.by_transition.items():
                 if moves.get(symbol) in term.live:
                     yield chars
+
+
+# The second byte's range for the lead bytes that narrow it (UTF-8 has no overlong forms,
+# surrogates or code points past U+10FFFF): a token ending in a prefix no character has would
+# be let through the mask and leave the output at a dead end.
+_SECOND_BYTE = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}
+
+
+def _continues(buf: bytes) -> bool:
+    """Whether the last byte of `buf` (a character's lead byte and what follows it) can
+    continue a UTF-8 character."""
+    byte = buf[-1]
+    if len(buf) == 2:
+        low, high = _SECOND_BYTE.get(buf[0], (0x80, 0xBF))
+        return low <= byte <= high
+    return byte & 0xC0 == 0x80
 
 
 def _utf8_length(lead: int) -> int:

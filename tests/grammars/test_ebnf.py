@@ -3,6 +3,7 @@ lark parses must get through the masks token by token, and errors name the probl
 
 from __future__ import annotations
 
+import codecs
 import random
 
 import lark
@@ -179,3 +180,22 @@ def test_eos_only_where_the_grammar_accepts(tokenizer, vocab):
 def test_bad_grammars_are_named(text, message, vocab):
     with pytest.raises(ValueError, match=message):
         grammars.compile(grammars.Ebnf(text), vocab)
+
+
+def test_inside_a_string_every_allowed_token_can_continue_as_utf8(vocab):
+    """A token ending inside a character must end on a prefix some character has: after a
+    lead byte 0xF0, a token starting 0x83 (a second byte no code point takes) was let
+    through, and the walk above then met a mask with nothing in it."""
+    grammar = grammars.compile(grammars.Ebnf(GRAMMARS["json"]), vocab)
+    leads = [t for t, b in enumerate(vocab.token_bytes) if b and b[-1:] in (b"\xf0", b"\xe0")]
+    assert leads
+    for lead in leads[:4]:
+        matcher = grammar.matcher()
+        assert matcher.accept_token(vocab.token_bytes.index(b'"'))
+        if not matcher.accept_token(lead):
+            continue
+        row = grammars.allocate_bitmask(1, vocab.size)[0]
+        matcher.fill_bitmask(row)
+        for token in allowed_token_ids(row):
+            text = vocab.token_bytes[lead] + (vocab.token_bytes[token] or b"")
+            codecs.getincrementaldecoder("utf-8")().decode(text, final=False)  # raises if not
