@@ -24,12 +24,20 @@ class Backend(Protocol):
     def chat_template(self) -> ChatTemplate: ...
 
     async def generate(
-        self, prompt: str, params: SamplingParams, on_text: Callable[[str], None]
+        self,
+        prompt: str,
+        params: SamplingParams,
+        on_text: Callable[[str], None],
+        lora: str | None = None,
     ) -> GenerateOutput:
         """Generate a continuation of `prompt`, handing each new piece of text to `on_text`
-        as it arrives. Raises RuntimeError when the request fails."""
+        as it arrives. Raises RuntimeError when the request fails. `lora`: a LoRA adapter the
+        model serves, by name (the interpreter passes it only to programs that ask for one,
+        so a backend without adapters may leave it out)."""
 
-    async def score(self, prefix: str, continuations: list[str]) -> list[list[float]]:
+    async def score(
+        self, prefix: str, continuations: list[str], lora: str | None = None
+    ) -> list[list[float]]:
         """For each continuation, the logprobs of its tokens after `prefix`, all counted from
         the first token position where any of them departs from the prefix's tokens."""
 

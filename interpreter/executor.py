@@ -78,9 +78,11 @@ class StreamExecutor:
         parent: Future | None = None,
         *,
         keep_undecodable_text: bool = False,
+        lora: str | None = None,
     ) -> None:
         self.backend = backend
         self.sampling = sampling  # the program's SamplingParams defaults for every gen
+        self.lora = lora  # the program's LoRA adapter (None: the base model's); a gen's wins
         # A typed gen whose text does not decode keeps the text instead of failing the state
         # (SGLang's programs: their variables hold the text as generated).
         self.keep_undecodable_text = keep_undecodable_text
@@ -129,6 +131,7 @@ class StreamExecutor:
                 self.sampling,
                 parent=f,
                 keep_undecodable_text=self.keep_undecodable_text,
+                lora=self.lora,
             )
             for f in parents
         ]
@@ -342,7 +345,9 @@ class StreamExecutor:
     async def _(self, op: Gen) -> None:
         params = op.params(self.sampling)
         prompt = self.text
-        out = await self.backend.generate(prompt, params, lambda t: self._append(t, op.name))
+        out = await self.backend.generate(
+            prompt, params, lambda t: self._append(t, op.name), **_lora(op.lora or self.lora)
+        )
         value = out.text
         if op.decode is not None:
             try:
@@ -360,12 +365,13 @@ class StreamExecutor:
     @_run.register
     async def _(self, op: Select) -> None:
         choices = list(op.choices)
-        scoring = [self.backend.score(self.text, choices)]
+        lora = _lora(self.lora)
+        scoring = [self.backend.score(self.text, choices, **lora)]
         if needs_unconditional(op.method):
             # The choice's prior: its logprobs after only the current message's opening.
             role = self.open_role
             context = "" if role is None else self.backend.chat_template.begin(role, first=False)
-            scoring.append(self.backend.score(context, choices))
+            scoring.append(self.backend.score(context, choices, **lora))
         logprobs, *prior = await asyncio.gather(*scoring)  # one engine round trip
         unconditional = prior[0] if prior else None
         scores = METHODS[op.method](logprobs, unconditional)
@@ -437,3 +443,9 @@ class StreamExecutor:
             self.fork_start = len(s.text)
             self.variables.update(s.variables)
             self.metas.update(s.metas)
+
+
+def _lora(name: str | None) -> dict[str, str]:
+    """The backend's `lora` argument, only when a program asks for an adapter: backends that
+    serve none need not take it."""
+    return {"lora": name} if name is not None else {}

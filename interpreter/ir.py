@@ -45,6 +45,7 @@ class Gen(_NotText):
     name: str | None
     sampling: dict[str, Any]
     decode: Callable[[str], Any] | None = None
+    lora: str | None = None  # a LoRA adapter for this gen alone (None: the program's)
 
     def params(self, defaults: dict[str, Any]) -> SamplingParams:
         return SamplingParams(**{**defaults, **self.sampling})

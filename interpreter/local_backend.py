@@ -26,10 +26,14 @@ class LocalBackend:
         return ChatTemplate.from_tokenizer(self.engine.tokenizer)
 
     async def generate(
-        self, prompt: str, params: SamplingParams, on_text: Callable[[str], None]
+        self,
+        prompt: str,
+        params: SamplingParams,
+        on_text: Callable[[str], None],
+        lora: str | None = None,
     ) -> GenerateOutput:
         text, token_ids = [], []
-        async for chunk in self.engine.stream(prompt, params):
+        async for chunk in self.engine.stream(prompt, params, lora=lora):
             if chunk.text:
                 on_text(chunk.text)
             text.append(chunk.text)
@@ -41,8 +45,10 @@ class LocalBackend:
             meta["prompt_token_ids"] = self.engine.encode(prompt)[params.prompt_logprobs_from :]
         return GenerateOutput("".join(text), token_ids, chunk.finish_reason, meta)
 
-    async def score(self, prefix: str, continuations: list[str]) -> list[list[float]]:
-        return await self.engine.ascore(prefix, continuations)
+    async def score(
+        self, prefix: str, continuations: list[str], lora: str | None = None
+    ) -> list[list[float]]:
+        return await self.engine.ascore(prefix, continuations, lora=lora)
 
     def token_texts(self, token_ids: list[int]) -> list[str]:
         """Each token's own text."""

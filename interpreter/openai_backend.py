@@ -51,11 +51,18 @@ class OpenAIBackend:
         self.chat_template = chat_template or _MARKERS
 
     async def generate(
-        self, prompt: str, params: SamplingParams, on_text: Callable[[str], None]
+        self,
+        prompt: str,
+        params: SamplingParams,
+        on_text: Callable[[str], None],
+        lora: str | None = None,
     ) -> GenerateOutput:
+        """`lora`: an adapter the server lists as a model of its own (braid serve and vLLM
+        do), asked for by that name."""
         if params.n != 1 or params.prompt_logprobs_from is not None:
             raise ValueError("OpenAIBackend generates one sample without prompt logprobs")
-        body = {"model": self.model, "stream": True, "stream_options": {"include_usage": True}}
+        body = {"model": lora or self.model, "stream": True}
+        body["stream_options"] = {"include_usage": True}
         body |= _sampling_fields(params)
         messages = _messages(prompt) if self.chat_template is _MARKERS else None
         if messages is None:
@@ -87,7 +94,9 @@ class OpenAIBackend:
             meta["logprobs"] = logprobs
         return GenerateOutput("".join(text), [], finish or "stop", meta)
 
-    async def score(self, prefix: str, continuations: list[str]) -> list[list[float]]:
+    async def score(
+        self, prefix: str, continuations: list[str], lora: str | None = None
+    ) -> list[list[float]]:
         """Each continuation scored from the first token that reaches past the prefix, the
         earliest such position over all of them (the span a local engine scores, found by
         text offsets since the endpoint's tokenizer is not at hand)."""
@@ -97,7 +106,7 @@ class OpenAIBackend:
                 "OpenAIBackend with chat_template=ChatTemplate.from_tokenizer(tokenizer)"
             )
         texts = [prefix + c for c in continuations]
-        body = {"model": self.model, "prompt": texts, "max_tokens": 0, "echo": True}
+        body = {"model": lora or self.model, "prompt": texts, "max_tokens": 0, "echo": True}
         body |= {"logprobs": 0, "temperature": 0}
         try:
             reply = await self.http.post("/completions", body)

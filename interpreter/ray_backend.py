@@ -58,16 +58,22 @@ class RayBackend:
         return self._chat_template
 
     async def generate(
-        self, prompt: str, params: SamplingParams, on_text: Callable[[str], None]
+        self,
+        prompt: str,
+        params: SamplingParams,
+        on_text: Callable[[str], None],
+        lora: str | None = None,
     ) -> GenerateOutput:
         # The output comes back whole: a streamed program sees each gen's text at once.
-        out = await self._call("generate", prompt, prompt, params)
+        out = await self._call("generate", prompt, prompt, params, lora)
         if out.text:
             on_text(out.text)
         return out
 
-    async def score(self, prefix: str, continuations: list[str]) -> list[list[float]]:
-        return await self._call("score", prefix, prefix, continuations)
+    async def score(
+        self, prefix: str, continuations: list[str], lora: str | None = None
+    ) -> list[list[float]]:
+        return await self._call("score", prefix, prefix, continuations, lora)
 
     async def _call(self, method: str, routing_text: str, *args: Any) -> Any:
         exceptions = self._ray.exceptions
@@ -112,11 +118,15 @@ class EngineActor:
         except ValueError as e:
             return str(e)
 
-    async def generate(self, prompt: str, params: SamplingParams) -> GenerateOutput:
-        return await self.local.generate(prompt, params, lambda text: None)
+    async def generate(
+        self, prompt: str, params: SamplingParams, lora: str | None = None
+    ) -> GenerateOutput:
+        return await self.local.generate(prompt, params, lambda text: None, lora)
 
-    async def score(self, prefix: str, continuations: list[str]) -> list[list[float]]:
-        return await self.local.score(prefix, continuations)
+    async def score(
+        self, prefix: str, continuations: list[str], lora: str | None = None
+    ) -> list[list[float]]:
+        return await self.local.score(prefix, continuations, lora)
 
     def stats(self) -> dict:
         return self.local.engine.stats()

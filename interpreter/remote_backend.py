@@ -49,7 +49,11 @@ class RemoteBackend:
         return ChatTemplate(**markers)
 
     async def generate(
-        self, prompt: str, params: SamplingParams, on_text: Callable[[str], None]
+        self,
+        prompt: str,
+        params: SamplingParams,
+        on_text: Callable[[str], None],
+        lora: str | None = None,
     ) -> GenerateOutput:
         # What is reported goes in /generate's own fields (return_logprob, top_logprobs_num,
         # logprob_start_len).
@@ -63,6 +67,7 @@ class RemoteBackend:
             "top_logprobs_num": params.top_logprobs,
             "return_text_in_logprobs": True,
             **self._salt,
+            **_lora(lora),
         }
         if prompt_from is not None:
             body["logprob_start_len"] = prompt_from
@@ -93,8 +98,10 @@ class RemoteBackend:
         reason = info["finish_reason"]["type"]
         return GenerateOutput(last["text"], last["output_ids"], reason, meta)
 
-    async def score(self, prefix: str, continuations: list[str]) -> list[list[float]]:
-        body = {"prefix": prefix, "continuations": continuations, **self._salt}
+    async def score(
+        self, prefix: str, continuations: list[str], lora: str | None = None
+    ) -> list[list[float]]:
+        body = {"prefix": prefix, "continuations": continuations, **self._salt, **_lora(lora)}
         return (await self.http.post("/braid/score", body))["logprobs"]
 
     def token_texts(self, token_ids: list[int]) -> list[str | None]:
@@ -112,3 +119,8 @@ class RemoteBackend:
     def _learn_texts(self, *listings: list[list]) -> None:
         for listing in listings:
             self._token_texts.update((t, text) for _, t, text in listing if text is not None)
+
+
+def _lora(name: str | None) -> dict[str, str]:
+    """The adapter field, only when set (a server older than it refuses it, even null)."""
+    return {"lora_path": name} if name is not None else {}

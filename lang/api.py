@@ -83,6 +83,7 @@ def gen(
     json_schema: Any = None,
     return_logprobs: bool = False,
     choices_method: str | Callable | None = None,
+    lora: str | None = None,
     **sampling: Any,
 ) -> Gen | Select:
     """Generate text into `state[name]`.
@@ -96,11 +97,14 @@ def gen(
     dataclass, TypedDict, ...), whose value is then decoded into that type.
     `return_logprobs` puts each token's logprob in `state.meta(name)["logprobs"]`.
     With `choices` it is `select(name, choices, choices_method)`, as in SGLang: the choices
-    are scored, not sampled.
+    are scored, not sampled. `lora`: the name of a LoRA adapter the backend serves, for this
+    gen (default: the program's, `run(lora=...)`).
     """
     where = f"gen({name!r})"
     sampling = sampling_fields({"max_tokens": max_tokens, **sampling}, where)
     if "choices" in sampling:
+        if lora is not None:
+            raise ValueError(f"{where}: a select runs under the program's adapter (run(lora=))")
         return _gen_choices(name, sampling, dtype, json_schema, choices_method)
     if choices_method is not None:
         raise ValueError(f"{where}: choices_method needs choices")
@@ -119,7 +123,7 @@ def gen(
     if return_logprobs:
         sampling["logprobs"] = True
     check_sampling(sampling, where)
-    return Gen(name, sampling, decode)
+    return Gen(name, sampling, decode, lora)
 
 
 def select(

@@ -63,12 +63,14 @@ class Program:
         stream: bool = False,
         backend: Backend | None = None,
         sampling: dict[str, Any] | None = None,
+        lora: str | None = None,
         use_thread: bool = True,
         **kwargs: Any,
     ) -> ProgramState:
         """Run the program and return its finished state; raises what the program raised.
 
-        `sampling`: SamplingParams fields every gen of the program starts from. A keyword
+        `sampling`: SamplingParams fields every gen of the program starts from. `lora`: the
+        LoRA adapter (by name, one the backend serves) its gens and selects run under. A keyword
         that is not one of the program's parameters but a sampling field, in braid's or
         SGLang's name (`temperature=0`, `max_new_tokens=16`), is one of those defaults too,
         as in SGLang. With `stream=True` it returns at once: iterate `state.text_iter()` for
@@ -76,7 +78,7 @@ class Program:
         its event loop either way.
         """
         kwargs, sampling = self._split_sampling(kwargs, sampling, "run")
-        state = self._new_state(backend, sampling)
+        state = self._new_state(backend, sampling, lora)
         if stream:
             threading.Thread(
                 target=self._execute, args=(state, args, kwargs), name="braid-program", daemon=True
@@ -96,6 +98,7 @@ class Program:
         progress: bool = False,
         backend: Backend | None = None,
         sampling: dict[str, Any] | None = None,
+        lora: str | None = None,
         num_threads: int | str | None = None,
         progress_bar: bool = False,
         generator_style: bool = False,
@@ -121,7 +124,7 @@ class Program:
         backend = backend or default_backend()
 
         def run_one(arguments: dict[str, Any] | tuple | list) -> ProgramState:
-            state = self._new_state(backend, sampling)
+            state = self._new_state(backend, sampling, lora)
             if isinstance(arguments, dict):
                 self._execute(state, (), arguments)
             else:
@@ -158,11 +161,12 @@ class Program:
         *args: Any,
         backend: Backend | None = None,
         sampling: dict[str, Any] | None = None,
+        lora: str | None = None,
         **kwargs: Any,
     ) -> ProgramState:
         """`run` for asyncio: awaits the program without blocking the event loop."""
         kwargs, sampling = self._split_sampling(kwargs, sampling, "arun")
-        state = self._new_state(backend, sampling)
+        state = self._new_state(backend, sampling, lora)
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(_ARUN_THREADS, self._execute, state, args, kwargs)
         await asyncio.gather(*(asyncio.wrap_future(f) for f in state._executor.all_done()))
@@ -182,7 +186,9 @@ class Program:
         arguments = {k: v for k, v in kwargs.items() if k not in direct}
         return arguments, {**(sampling or {}), **sampling_fields(direct, f"{self.name}.{where}")}
 
-    def _new_state(self, backend: Backend | None, sampling: dict[str, Any] | None) -> ProgramState:
+    def _new_state(
+        self, backend: Backend | None, sampling: dict[str, Any] | None, lora: str | None
+    ) -> ProgramState:
         sampling = dict(sampling or {})
         where = f"{self.name}.run(sampling=...)"
         check_sampling(sampling, where)
@@ -192,6 +198,7 @@ class Program:
             backend or default_backend(),
             sampling,
             keep_undecodable_text=self.keep_undecodable_text,
+            lora=lora,
         )
         return ProgramState(executor)
 

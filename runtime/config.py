@@ -127,8 +127,27 @@ class EngineConfig:
         "tensor-parallel ranks, one process each (the engine starts them): each holds a share "
         "of the attention heads, MLP features and KV pool; gloo on the CPU, NCCL on GPUs",
     )
+    lora: tuple[str, ...] = _setting(
+        (),
+        "LoRA adapters to load at start, each name=path (a PEFT adapter directory); a "
+        "request names the one it runs under (`lora=`)",
+    )
 
     def __post_init__(self) -> None:
+        self.lora = tuple(self.lora)  # a list from the command line's flags
+        names = []
+        for entry in self.lora:
+            name, sep, path = entry.partition("=")
+            if not (sep and name and path):
+                raise ValueError(f"EngineConfig.lora: expected name=path, got {entry!r}")
+            names.append(name)
+        if len(set(names)) != len(names):
+            raise ValueError(f"EngineConfig.lora: adapter names repeat: {names}")
+        if self.lora and (self.tp > 1 or self.deterministic):
+            raise ValueError(
+                "EngineConfig.lora: LoRA adapters run neither with tp > 1 nor with "
+                "deterministic=True (their updates are neither sharded nor batch-invariant)"
+            )
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(
                 f"EngineConfig.device: expected auto, cpu or cuda[:N], got {self.device!r}"

@@ -32,6 +32,7 @@ from braid.runtime.embedding import EmbedJob
 from braid.runtime.kv_cache import KVPool
 from braid.runtime.model_loader import load_model, load_model_config, resolve_model_dir
 from braid.runtime.model_runner import ModelRunner, StepResult
+from braid.runtime.models.lora import LoraAdapter, load_adapter
 from braid.runtime.output_processor import OutputProcessor
 from braid.runtime.outputs import GenerateOutput, StreamChunk
 from braid.runtime.quantization import resolve_quantization
@@ -53,7 +54,14 @@ Prompt = str | list[int]
 
 
 class Engine:
-    def __init__(self, model: str | None = None, **config_fields) -> None:
+    def __init__(
+        self, model: str | None = None, lora_adapters: dict[str, str] | None = None, **config_fields
+    ) -> None:
+        """`lora_adapters`: name -> PEFT adapter directory, loaded at start (added to
+        EngineConfig.lora's "name=path" entries)."""
+        if lora_adapters:
+            named = tuple(f"{name}={path}" for name, path in lora_adapters.items())
+            config_fields["lora"] = (*config_fields.get("lora", ()), *named)
         config = EngineConfig(model=model, **config_fields)
         path = resolve_model_dir(config.model)
         # From here on the config says what runs: `auto` resolved (the dtype is resolved on
@@ -68,6 +76,9 @@ class Engine:
         self._stats = EngineStats()
         self._rids = itertools.count()
         self._inbox: list[tuple[str, object]] = []
+        # Loaded LoRA adapters by name: written on the engine thread only (load_lora,
+        # unload_lora), read by callers to resolve a request's `lora`.
+        self.adapters: dict[str, LoraAdapter] = {}
         self._wake = threading.Condition()
         self._stopping = False
         # Tensor parallelism: ranks 1..tp-1 (started by _setup), what every rank holds (rank
@@ -154,6 +165,9 @@ class Engine:
                 self.config, self.kv, self._stats, self.grammars.forced_tokens, draft
             )
         self.scheduler = Scheduler(self.config, self.kv, self.cache, self._stats, self.speculator)
+        for entry in c.lora:
+            name, path = entry.split("=", 1)
+            self.adapters[name] = self._load_adapter(name, path)
         self.outputs = OutputProcessor(
             self.scheduler, self.runner, self.grammars, self._stats, self.speculator
         )
@@ -184,60 +198,81 @@ class Engine:
         params: SamplingParams | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        lora: str | None = None,
     ) -> GenerateOutput | list[GenerateOutput] | list[list[GenerateOutput]]:
         """Generate for one prompt (text or token ids) or a list of them; all of a list's
         prompts run concurrently. With params.n > 1 each prompt gives a list of n outputs.
 
         Requests share cached prefixes only with requests of the same `cache_salt` (None:
         those without one), so a salt per client keeps each client's prompts from showing
-        in another's cached token counts or timing."""
+        in another's cached token counts or timing.
+
+        `lora`: the name of a loaded LoRA adapter to generate with (None: the base model);
+        prefixes are cached per adapter too."""
         params = params or SamplingParams()
         many = isinstance(prompt, list) and prompt and not isinstance(prompt[0], int)
         prompts = prompt if many else [prompt]
         id_lists = [self.encode(p) for p in prompts]  # validate all before submitting any
+        adapter = self.adapter(lora)
         prepared = self.prepare(params).result()  # raises for a bad constraint
         groups = []
         for ids in id_lists:
             collectors = [_Collector() for _ in range(params.n)]
             emits = [c.add for c in collectors]
-            self._submit_n(ids, params, emits, priority, prepared, cache_salt)
+            self._submit_n(ids, params, emits, priority, prepared, cache_salt, adapter)
             groups.append(collectors)
         outs = [[c.result() for c in group] for group in groups]
         outs = [group if params.n > 1 else group[0] for group in outs]
         return outs if many else outs[0]
 
     def generate_tree(
-        self, root: TreeNode, priority: int = 0, cache_salt: str | None = None
+        self,
+        root: TreeNode,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        lora: str | None = None,
     ) -> list[GenerateOutput]:
         """Run every leaf of a request tree concurrently; outputs in depth-first leaf order.
-        The leaves share their common prefixes under `cache_salt` (see `generate`).
+        The leaves share their common prefixes under `cache_salt` and `lora` (see `generate`).
 
         A path whose segments are all text is tokenized as one string; otherwise each text
         segment is tokenized on its own (special tokens only for the first) and the ids are
         joined, which lets the caller fix token boundaries by passing ids.
         """
         leaves = self._tree_leaves(root)
+        adapter = self.adapter(lora)
         prepared = [self.prepare(params) for _, params in leaves]
         prepared = [p.result() for p in prepared]  # all compile, or none is submitted
         collectors = [_Collector() for _ in leaves]
         for (ids, params), c, p in zip(leaves, collectors, prepared, strict=True):
-            self._submit_n(ids, params, [c.add], priority, p, cache_salt)
+            self._submit_n(ids, params, [c.add], priority, p, cache_salt, adapter)
         return [c.result() for c in collectors]
 
     async def agenerate_tree(
-        self, root: TreeNode, priority: int = 0, cache_salt: str | None = None
+        self,
+        root: TreeNode,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        lora: str | None = None,
     ) -> list[GenerateOutput]:
         """`generate_tree` for asyncio callers: waits without blocking the event loop."""
-        return await self._run_leaves(self._tree_leaves(root), priority, cache_salt)
+        adapter = self.adapter(lora)
+        return await self._run_leaves(self._tree_leaves(root), priority, cache_salt, adapter)
 
     async def ascore(
-        self, prefix: str, continuations: list[str], cache_salt: str | None = None
+        self,
+        prefix: str,
+        continuations: list[str],
+        cache_salt: str | None = None,
+        lora: str | None = None,
     ) -> list[list[float]]:
         """For each continuation, the logprobs of its tokens after `prefix`, all counted from
         the first token position where any of them departs from the prefix's tokens (one
-        request tree, under `cache_salt`; see runtime.scoring). Tokenizing runs in a thread."""
+        request tree, under `cache_salt` and `lora`; see runtime.scoring). Tokenizing runs in
+        a thread."""
+        adapter = self.adapter(lora)
         leaves = await asyncio.to_thread(self.score_leaves, prefix, continuations)
-        return await self.ascore_leaves(leaves, cache_salt)
+        return await self._score(leaves, cache_salt, adapter)
 
     def score_leaves(
         self, prefix: str, continuations: list[str]
@@ -248,14 +283,25 @@ class Engine:
         return self._tree_leaves(tree)
 
     async def ascore_leaves(
-        self, leaves: list[tuple[list[int], SamplingParams]], cache_salt: str | None = None
+        self,
+        leaves: list[tuple[list[int], SamplingParams]],
+        cache_salt: str | None = None,
+        lora: str | None = None,
     ) -> list[list[float]]:
         """Run score_leaves' requests, at most a quarter of max_running_requests at once. The
         scheduler matches every waiting leaf against the shared prefix each step (28 ms a
         step for 1,024 leaves of 450 tokens, in proportion to both), and leaves all queued at
         once came before everyone else's requests: many choices share the steps instead."""
+        return await self._score(leaves, cache_salt, self.adapter(lora))
+
+    async def _score(
+        self,
+        leaves: list[tuple[list[int], SamplingParams]],
+        cache_salt: str | None,
+        adapter: LoraAdapter | None,
+    ) -> list[list[float]]:
         window = max(1, self.config.max_running_requests // 4)
-        outs = await self._run_leaves(leaves, 0, cache_salt, window)
+        outs = await self._run_leaves(leaves, 0, cache_salt, adapter, window)
         return [out.meta["prompt_logprobs"] for out in outs]
 
     async def _run_leaves(
@@ -263,6 +309,7 @@ class Engine:
         leaves: list[tuple[list[int], SamplingParams]],
         priority: int,
         cache_salt: str | None,
+        adapter: LoraAdapter | None = None,
         window: int | None = None,
     ) -> list[GenerateOutput]:
         """Submit the leaves and wait for them all. With a `window` the first runs alone (it
@@ -284,7 +331,7 @@ class Engine:
                     # asyncio.wait, which never cancels the future it waits for: the futures
                     # say when the engine has ended a leaf, cancelled or not.
                     await asyncio.wait({done[0 if i == 1 else i - window]})
-                rids += self._submit_n(ids, params, [c.add], priority, p, cache_salt)
+                rids += self._submit_n(ids, params, [c.add], priority, p, cache_salt, adapter)
             if done:
                 await asyncio.wait(done)
         except asyncio.CancelledError:  # the caller left: its requests go too
@@ -320,17 +367,19 @@ class Engine:
         priority: int = 0,
         on_submit: Callable[[int], None] | None = None,
         cache_salt: str | None = None,
+        lora: str | None = None,
     ) -> AsyncIterator[StreamChunk]:
         """Yield chunks of new text as they are generated; leaving early aborts the request.
         `on_submit(request id)` once it is queued: a caller that aborts it by that id reads
-        on to its last chunk (finish_reason "abort", with its counts). `cache_salt`: see
-        `generate`."""
+        on to its last chunk (finish_reason "abort", with its counts). `cache_salt`, `lora`:
+        see `generate`."""
         params = params or SamplingParams()
         if params.n != 1:
             raise ValueError("stream() takes n=1; call it once per sample")
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[StreamChunk] = asyncio.Queue()
         ids = self.encode(prompt)
+        adapter = self.adapter(lora)
         prepared = await asyncio.wrap_future(self.prepare(params))
         [rid] = self._submit_n(
             ids,
@@ -339,6 +388,7 @@ class Engine:
             priority,
             prepared,
             cache_salt,
+            adapter,
         )
         if on_submit is not None:
             on_submit(rid)
@@ -359,17 +409,19 @@ class Engine:
         emit: Callable[[StreamChunk], None],
         priority: int = 0,
         cache_salt: str | None = None,
+        lora: str | None = None,
     ) -> int:
         """Queue one request (n=1); `emit` gets its chunks on the engine thread. Returns its id.
-        `cache_salt`: see `generate`.
+        `cache_salt`, `lora`: see `generate`.
 
         A constrained request's grammar is compiled first (blocking this caller, not the
         engine), so a bad constraint raises here."""
         if params.n != 1:
             raise ValueError("submit() takes n=1")
         ids = self.encode(prompt)
+        adapter = self.adapter(lora)
         prepared = self.prepare(params).result()
-        return self._submit_n(ids, params, [emit], priority, prepared, cache_salt)[0]
+        return self._submit_n(ids, params, [emit], priority, prepared, cache_salt, adapter)[0]
 
     def abort(self, rid: int) -> None:
         """Stop a request; it ends with finish_reason "abort" and its KV is freed."""
@@ -381,6 +433,56 @@ class Engine:
         done = threading.Event()
         self._post("flush", done)
         done.wait()
+
+    def adapter(self, name: str | None) -> LoraAdapter | None:
+        """The loaded LoRA adapter called `name` (None for None); ValueError naming the
+        loaded ones otherwise."""
+        if name is None:
+            return None
+        adapter = self.adapters.get(name)
+        if adapter is None:
+            raise ValueError(
+                f"unknown LoRA adapter {name!r}; loaded: {sorted(self.adapters) or 'none'}"
+            )
+        return adapter
+
+    def load_lora(self, name: str, path: str) -> None:
+        """Load a PEFT LoRA adapter directory under `name` (ValueError if the name is taken
+        or the adapter is not one this engine can serve); returns once requests may use it."""
+        self._on_engine_thread(functools.partial(self._add_adapter, name, path))
+
+    def unload_lora(self, name: str) -> None:
+        """Forget the adapter `name`; ValueError while a queued or running request uses it.
+        Its cached prefixes are never matched again and go when the cache needs room."""
+        self._on_engine_thread(functools.partial(self._remove_adapter, name))
+
+    def _on_engine_thread(self, job: Callable[[], None]) -> None:
+        done: Future[None] = Future()
+        self._post("call", (job, done))
+        done.result()
+
+    def _add_adapter(self, name: str, path: str) -> None:
+        if name in self.adapters:
+            raise ValueError(f"a LoRA adapter named {name!r} is loaded already; unload it first")
+        self.adapters[name] = self._load_adapter(name, path)
+
+    def _load_adapter(self, name: str, path: str) -> LoraAdapter:
+        c = self.config
+        if c.tp > 1 or c.deterministic:
+            raise ValueError(
+                "LoRA adapters run neither with tp > 1 nor with deterministic=True "
+                "(their updates are neither sharded nor batch-invariant)"
+            )
+        return load_adapter(name, path, self.model_config, self.dtype, self.device)
+
+    def _remove_adapter(self, name: str) -> None:
+        adapter = self.adapter(name)
+        users = [r.rid for r in self.outputs.live.values() if r.lora is adapter]
+        if users:
+            raise ValueError(
+                f"LoRA adapter {name!r} is in use by {len(users)} queued or running requests"
+            )
+        del self.adapters[name]
 
     def embed(self, ids_list: list[list[int]]) -> list[list[float]]:
         """Each token list's embedding: the model's final normed hidden states mean-pooled
@@ -531,6 +633,7 @@ class Engine:
         priority: int,
         prepared: Prepared,
         cache_salt: str | None,
+        adapter: LoraAdapter | None = None,
     ) -> list[int]:
         base_seed = params.seed if params.seed is not None else random.getrandbits(62)
         stop_ids = set(params.stop_token_ids or ())
@@ -548,7 +651,9 @@ class Engine:
                 stop_ids=frozenset(stop_ids),
                 max_new_tokens=min(params.max_tokens, self.context_length - len(ids)),
                 priority=priority,
-                cache_namespace=cache_salt,
+                # An adapter changes every KV: its prefixes are its own (per load).
+                cache_namespace=cache_salt if adapter is None else (adapter.serial, cache_salt),
+                lora=adapter,
                 matcher=prepared.grammar.matcher() if prepared.grammar is not None else None,
             )
             for i, emit in enumerate(emits)
@@ -647,7 +752,17 @@ class Engine:
 
     def _handle(self, op: str, arg: object) -> None:
         if op == "add":
+            stale = arg.lora is not None and self.adapters.get(arg.lora.name) is not arg.lora
             self.outputs.admit(arg)
+            if stale and arg.rid in self.outputs.live:  # unloaded since the caller looked it up
+                error = f"LoRA adapter {arg.lora.name!r} was unloaded"
+                self.outputs.finish(arg, "abort", error=error, request_error=True)
+        elif op == "call":
+            job, done = arg
+            try:
+                done.set_result(job())
+            except Exception as e:  # the caller's to raise
+                done.set_exception(e)
         elif op == "abort" and arg in self.outputs.live:
             self.outputs.finish(self.outputs.live[arg], "abort")
         elif op == "flush":

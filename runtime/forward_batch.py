@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from braid.runtime.models.lora import LoraBatch
 
 
 @dataclass
@@ -32,6 +35,8 @@ class ForwardBatch:
     seq_lens: list[int]  # [B] context length per sequence after this step
     logits_indices: torch.Tensor  # [N] rows of T whose next-token logits are wanted
     tree_masks: list[torch.Tensor | None]  # [B]: bool [n, n] for tree extends, else None
+    # Which rows run under which LoRA adapter (runtime/models/lora.py); None: the base alone.
+    lora: LoraBatch | None = None
     # Built by attention backends on first use, by backend name (CUDA graphs seed it with
     # their static buffers).
     prepared: dict[str, Any] = field(default_factory=dict)
@@ -61,6 +66,7 @@ class ForwardBatch:
         logits_rows: list[list[int]] | None = None,
         device: torch.device | str = "cpu",
         parents: list[list[int] | None] | None = None,
+        lora: LoraBatch | None = None,
     ) -> ForwardBatch:
         """Batch sequence b's `new_tokens[b]` over its full `slot_tables[b]`.
 
@@ -69,6 +75,7 @@ class ForwardBatch:
         rows (offsets within that sequence's new tokens), e.g. all of them for prompt logprobs.
         `parents[b]`, when given, makes sequence b a tree extend: new token i's parent is new
         token parents[b][i] (an earlier one), or -1 for the last token of the cached prefix.
+        `lora`: the rows' adapters, grouped over the same new tokens.
         """
         extend_lens = [len(t) for t in new_tokens]
         seq_lens = [t.numel() for t in slot_tables]
@@ -119,6 +126,7 @@ class ForwardBatch:
             seq_lens=seq_lens,
             logits_indices=torch.tensor(rows, dtype=torch.int64, device=device),
             tree_masks=tree_masks,
+            lora=lora,
         )
 
 

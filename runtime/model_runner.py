@@ -10,6 +10,7 @@ from braid.runtime.cuda_graphs import DecodeGraphs
 from braid.runtime.forward_batch import ForwardBatch
 from braid.runtime.kv_cache import KVPool
 from braid.runtime.models import LlamaForCausalLM
+from braid.runtime.models.lora import LoraBatch
 from braid.runtime.sampler import sample, sampling_probs, step_seed
 from braid.runtime.scheduler import Batch
 from braid.runtime.spec.verify import rejection_sample
@@ -73,11 +74,20 @@ class ModelRunner:
                 hi = max(hi, lo)
             prompt_spans.append((lo, hi))
             rows.append([p - start for p in range(lo, hi)] + ([n - 1] if batch.samples(i) else []))
-        if self.graphs is not None and self.graphs.fits(new_tokens, slot_tables, rows):
+        # Draft tree nodes run under their request's adapter like its other new tokens.
+        lora = LoraBatch.of(
+            [r.lora for r in batch.requests], [len(t) for t in new_tokens], self.device
+        )
+        # The captured graphs hold no adapter updates.
+        if (
+            lora is None
+            and self.graphs is not None
+            and self.graphs.fits(new_tokens, slot_tables, rows)
+        ):
             logits = self.graphs.forward(new_tokens, slot_tables)
         else:
             fb = ForwardBatch.build(
-                new_tokens, slot_tables, rows, device=self.device, parents=parents
+                new_tokens, slot_tables, rows, device=self.device, parents=parents, lora=lora
             )
             if self.ranks is None:
                 logits = self.model(fb, self.kv)

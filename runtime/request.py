@@ -17,6 +17,7 @@ from braid.runtime.radix_cache import Node
 from braid.runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from braid.runtime.models.lora import LoraAdapter
     from braid.runtime.spec.speculator import SpecState
 from braid.runtime.stop import StopMatcher
 
@@ -49,8 +50,9 @@ class Request:
     max_new_tokens: int
     priority: int = 0
     # The radix cache's namespace: cached prefixes are shared only among requests of one
-    # (their cache_salt; None for requests without one).
+    # (their cache_salt, None for requests without one; with an adapter, (its serial, salt)).
     cache_namespace: Hashable = None
+    lora: LoraAdapter | None = None  # the LoRA adapter the request runs under, if any
     matcher: Matcher | None = None  # the constraint's state, when the request has one
     grammar_error: str | None = None  # the matcher failed (MatcherError): r fails, alone
     arrival: float = field(default_factory=time.monotonic)

@@ -129,6 +129,8 @@ def _local(
     argv += ["--max-request-bytes", str(args.max_request_bytes), "--log-level", args.log_level]
     if args.accept_any_model:
         argv.append("--accept-any-model")
+    if args.enable_lora_updates:
+        argv.append("--enable-lora-updates")
     for field in (f for config in configs for f in dataclasses.fields(config)):
         value = getattr(args, field.name)
         if value == field.default:
@@ -136,6 +138,9 @@ def _local(
         flag = "--" + field.name.replace("_", "-")
         if isinstance(value, bool):
             argv.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, list):  # a repeated flag
+            for entry in value:
+                argv += [flag, entry]
         else:
             argv += [flag, str(value)]
     env = dict(os.environ)

@@ -88,6 +88,8 @@ class Attention(nn.Module):
         self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool, rotary: Rotary, ops: LayerOps
     ) -> torch.Tensor:
         qkv = self.qkv_proj(x)  # (T, (H + 2 Hkv) * D)
+        if batch.lora is not None:
+            batch.lora.add(qkv, x, self.layer, "self_attn.qkv_proj")
         if self.qk_norm:
             heads = qkv.view(qkv.shape[0], -1, self.head_dim)  # (T, H + 2 Hkv, D)
             q, k = heads[:, : self.num_heads], heads[:, self.num_heads : -self.num_kv_heads]
@@ -97,18 +99,30 @@ class Attention(nn.Module):
             qkv, self.num_heads, self.num_kv_heads, rotary.cos, rotary.sin, kv, self.layer,
             batch, self.scale,
         )  # fmt: skip
-        return self.o_proj(out)
+        y = self.o_proj(out)
+        if batch.lora is not None:
+            batch.lora.add(y, out, self.layer, "self_attn.o_proj")
+        return y
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig, linear: type[nn.Linear]) -> None:
+    def __init__(self, config: ModelConfig, layer: int, linear: type[nn.Linear]) -> None:
         super().__init__()
+        self.layer = layer
         self.intermediate_size = config.intermediate_size
         self.gate_up_proj = linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = linear(config.intermediate_size, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:
-        return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, ops: LayerOps) -> torch.Tensor:
+        lora = batch.lora
+        gate_up = self.gate_up_proj(x)  # (T, 2 I)
+        if lora is not None:
+            lora.add(gate_up, x, self.layer, "mlp.gate_up_proj")
+        h = ops.silu_mul(gate_up)  # (T, I)
+        y = self.down_proj(h)
+        if lora is not None:
+            lora.add(y, h, self.layer, "mlp.down_proj")
+        return y
 
 
 class DecoderLayer(nn.Module):
@@ -117,7 +131,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, layer, linear)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config, linear)
+        self.mlp = MLP(config, layer, linear)
 
     def forward(
         self,
@@ -136,7 +150,7 @@ class DecoderLayer(nn.Module):
         else:
             h = self.input_layernorm(x, ops, residual)
         h = self.post_attention_layernorm(self.self_attn(h, batch, kv, rotary, ops), ops, residual)
-        return self.mlp(h, ops)
+        return self.mlp(h, batch, ops)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -186,7 +200,8 @@ class LlamaForCausalLM(nn.Module):
         the head (a self-draft). With `hidden_states`, those rows' final normed hidden states
         [N, hidden] instead of logits (what embeddings are pooled from)."""
         residual = self.embed_tokens(batch.input_ids)  # (T, hidden)
-        if self.decoder is not None and self.decoder.serves(batch):
+        # The one-call decoder knows no adapters: batches with LoRA rows go layer by layer.
+        if self.decoder is not None and batch.lora is None and self.decoder.serves(batch):
             x = self.decoder(residual, batch, kv, num_layers or len(self.layers))
         else:
             x = None

@@ -28,7 +28,7 @@ from braid.runtime.sampling_params import SamplingParams
 from braid.runtime.server import tools
 from braid.runtime.server.disconnects import unless_disconnected
 from braid.runtime.server.limits import check_schema
-from braid.runtime.server.service import REQUEST_SALT, Overloaded, Service
+from braid.runtime.server.service import REQUEST_LORA, REQUEST_SALT, Overloaded, Service
 from braid.runtime.server.wire import (
     BadRequest,
     CacheSalt,
@@ -476,7 +476,7 @@ async def messages(request: Request) -> Response:
     obj = decode_object(await request.body())
     _check_limits(obj, svc.limits)
     req = convert(obj, MessagesRequest)
-    svc.check_model(req.model)
+    REQUEST_LORA.set(svc.check_model(req.model))
     REQUEST_SALT.set(req.cache_salt)
     svc.check_room(1)
     prompt, plan = await _prompt(request, req)

@@ -56,6 +56,7 @@ def create_app(
     cache_scope: str = "shared",
     allowed_hosts: frozenset[str] | None = None,
     allowed_origins: frozenset[str] = frozenset(),
+    lora_updates: bool = False,
 ) -> Starlette:
     """An app serving `engine` as `model_name` (and as each of `aliases`); with `owns_engine`
     the engine is shut down with the app, after the server has drained its in-flight
@@ -65,7 +66,8 @@ def create_app(
     several (any one of them will do); with `cache_scope` "key" each key's requests share
     cached prefixes only with each other. Requests with a Host outside `allowed_hosts` (None:
     any), an Origin outside `allowed_origins`, or a body that is not JSON are refused
-    (server/guards.py)."""
+    (server/guards.py). `lora_updates`: serve /load_lora_adapter and /unload_lora_adapter,
+    which load adapters from any path the server can read."""
     keys = [api_key] if isinstance(api_key, str) else list(api_key or ())
     if cache_scope not in CACHE_SCOPES:
         raise ValueError(
@@ -87,6 +89,7 @@ def create_app(
         + embedding_routes.ROUTES
         + token_routes.ROUTES
         + native_routes.ROUTES
+        + (native_routes.LORA_ROUTES if lora_updates else [])
         + openapi.ROUTES,
         middleware=guards.middleware(allowed_hosts, allowed_origins)
         + [Middleware(_BodyLimit, max_bytes=max_request_bytes)]

@@ -29,7 +29,8 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
 async def embeddings(request: Request) -> Response:
     svc: Service = request.app.state.service
     obj = decode_object(await request.body())
-    svc.check_model(obj.get("model"))
+    if svc.check_model(obj.get("model")) is not None:
+        raise BadRequest("embeddings come from the base model; name it, not a LoRA adapter")
     req = convert(obj, EmbeddingRequest)
     hidden = svc.engine.model_config.hidden_size
     if req.dimensions is not None and req.dimensions != hidden:

@@ -18,15 +18,29 @@ from braid.runtime.sampling_params import SamplingParams
 from braid.runtime.server.disconnects import unless_disconnected
 from braid.runtime.server.limits import check_continuations, check_fields, check_max_tokens
 from braid.runtime.server.metrics import CONTENT_TYPE
-from braid.runtime.server.service import REQUEST_SALT, Service, cache_salt, samples
+from braid.runtime.server.service import (
+    REQUEST_LORA,
+    REQUEST_SALT,
+    Service,
+    cache_salt,
+    samples,
+)
 from braid.runtime.server.sse import event_stream
-from braid.runtime.server.wire import GenerateRequest, ScoreRequest, convert, decode_object
+from braid.runtime.server.wire import (
+    BadRequest,
+    GenerateRequest,
+    LoraAdapterRequest,
+    ScoreRequest,
+    convert,
+    decode_object,
+)
 
 
 async def generate(request: Request) -> Response:
     svc: Service = request.app.state.service
     req = convert(decode_object(await request.body()), GenerateRequest)
     REQUEST_SALT.set(req.cache_salt)
+    REQUEST_LORA.set(req.lora_path)  # the engine refuses a name it has not loaded
     prompts, batch = req.prompts()
     given_rids = req.rids(len(prompts))
     fields = _sampling_fields(req)
@@ -183,6 +197,28 @@ async def flush_cache(request: Request) -> Response:
     return PlainTextResponse("Cache flushed.\n")
 
 
+async def load_lora_adapter(request: Request) -> Response:
+    """Load a PEFT LoRA adapter directory (a path on the server) under a name."""
+    svc: Service = request.app.state.service
+    req = convert(decode_object(await request.body()), LoraAdapterRequest)
+    if req.lora_path is None:
+        raise BadRequest("lora_path: the adapter's directory is required")
+    await asyncio.to_thread(svc.engine.load_lora, req.lora_name, req.lora_path)
+    return JSONResponse({"success": True, "loaded_adapters": _adapters(svc)})
+
+
+async def unload_lora_adapter(request: Request) -> Response:
+    """Forget an adapter (a 400 while a request uses it)."""
+    svc: Service = request.app.state.service
+    req = convert(decode_object(await request.body()), LoraAdapterRequest)
+    await asyncio.to_thread(svc.engine.unload_lora, req.lora_name)
+    return JSONResponse({"success": True, "loaded_adapters": _adapters(svc)})
+
+
+def _adapters(svc: Service) -> list[str]:
+    return sorted(svc.engine.adapters)
+
+
 async def health(request: Request) -> Response:
     return Response(status_code=200)
 
@@ -220,7 +256,7 @@ async def score(request: Request) -> Response:
         with svc.admit(len(continuations)):
             leaves = await svc.off_loop(svc.engine.score_leaves, prefix, continuations)
             svc.check_prompt_tokens(max(len(ids) for ids, _ in leaves))
-            return await svc.engine.ascore_leaves(leaves, cache_salt())
+            return await svc.engine.ascore_leaves(leaves, cache_salt(), req.lora_path)
 
     logprobs = await unless_disconnected(request, run())  # a ValueError is a 400
     return JSONResponse({"logprobs": logprobs})
@@ -238,4 +274,9 @@ ROUTES = [
     Route("/health_generate", health_generate, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),
     Route("/braid/score", score, methods=["POST"]),
+]
+# They load files from the server's disk: only with create_app(lora_updates=True).
+LORA_ROUTES = [
+    Route("/load_lora_adapter", load_lora_adapter, methods=["POST"]),
+    Route("/unload_lora_adapter", unload_lora_adapter, methods=["POST"]),
 ]

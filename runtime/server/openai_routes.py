@@ -19,7 +19,7 @@ from braid.runtime.sampling_params import SamplingParams
 from braid.runtime.server import tools
 from braid.runtime.server.disconnects import unless_disconnected
 from braid.runtime.server.limits import check_max_tokens, check_openai_body
-from braid.runtime.server.service import REQUEST_SALT, Service, samples
+from braid.runtime.server.service import REQUEST_LORA, REQUEST_SALT, Service, samples
 from braid.runtime.server.sse import event_stream
 from braid.runtime.server.wire import (
     IGNORED_HEADER,
@@ -34,11 +34,11 @@ log = logging.getLogger("braid.serve")
 
 
 async def models(request: Request) -> Response:
-    """GET /v1/models: a card for each name the model is served as, the primary first."""
+    """GET /v1/models: a card for each name the model is served as, the primary first,
+    then one for each loaded LoRA adapter."""
     svc: Service = request.app.state.service
-    return JSONResponse(
-        {"object": "list", "data": [_model_card(request, name) for name in svc.model_names]}
-    )
+    names = [*svc.model_names, *svc.engine.adapters]
+    return JSONResponse({"object": "list", "data": [_model_card(request, n) for n in names]})
 
 
 async def model(request: Request) -> Response:
@@ -51,13 +51,17 @@ async def model(request: Request) -> Response:
 
 def _model_card(request: Request, name: str) -> dict:
     svc: Service = request.app.state.service
-    return {
+    card = {
         "id": name,
         "object": "model",
         "created": svc.created,
         "owned_by": "braid",
         "max_model_len": svc.engine.context_length,
     }
+    adapter = svc.check_model(name)
+    if adapter is not None:  # as vLLM lists an adapter: its base model as parent
+        card["parent"] = svc.model_name
+    return card
 
 
 def _openai_request(request: Request, obj: dict, kind: type):
@@ -65,7 +69,7 @@ def _openai_request(request: Request, obj: dict, kind: type):
     (logged: _ignoring), its model checked first, then its fields against the limits; its
     cache_salt is the salt of the engine requests it makes."""
     svc: Service = request.app.state.service
-    svc.check_model(obj.get("model"))
+    REQUEST_LORA.set(svc.check_model(obj.get("model")))
     check_openai_body(obj, svc.limits)
     req, params, ignored = openai_request(obj, kind, svc.engine.context_length)
     REQUEST_SALT.set(req.cache_salt)

@@ -28,6 +28,7 @@ from braid.runtime.server.wire import (
     ChatCompletionRequest,
     CompletionRequest,
     GenerateRequest,
+    LoraAdapterRequest,
     ScoreRequest,
 )
 
@@ -44,6 +45,8 @@ _BODIES: dict[tuple[str, str], tuple[str, list[type]]] = {
     ("post", "/detokenize"): ("merge", [Detokenize]),
     ("post", "/generate"): ("merge", [GenerateRequest]),
     ("post", "/braid/score"): ("merge", [ScoreRequest]),
+    ("post", "/load_lora_adapter"): ("merge", [LoraAdapterRequest]),
+    ("post", "/unload_lora_adapter"): ("merge", [LoraAdapterRequest]),
 }
 _REF = "#/components/schemas/{name}"
 

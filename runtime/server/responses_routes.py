@@ -36,7 +36,7 @@ from braid.runtime.server.responses_wire import (
     function_tools,
     tool_choice,
 )
-from braid.runtime.server.service import REQUEST_SALT, Service
+from braid.runtime.server.service import REQUEST_LORA, REQUEST_SALT, Service
 from braid.runtime.server.wire import (
     BadRequest,
     ChatCompletionRequest,
@@ -189,7 +189,7 @@ def _usage(meta: dict[str, Any]) -> dict[str, Any]:
 async def create_response(request: Request) -> Response:
     svc: Service = request.app.state.service
     obj = decode_object(await request.body())
-    svc.check_model(obj.get("model"))
+    REQUEST_LORA.set(svc.check_model(obj.get("model")))
     check_limits(obj, svc.limits)
     req, fields = decode(obj)
     REQUEST_SALT.set(req.cache_salt)

@@ -60,6 +60,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "one); without it a name other than the served one gets a 404 model_not_found",
     )
     serve.add_argument(
+        "--enable-lora-updates",
+        action="store_true",
+        help="serve POST /load_lora_adapter and /unload_lora_adapter, which load LoRA "
+        "adapters from any directory the server can read (trusted clients only)",
+    )
+    serve.add_argument(
         "--max-queued-requests",
         type=int,
         default=1024,
@@ -102,6 +108,8 @@ def _add_fields(group: argparse._ArgumentGroup, config: type) -> None:
             group.add_argument(
                 flag, action=argparse.BooleanOptionalAction, default=field.default, help=meaning
             )
+        elif field.type == "tuple[str, ...]":  # the flag repeats, once per entry
+            group.add_argument(flag, action="append", default=[], help=meaning)
         else:
             kind = _TYPES[field.type.removesuffix(" | None")]
             group.add_argument(flag, type=kind, default=field.default, help=meaning)
@@ -157,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
         ),
         owns_engine=True,
         accept_any_model=args.accept_any_model,
+        lora_updates=args.enable_lora_updates,
     )
     kv = engine.kv
     log.info(

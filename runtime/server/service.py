@@ -40,6 +40,9 @@ Streamer = Callable[[list[int], SamplingParams], AsyncIterator[StreamChunk]]
 # starlette's streaming bodies start with a copy of the context they are made in).
 TENANT: ContextVar[str | None] = ContextVar("braid_tenant", default=None)
 REQUEST_SALT: ContextVar[str | None] = ContextVar("braid_request_salt", default=None)
+# The LoRA adapter the HTTP request's engine requests run under (its `model` names one, or
+# /generate's lora_path), set by its route like the salt; None: the base model.
+REQUEST_LORA: ContextVar[str | None] = ContextVar("braid_request_lora", default=None)
 
 
 def cache_salt() -> str | None:
@@ -102,11 +105,22 @@ class Service:
         finally:
             self.num_active -= num_sequences
 
-    def check_model(self, name: object) -> None:
+    def check_model(self, name: object) -> str | None:
         """A model name the model is not served as (its name or an alias) is a 404, as
-        OpenAI answers, unless the server accepts any name (--accept-any-model)."""
-        if isinstance(name, str) and name not in self.model_names and not self.accept_any_model:
+        OpenAI answers, unless the server accepts any name (--accept-any-model). A loaded
+        LoRA adapter's name, alone or as `<served name>:<adapter>`, is the model under that
+        adapter: returns the adapter's name (None for the model itself)."""
+        if not isinstance(name, str) or name in self.model_names:
+            return None
+        adapters = self.engine.adapters
+        base, _, adapter = name.rpartition(":")
+        if name in adapters:
+            return name
+        if base in self.model_names and adapter in adapters:
+            return adapter
+        if not self.accept_any_model:
             raise ModelNotFound(name)
+        return None
 
     async def render_conversation(
         self, req: ChatCompletionRequest, variables: dict[str, Any] | None = None
@@ -259,7 +273,9 @@ class Service:
         its own parameters failed raises BadRequest, an engine failure RuntimeError."""
         start = time.monotonic()
         first, num_tokens = None, 0
-        chunks = self.engine.stream(ids, params, on_submit=on_submit, cache_salt=cache_salt())
+        chunks = self.engine.stream(
+            ids, params, on_submit=on_submit, cache_salt=cache_salt(), lora=REQUEST_LORA.get()
+        )
         async for chunk in chunks:
             if chunk.token_ids and first is None:
                 first = time.monotonic()

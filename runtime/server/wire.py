@@ -397,6 +397,13 @@ _SGLANG_FIXED = {
 }
 
 
+class LoraAdapterRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """POST /load_lora_adapter (both fields) and /unload_lora_adapter (the name), as SGLang."""
+
+    lora_name: str
+    lora_path: str | None = None
+
+
 class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     text: str | list[str] | None = None
     input_ids: list[Any] | None = None  # token ids, or a list of them
@@ -408,6 +415,8 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     stream: bool = False
     rid: str | list[str] | None = None
     cache_salt: CacheSalt | None = None
+    # SGLang's name: the loaded LoRA adapter every prompt of the request runs under.
+    lora_path: str | None = None
     # What the SGLang router writes into every request it forwards (see _check_fixed).
     model: str | None = None  # accepted, unused: the served model
     log_metrics: bool = True
@@ -492,3 +501,4 @@ class ScoreRequest(msgspec.Struct, forbid_unknown_fields=True):
     prefix: str
     continuations: list[str]
     cache_salt: CacheSalt | None = None
+    lora_path: str | None = None  # the loaded LoRA adapter to score under, as /generate's

@@ -1,0 +1,206 @@
+"""LoRA adapters (PEFT's format) served over one base model, any number at once.
+
+A targeted linear's output gains, on the rows of each adapter's tokens, that adapter's
+low-rank update scale * (x @ A.T) @ B.T, added after the base linear (float, quantized or
+anything else) has run. Our q/k/v and gate/up linears are fused, so an adapter's parts of a
+fused linear are joined into one pair: A stacks the parts' A matrices ([sum r, in]) and B
+puts each part's B (the scale folded in) on its own output rows and rank columns, zeros
+elsewhere ([out, sum r]): one pair of matmuls per fused linear and adapter.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from braid.runtime.models.config import ModelConfig
+
+# PEFT's module name -> (our fused linear, its part index within that linear).
+TARGETS = {
+    "q_proj": ("self_attn.qkv_proj", 0),
+    "k_proj": ("self_attn.qkv_proj", 1),
+    "v_proj": ("self_attn.qkv_proj", 2),
+    "o_proj": ("self_attn.o_proj", 0),
+    "gate_proj": ("mlp.gate_up_proj", 0),
+    "up_proj": ("mlp.gate_up_proj", 1),
+    "down_proj": ("mlp.down_proj", 0),
+}
+
+# adapter_config.json keys naming LoRA variants or options not implemented here: each must be
+# absent or empty/false.
+_UNSUPPORTED = (
+    "use_dora",
+    "modules_to_save",
+    "layers_to_transform",
+    "layers_pattern",
+    "rank_pattern",
+    "alpha_pattern",
+    "fan_in_fan_out",
+    "lora_bias",
+    "target_parameters",
+    "layer_replication",
+    "trainable_token_indices",
+    "alora_invocation_tokens",
+    "use_qalora",
+    "use_bdlora",
+    "exclude_modules",
+)
+
+_serials = itertools.count()
+
+
+@dataclass(eq=False)
+class LoraAdapter:
+    name: str
+    path: str
+    rank: int
+    scale: float
+    targets: tuple[str, ...]  # PEFT's module names
+    # (layer, our linear's name, e.g. "self_attn.qkv_proj") -> (A [R, in], B [out, R] scaled)
+    weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
+    # Unique per load: part of the radix cache's namespace, so prefixes cached under an
+    # adapter unloaded and loaded again (new weights, same name) are never matched.
+    serial: int = field(default_factory=lambda: next(_serials))
+
+
+def load_adapter(
+    name: str, path: str | Path, config: ModelConfig, dtype: torch.dtype, device: torch.device
+) -> LoraAdapter:
+    """A PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors) for a
+    model of `config`; ValueError for what is not implemented or does not fit the model."""
+    path = Path(path).expanduser()
+    where = f"LoRA adapter {name!r} ({path})"
+    try:
+        settings = json.loads((path / "adapter_config.json").read_text())
+        tensors = load_file(path / "adapter_model.safetensors")
+    except (OSError, ValueError, SafetensorError) as e:
+        raise ValueError(f"{where}: cannot read its files: {e}") from None
+    if settings.get("peft_type", "LORA") != "LORA":
+        raise ValueError(f"{where}: peft_type {settings['peft_type']!r}; only LORA is served")
+    for key in _UNSUPPORTED:
+        if settings.get(key):
+            raise ValueError(f"{where}: {key}={settings[key]!r} is not supported")
+    if settings.get("bias", "none") != "none":
+        raise ValueError(f"{where}: bias={settings['bias']!r} is not supported (only 'none')")
+    targets = settings.get("target_modules")
+    if not isinstance(targets, list) or not targets:
+        raise ValueError(
+            f"{where}: target_modules={targets!r}; a list of module names is needed "
+            f"(among {', '.join(TARGETS)})"
+        )
+    unknown = sorted(set(targets) - set(TARGETS))
+    if unknown:
+        raise ValueError(
+            f"{where}: target modules {unknown} are not supported (only {', '.join(TARGETS)})"
+        )
+    rank, alpha = int(settings["r"]), float(settings["lora_alpha"])
+    if rank < 1:
+        raise ValueError(f"{where}: r={rank} must be >= 1")
+    scale = alpha / rank**0.5 if settings.get("use_rslora") else alpha / rank
+
+    # PEFT's name of each (layer, module): ...layers.0.self_attn.q_proj (the block is ours too)
+    stems = {
+        (layer, module): f"base_model.model.model.layers.{layer}.{block}.{module}"
+        for layer in range(config.num_layers)
+        for module in targets
+        for block in [TARGETS[module][0].split(".")[0]]
+    }
+    expected = {f"{stem}.lora_{ab}.weight" for stem in stems.values() for ab in "AB"}
+    extra, missing = sorted(set(tensors) - expected), sorted(expected - set(tensors))
+    if extra or missing:
+        raise ValueError(
+            f"{where}: does not match a {config.num_layers}-layer model targeting {targets}: "
+            f"unexpected tensors {extra[:3]}, missing {missing[:3]}"
+        )
+
+    part_sizes = _part_sizes(config)
+    # (layer, our linear) -> {part index: (A, B)}
+    parts: dict[tuple[int, str], dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
+    for (layer, module), stem in stems.items():
+        linear, part = TARGETS[module]
+        a, b = tensors[f"{stem}.lora_A.weight"], tensors[f"{stem}.lora_B.weight"]
+        in_features, out_features = part_sizes[module]
+        if a.shape != (rank, in_features) or b.shape != (out_features, rank):
+            raise ValueError(
+                f"{where}: {stem}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)}; the "
+                f"base model needs ({rank}, {in_features}) and ({out_features}, {rank})"
+            )
+        parts.setdefault((layer, linear), {})[part] = (a, b)
+
+    weights = {}
+    for (layer, linear), by_part in parts.items():
+        sizes = [part_sizes[m][1] for m, (lin, _) in TARGETS.items() if lin == linear]
+        row_starts = [0, *itertools.accumulate(sizes)]
+        a = torch.cat([by_part[p][0] for p in sorted(by_part)]).float()  # (R, in)
+        b = torch.zeros(row_starts[-1], a.shape[0])  # (out, R)
+        column = 0
+        for p in sorted(by_part):
+            b[row_starts[p] : row_starts[p + 1], column : column + rank] = by_part[p][1] * scale
+            column += rank
+        weights[layer, linear] = (a.to(device, dtype), b.to(device, dtype))
+    return LoraAdapter(name, str(path), rank, scale, tuple(targets), weights)
+
+
+def _part_sizes(config: ModelConfig) -> dict[str, tuple[int, int]]:
+    """PEFT module name -> (in_features, out_features) in the base model."""
+    hidden, inter = config.hidden_size, config.intermediate_size
+    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    return {
+        "q_proj": (hidden, q),
+        "k_proj": (hidden, kv),
+        "v_proj": (hidden, kv),
+        "o_proj": (q, hidden),
+        "gate_proj": (hidden, inter),
+        "up_proj": (hidden, inter),
+        "down_proj": (inter, hidden),
+    }
+
+
+class LoraBatch:
+    """Which of a forward batch's token rows belong to which adapter, grouped once per step.
+
+    `groups`: (adapter, rows) for each adapter in the batch; rows is None when the adapter
+    has every row (no gather or scatter needed)."""
+
+    def __init__(self, groups: list[tuple[LoraAdapter, torch.Tensor | None]]) -> None:
+        self.groups = groups
+
+    @classmethod
+    def of(
+        cls, adapters: list[LoraAdapter | None], extend_lens: list[int], device: torch.device
+    ) -> LoraBatch | None:
+        """Sequence b's `extend_lens[b]` new tokens run under `adapters[b]` (None: the base
+        model alone). None when no sequence has an adapter."""
+        rows: dict[LoraAdapter, list[int]] = {}
+        start = 0
+        for adapter, n in zip(adapters, extend_lens, strict=True):
+            if adapter is not None:
+                rows.setdefault(adapter, []).extend(range(start, start + n))
+            start += n
+        if not rows:
+            return None
+        return cls(
+            [
+                (a, None if len(r) == start else torch.tensor(r, dtype=torch.int64, device=device))
+                for a, r in rows.items()
+            ]
+        )
+
+    def add(self, y: torch.Tensor, x: torch.Tensor, layer: int, linear: str) -> None:
+        """y [T, out] (the base linear's output for x [T, in]) += each adapter's update on its
+        own rows, in place."""
+        for adapter, rows in self.groups:
+            pair = adapter.weights.get((layer, linear))
+            if pair is None:  # the adapter leaves this linear alone
+                continue
+            a, b = pair
+            if rows is None:
+                y.addmm_(x @ a.T, b.T)  # (T, R) @ (R, out)
+            else:
+                y.index_add_(0, rows, (x[rows] @ a.T) @ b.T)
