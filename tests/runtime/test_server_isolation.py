@@ -594,5 +594,7 @@ def test_serve_help_gives_each_flag_its_meaning_and_default(capsys):
     for field in [*dataclasses.fields(EngineConfig), *dataclasses.fields(RequestLimits)]:
         flag = "--" + field.name.replace("_", "-")
         meaning = " ".join(field.metadata["help"].split())
-        assert f"{meaning} (default: {field.default})" in text, flag
+        # A repeatable flag (a tuple field) collects its entries in a list, empty by default.
+        default = list(field.default) if isinstance(field.default, tuple) else field.default
+        assert f"{meaning} (default: {default})" in text, flag
     assert "(default: 16777216)" in text and "BRAID_API_KEY" in text
