@@ -11,6 +11,7 @@ from braid._lazy import lazy_exports
 _WHERE = {
     "decode_attention": "braid.kernels.decode",
     "extend_attention": "braid.kernels.extend",
+    "lora_segmented": "braid.kernels.lora",
     "rope_store_kv": "braid.kernels.rope",
     "sample": "braid.kernels.sampling",
 }

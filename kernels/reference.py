@@ -370,3 +370,24 @@ def quant_matmul_int8(x: torch.Tensor, blocks: torch.Tensor, fmt: str) -> torch.
     inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, 0.0)
     rounded = (groups * inv).round() * (amax / 127.0)
     return quant_matmul(rounded.reshape(x.shape), blocks, fmt)
+
+
+def lora_segmented(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    a_stack: torch.Tensor,
+    b_stack: torch.Tensor,
+    segments: torch.Tensor,
+) -> None:
+    """y [T, out] += each segment's LoRA update, in place: rows start..start+length-1 get
+    (x[rows] @ a_stack[i].T) @ b_stack[i].T for the segment's adapter index i.
+
+    x [T, in]; a_stack [N, R, in] and b_stack [N, out, R]: adapters of smaller rank padded
+    with zeros up to R. segments int [S, 3], one (start, length, adapter index) a row, over
+    disjoint row ranges. Rows in no segment are left as they are.
+    """
+    for start, length, i in segments.tolist():
+        if length == 0:
+            continue
+        rows = slice(start, start + length)
+        y[rows].addmm_(x[rows] @ a_stack[i].T, b_stack[i].T)  # (L, R) @ (R, out)

@@ -132,6 +132,12 @@ class EngineConfig:
         "LoRA adapters to load at start, each name=path (a PEFT adapter directory); a "
         "request names the one it runs under (`lora=`)",
     )
+    max_loaded_loras: int = _setting(
+        16,
+        "LoRA adapters holding their tensors in memory at most, besides those queued or "
+        "running requests use; the least recently used others are dropped and loaded again "
+        "from their directory when a request names them",
+    )
 
     def __post_init__(self) -> None:
         self.lora = tuple(self.lora)  # a list from the command line's flags
@@ -164,7 +170,7 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.cuda_graph_max_batch must be >= 0, got {self.cuda_graph_max_batch}"
             )
-        for name in ("max_running_requests", "max_batch_tokens", "chunk_size"):
+        for name in ("max_running_requests", "max_batch_tokens", "chunk_size", "max_loaded_loras"):
             if getattr(self, name) < 1:
                 raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.prefill_mode not in ("hybrid", "chunked"):

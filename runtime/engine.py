@@ -30,6 +30,7 @@ from braid.runtime.detokenizer import IncrementalDetokenizer
 from braid.runtime.dtype import resolve_dtype
 from braid.runtime.embedding import EmbedJob
 from braid.runtime.kv_cache import KVPool
+from braid.runtime.lora_memory import LoraMemory
 from braid.runtime.model_loader import load_model, load_model_config, resolve_model_dir
 from braid.runtime.model_runner import ModelRunner, StepResult
 from braid.runtime.models.lora import LoraAdapter, load_adapter
@@ -76,9 +77,11 @@ class Engine:
         self._stats = EngineStats()
         self._rids = itertools.count()
         self._inbox: list[tuple[str, object]] = []
-        # Loaded LoRA adapters by name: written on the engine thread only (load_lora,
-        # unload_lora), read by callers to resolve a request's `lora`.
+        # Registered LoRA adapters by name: written on the engine thread only (load_lora,
+        # unload_lora), read by callers to resolve a request's `lora`. Which of them hold
+        # their tensors is self.lora_memory's.
         self.adapters: dict[str, LoraAdapter] = {}
+        self.lora_memory = LoraMemory(self.config.max_loaded_loras, self._load_adapter)
         self._wake = threading.Condition()
         self._stopping = False
         # Tensor parallelism: ranks 1..tp-1 (started by _setup), what every rank holds (rank
@@ -165,12 +168,11 @@ class Engine:
                 self.config, self.kv, self._stats, self.grammars.forced_tokens, draft
             )
         self.scheduler = Scheduler(self.config, self.kv, self.cache, self._stats, self.speculator)
-        for entry in c.lora:
-            name, path = entry.split("=", 1)
-            self.adapters[name] = self._load_adapter(name, path)
         self.outputs = OutputProcessor(
             self.scheduler, self.runner, self.grammars, self._stats, self.speculator
         )
+        for entry in c.lora:
+            self._add_adapter(*entry.split("=", 1))
 
     @torch.no_grad()
     def _run(self, path, ready: threading.Event, failure: list[BaseException]) -> None:
@@ -464,7 +466,12 @@ class Engine:
     def _add_adapter(self, name: str, path: str) -> None:
         if name in self.adapters:
             raise ValueError(f"a LoRA adapter named {name!r} is loaded already; unload it first")
-        self.adapters[name] = self._load_adapter(name, path)
+        adapter = self._load_adapter(name, path)
+        self.lora_memory.use(adapter, self._adapters_in_use)
+        self.adapters[name] = adapter
+
+    def _adapters_in_use(self) -> set[LoraAdapter]:
+        return {r.lora for r in self.outputs.live.values() if r.lora is not None}
 
     def _load_adapter(self, name: str, path: str) -> LoraAdapter:
         c = self.config
@@ -483,6 +490,7 @@ class Engine:
                 f"LoRA adapter {name!r} is in use by {len(users)} queued or running requests"
             )
         del self.adapters[name]
+        self.lora_memory.forget(adapter)
 
     def embed(self, ids_list: list[list[int]]) -> list[list[float]]:
         """Each token list's embedding: the model's final normed hidden states mean-pooled
@@ -548,6 +556,8 @@ class Engine:
             kv_slots_cached=self.cache.num_cached_tokens,
             running_requests=running,
             waiting_requests=waiting,
+            lora_adapters_loaded=self.lora_memory.num_held,
+            lora_adapter_reloads=self.lora_memory.num_reloads,
             **self.grammars.stats(),
         )
         draft = self.speculator.draft if self.speculator is not None else None
@@ -729,6 +739,7 @@ class Engine:
                     torch.cuda.synchronize(self.device)
                 self.speculator.observe_step(sum(batch.num_new), time.perf_counter() - started)
         self.outputs.process(batch, results)
+        self.lora_memory.evict(self._adapters_in_use)  # those over the bound that are done now
         return True
 
     def _run_alone(self, batch: Batch) -> tuple[Batch, list[StepResult]]:
@@ -752,10 +763,10 @@ class Engine:
 
     def _handle(self, op: str, arg: object) -> None:
         if op == "add":
-            stale = arg.lora is not None and self.adapters.get(arg.lora.name) is not arg.lora
             self.outputs.admit(arg)
-            if stale and arg.rid in self.outputs.live:  # unloaded since the caller looked it up
-                error = f"LoRA adapter {arg.lora.name!r} was unloaded"
+            # Admitted first, so that a reload failing in any way fails the request (the
+            # loop's handler fails only live ones); no step runs before the inbox is done.
+            if arg.rid in self.outputs.live and (error := self._adapter_error(arg)):
                 self.outputs.finish(arg, "abort", error=error, request_error=True)
         elif op == "call":
             job, done = arg
@@ -770,6 +781,20 @@ class Engine:
             arg.set()
         elif op == "embed":
             self._embed_turn(arg)
+
+    def _adapter_error(self, r: Request) -> str | None:
+        """Why a new request cannot run under its adapter (None if it can, once its tensors
+        are in memory again: an evicted adapter is loaded here, before any step can run it)."""
+        adapter = r.lora
+        if adapter is None:
+            return None
+        if self.adapters.get(adapter.name) is not adapter:  # unloaded since the caller looked
+            return f"LoRA adapter {adapter.name!r} was unloaded"
+        try:
+            self.lora_memory.use(adapter, self._adapters_in_use)
+        except ValueError as e:  # its files changed or went since it was registered
+            return f"reloading LoRA adapter {adapter.name!r} failed: {e}"
+        return None
 
     def _embed_turn(self, job: EmbedJob) -> None:
         """One turn of an embedding job; until it is done it goes back to the inbox, so a

@@ -95,7 +95,8 @@ def test_errors_are_one_line(tiny_model_path, args, message):
 def test_bench_help_lists_every_workload():
     out = braid("bench", "--help")
     assert out.returncode == 0, out.stderr
-    workloads = "decode fewshot batch chat grammar kernels serve soak spec programs peers".split()
+    workloads = "decode fewshot batch lora chat grammar kernels serve soak spec programs peers"
+    workloads = workloads.split()
     assert [w for w in workloads if w not in out.stdout] == []
 
 

@@ -63,9 +63,12 @@ def _braid_batch(model, dtype, n, tokens, rss) -> dict:
     return out
 
 
-def _timed_batch(engine, prompts: list[list[int]], params) -> dict:
-    """All prompts submitted at once. `seconds`: until the last finishes; `decode_seconds`:
-    from the moment every request has its first token (the prefill is over) to the end."""
+def _timed_batch(
+    engine, prompts: list[list[int]], params, loras: list[str | None] | None = None
+) -> dict:
+    """All prompts submitted at once, prompt i under LoRA adapter loras[i] (default: none).
+    `seconds`: until the last finishes; `decode_seconds`: from the moment every request has
+    its first token (the prefill is over) to the end."""
     first, last, left = {}, {}, threading.Semaphore(0)
 
     def emitter(i: int):
@@ -81,7 +84,7 @@ def _timed_batch(engine, prompts: list[list[int]], params) -> dict:
 
     start = time.perf_counter()
     for i, ids in enumerate(prompts):
-        engine.submit(ids, params, emitter(i))
+        engine.submit(ids, params, emitter(i), lora=loras[i] if loras else None)
     for _ in prompts:
         left.acquire()
     end = max(last.values())

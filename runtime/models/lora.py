@@ -19,6 +19,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from braid import kernels
 from braid.runtime.models.config import ModelConfig
 
 # PEFT's module name -> (our fused linear, its part index within that linear).
@@ -62,8 +63,9 @@ class LoraAdapter:
     rank: int
     scale: float
     targets: tuple[str, ...]  # PEFT's module names
-    # (layer, our linear's name, e.g. "self_attn.qkv_proj") -> (A [R, in], B [out, R] scaled)
-    weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
+    # (layer, our linear's name, e.g. "self_attn.qkv_proj") -> (A [R, in], B [out, R] scaled);
+    # None while evicted from memory (runtime/lora_memory.py), never while a request uses it.
+    weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] | None
     # Unique per load: part of the radix cache's namespace, so prefixes cached under an
     # adapter unloaded and loaded again (new weights, same name) are never matched.
     serial: int = field(default_factory=lambda: next(_serials))
@@ -163,13 +165,43 @@ def _part_sizes(config: ModelConfig) -> dict[str, tuple[int, int]]:
 
 
 class LoraBatch:
-    """Which of a forward batch's token rows belong to which adapter, grouped once per step.
+    """Which of a forward batch's token rows belong to which adapter, worked out once per step.
 
-    `groups`: (adapter, rows) for each adapter in the batch; rows is None when the adapter
-    has every row (no gather or scatter needed)."""
+    On CUDA every adapter of a linear is one segmented-matmul launch pair (kernels/lora.py)
+    over `segments`: runs of consecutive rows under one adapter, (start, length, index into
+    `adapters`). On the CPU the update is a gather, two matmuls and a scatter per adapter in
+    torch (`groups`: rows a slice when they are one run): per-run matmuls cost more there
+    once a batch interleaves adapters (docs/benchmarks.md has the figures)."""
 
-    def __init__(self, groups: list[tuple[LoraAdapter, torch.Tensor | None]]) -> None:
-        self.groups = groups
+    def __init__(
+        self,
+        adapters: list[LoraAdapter],
+        segments: list[tuple[int, int, int]],
+        device: torch.device,
+        segmented: bool | None = None,
+    ) -> None:
+        """`segmented`: the Triton kernel (default: on CUDA; tests run it in triton's
+        interpreter on the CPU)."""
+        self.adapters, self.segments = adapters, segments
+        self.segmented = device.type == "cuda" if segmented is None else segmented
+        self.groups: list[tuple[LoraAdapter, slice | torch.Tensor]] = []
+        self._device = device
+        if not self.segmented:
+            runs: dict[int, list[tuple[int, int]]] = {}
+            for start, length, i in segments:
+                runs.setdefault(i, []).append((start, length))
+            for i, spans in runs.items():
+                if len(spans) == 1:  # one run of rows: a view, no gather or scatter
+                    rows: slice | torch.Tensor = slice(spans[0][0], sum(spans[0]))
+                else:
+                    indices = [t for start, n in spans for t in range(start, start + n)]
+                    rows = torch.tensor(indices, device=device)
+                self.groups.append((adapters[i], rows))
+        self.max_len = max(length for _, length, _ in segments)
+        # Built on first use in the step: (layer, linear) -> (A stack, B stack, segments),
+        # None where no adapter of the batch targets the linear.
+        self._stacked: dict[tuple[int, str], tuple[torch.Tensor, ...] | None] = {}
+        self._segments: dict[tuple[int, ...], torch.Tensor] = {}
 
     @classmethod
     def of(
@@ -177,30 +209,75 @@ class LoraBatch:
     ) -> LoraBatch | None:
         """Sequence b's `extend_lens[b]` new tokens run under `adapters[b]` (None: the base
         model alone). None when no sequence has an adapter."""
-        rows: dict[LoraAdapter, list[int]] = {}
+        index: dict[LoraAdapter, int] = {}
+        segments: list[tuple[int, int, int]] = []
         start = 0
         for adapter, n in zip(adapters, extend_lens, strict=True):
-            if adapter is not None:
-                rows.setdefault(adapter, []).extend(range(start, start + n))
+            if adapter is not None and n > 0:
+                i = index.setdefault(adapter, len(index))
+                if segments and segments[-1][2] == i and sum(segments[-1][:2]) == start:
+                    segments[-1] = (segments[-1][0], segments[-1][1] + n, i)
+                else:
+                    segments.append((start, n, i))
             start += n
-        if not rows:
+        if not segments:
             return None
-        return cls(
-            [
-                (a, None if len(r) == start else torch.tensor(r, dtype=torch.int64, device=device))
-                for a, r in rows.items()
-            ]
-        )
+        return cls(list(index), segments, device)
 
     def add(self, y: torch.Tensor, x: torch.Tensor, layer: int, linear: str) -> None:
         """y [T, out] (the base linear's output for x [T, in]) += each adapter's update on its
         own rows, in place."""
+        if self.segmented:
+            stacked = self._stack(layer, linear)
+            if stacked is not None:
+                kernels.lora_segmented(x, y, *stacked, max_len=self.max_len)
+            return
         for adapter, rows in self.groups:
             pair = adapter.weights.get((layer, linear))
             if pair is None:  # the adapter leaves this linear alone
                 continue
             a, b = pair
-            if rows is None:
-                y.addmm_(x @ a.T, b.T)  # (T, R) @ (R, out)
+            if isinstance(rows, slice):
+                y[rows].addmm_(x[rows] @ a.T, b.T)  # (L, R) @ (R, out)
             else:
                 y.index_add_(0, rows, (x[rows] @ a.T) @ b.T)
+
+    def _stack(self, layer: int, linear: str) -> tuple[torch.Tensor, ...] | None:
+        """(A [N, R, in], B [N, out, R], segments [S, 3]) over the batch's adapters that
+        target this linear, lower ranks zero-padded to the highest; the others' rows are in
+        no segment."""
+        key = (layer, linear)
+        if key not in self._stacked:
+            present = [i for i, a in enumerate(self.adapters) if key in a.weights]
+            self._stacked[key] = None
+            if present:
+                pairs = [self.adapters[i].weights[key] for i in present]
+                a_stack, b_stack = _padded_stack(pairs)
+                self._stacked[key] = (a_stack, b_stack, self._segments_of(tuple(present)))
+        return self._stacked[key]
+
+    def _segments_of(self, present: tuple[int, ...]) -> torch.Tensor:
+        """The segments of the adapters `present`, indexed by their place in it: one copy to
+        the device per set of adapters (usually one per linear kind), not per layer."""
+        if present not in self._segments:
+            slot = {i: s for s, i in enumerate(present)}
+            kept = [(start, n, slot[i]) for start, n, i in self.segments if i in slot]
+            self._segments[present] = torch.tensor(kept, dtype=torch.int32).to(self._device)
+        return self._segments[present]
+
+
+def _padded_stack(
+    pairs: list[tuple[torch.Tensor, torch.Tensor]],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[(A [r, in], B [out, r])] -> A [N, R, in], B [N, out, R], zeros past each rank."""
+    if len(pairs) == 1:  # the usual batch: a view, no copy
+        a, b = pairs[0]
+        return a.unsqueeze(0), b.unsqueeze(0)
+    a0, b0 = pairs[0]
+    rank = max(a.shape[0] for a, _ in pairs)
+    a_stack = a0.new_zeros(len(pairs), rank, a0.shape[1])
+    b_stack = b0.new_zeros(len(pairs), b0.shape[0], rank)
+    for n, (a, b) in enumerate(pairs):
+        a_stack[n, : a.shape[0]] = a
+        b_stack[n, :, : b.shape[1]] = b
+    return a_stack, b_stack

@@ -420,3 +420,80 @@ def test_programs_run_under_an_adapter_locally_and_remotely(engine, server):
             )
     base = asyncio.run(engine.ascore("Once upon a time", ["yes", "no"]))
     assert asyncio.run(engine.ascore("Once upon a time", ["yes", "no"], lora="all")) != base
+
+
+@pytest.fixture(scope="module")
+def bounded(tiny_model_path, adapters):
+    """The four adapters with room for two of them in memory."""
+    paths = {name: str(path) for name, (path, _) in adapters.items()}
+    e = Engine(
+        model=str(tiny_model_path), device="cpu", dtype="float32", max_kv_tokens=2048,
+        lora_adapters=paths, max_loaded_loras=2,
+    )  # fmt: skip
+    yield e
+    e.shutdown()
+
+
+def test_a_bound_on_adapters_in_memory_changes_no_output(engine, bounded):
+    assert bounded.stats()["lora_adapters_loaded"] == 2 and len(bounded.adapters) == 4
+    names = [*bounded.adapters] * 2
+    reloads = bounded.stats()["lora_adapter_reloads"]
+    for i, name in enumerate(names):  # one after another: each evicts the least recent
+        ids = prompt_ids(20 + i)
+        out = bounded.generate(ids, GREEDY, lora=name, cache_salt="rr")
+        assert out.token_ids == engine.generate(ids, GREEDY, lora=name, cache_salt="rr").token_ids
+        assert bounded.stats()["lora_adapters_loaded"] == 2
+    assert bounded.stats()["lora_adapter_reloads"] - reloads == len(names)
+    # All at once: every adapter in use is held (4 > 2 meanwhile), the rest go after.
+    ids = prompt_ids(30)
+    with ThreadPoolExecutor(len(names)) as pool:
+        futures = {n: pool.submit(bounded.generate, ids, GREEDY, lora=n) for n in names}
+    for name, f in futures.items():
+        assert f.result().token_ids == engine.generate(ids, GREEDY, lora=name).token_ids
+    wait_idle(bounded)
+    assert bounded.stats()["lora_adapters_loaded"] == 2
+    assert_no_kv_leak(bounded)
+
+
+def test_an_adapter_in_use_is_not_evicted(engine, bounded):
+    ids = prompt_ids(31)
+    params = SamplingParams(max_tokens=300, temperature=0, ignore_eos=True)
+    long = ThreadPoolExecutor(1).submit(bounded.generate, ids, params, lora="all")
+    wait_for(lambda: bounded.stats()["running_requests"], what="the long request to run")
+    for name in ("qv", "mlp", "rslora", "qv"):  # each would evict "all" were it idle
+        bounded.generate(ids, GREEDY, lora=name)
+    assert not long.done()
+    assert long.result().token_ids == engine.generate(ids, params, lora="all").token_ids
+    wait_idle(bounded)
+    assert bounded.stats()["lora_adapters_loaded"] == 2
+    assert_no_kv_leak(bounded)
+
+
+def test_an_evicted_adapter_keeps_its_cached_prefixes(bounded):
+    ids, params = prompt_ids(32, 40), SamplingParams(max_tokens=2, temperature=0)
+    first = bounded.generate(ids, params, lora="qv", cache_salt="keep")
+    for name in ("all", "mlp"):  # evict "qv"
+        bounded.generate(ids, params, lora=name)
+    reloads = bounded.stats()["lora_adapter_reloads"]
+    again = bounded.generate(ids, params, lora="qv", cache_salt="keep")
+    assert bounded.stats()["lora_adapter_reloads"] == reloads + 1
+    assert again.meta["cached_tokens"] > 0 and again.token_ids == first.token_ids
+
+
+def test_an_adapter_whose_files_went_fails_its_request_on_reload(bounded, adapters, tmp_path):
+    import shutil
+
+    from braid.runtime.config import EngineConfig
+
+    with pytest.raises(ValueError, match="max_loaded_loras must be >= 1"):
+        EngineConfig(max_loaded_loras=0)
+    path = shutil.copytree(adapters["qv"][0], tmp_path / "gone")
+    bounded.load_lora("gone", str(path))
+    for name in ("all", "mlp"):  # evict "gone"
+        bounded.generate(prompt_ids(33), GREEDY, lora=name)
+    shutil.rmtree(path)
+    with pytest.raises(ValueError, match="reloading LoRA adapter 'gone' failed"):
+        bounded.generate(prompt_ids(33), GREEDY, lora="gone")
+    bounded.unload_lora("gone")
+    assert bounded.stats()["lora_adapters_loaded"] == 2
+    assert_no_kv_leak(bounded)
