@@ -233,6 +233,7 @@ class Service:
         messages: list[dict[str, Any]],
         template_kwargs: dict[str, Any] | None = None,
         tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
     ) -> list[int]:
         """The conversation's prompt tokens through the model's chat template
         (`template_kwargs`: the template's own variables, checked by template_variables;
@@ -248,7 +249,7 @@ class Service:
                 tokenizer,
                 messages,
                 tools,
-                add_generation_prompt=True,
+                add_generation_prompt=add_generation_prompt,
                 variables=template_kwargs,
                 mark_special_tokens=not self.limits.allow_special_tokens_in_content,
             )

@@ -8,9 +8,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from braid.runtime import template_render
 from braid.runtime.server.service import Service
 from braid.runtime.server.wire import BadRequest, ChatMessage, convert, decode_object
+from braid.runtime.tokenizer import adds_bos
 
 
 class TokenizePrompt(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -60,13 +60,15 @@ async def tokenize(request: Request) -> Response:
         req = convert(obj, TokenizeChat)
         messages = [m.as_dict() for m in req.messages]
         svc.check_text_length(sum(len(m["content"]) for m in messages), "messages")
-        text = await _render(svc, messages, req.add_generation_prompt)
-        svc.check_text_length(len(text), "the conversation as the chat template renders it")
+        # As the chat routes tokenize a conversation (special tokens its text spells are
+        # text), so that `count` is their prompt's.
+        ids = await svc.render_chat(messages, add_generation_prompt=req.add_generation_prompt)
+        if req.add_special_tokens and adds_bos(tokenizer):
+            ids = [tokenizer.bos_token_id, *ids]
     else:
         req = convert(obj, TokenizePrompt)
         svc.check_text_length(len(req.prompt), "prompt")
-        text = req.prompt
-    ids = await _encode(svc, text, req.add_special_tokens)
+        ids = await _encode(svc, req.prompt, req.add_special_tokens)
     return JSONResponse(
         {
             "count": len(ids),
@@ -96,20 +98,6 @@ async def _encode(svc: Service, text: str, special_tokens: bool) -> list[int]:
     """Tokenize off the event loop (as the generating routes do)."""
     tokenizer = svc.engine.tokenizer
     return await svc.off_loop(lambda: tokenizer.encode(text, add_special_tokens=special_tokens))
-
-
-async def _render(svc: Service, messages: list[dict[str, str]], generation_prompt: bool) -> str:
-    """The conversation's text through the model's chat template."""
-
-    def render() -> str:
-        return template_render.render(
-            svc.engine.tokenizer, messages, add_generation_prompt=generation_prompt
-        )
-
-    try:
-        return await svc.off_loop(render)
-    except Exception as e:  # the template refused the conversation (a system message...)
-        raise BadRequest(f"the model's chat template cannot render these messages: {e}") from None
 
 
 ROUTES = [
