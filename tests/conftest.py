@@ -81,6 +81,23 @@ def assert_no_kv_leak(engine) -> None:
     assert s["kv_slots_free"] + s["kv_slots_cached"] == s["kv_slots_total"], s
 
 
+def hold_engine(engine) -> threading.Event:
+    """Block the engine thread (inside a one-token request's last emit) until the returned
+    event is set: requests submitted meanwhile reach it together, in one inbox."""
+    from braid.runtime import SamplingParams
+
+    held, release = threading.Event(), threading.Event()
+
+    def emit(chunk):
+        if chunk.finish_reason is not None:
+            held.set()
+            release.wait(60)
+
+    engine.submit([7], SamplingParams(max_tokens=1), emit)
+    assert held.wait(60), "the engine did not run the holding request"
+    return release
+
+
 @pytest.fixture
 def device() -> str:
     """Where the kernel tests run the Triton kernels: CUDA when there is a GPU, else triton's

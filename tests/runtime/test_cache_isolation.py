@@ -18,7 +18,7 @@ import anthropic
 import httpx
 import openai
 import pytest
-from conftest import LiveServer, ServeProcess, assert_no_kv_leak, wait_idle
+from conftest import LiveServer, ServeProcess, assert_no_kv_leak, hold_engine, wait_idle
 
 from braid.interpreter import RemoteBackend
 from braid.runtime import Engine, SamplingParams, TreeNode
@@ -211,21 +211,6 @@ def test_a_tree_shares_its_prefix_under_its_salt_only(engine):
     computed = engine.stats()["prefill_tokens_computed"] - before
     # The prefix once (not taken from salt a's), then each branch's own tokens.
     assert computed == len(prefix) + sum(len(b) for b in branches)
-
-
-def hold_engine(engine) -> threading.Event:
-    """Block the engine thread (inside a one-token request's last emit) until the returned
-    event is set: requests submitted meanwhile reach it together, in one inbox."""
-    held, release = threading.Event(), threading.Event()
-
-    def emit(chunk):
-        if chunk.finish_reason is not None:
-            held.set()
-            release.wait(60)
-
-    engine.submit([7], SamplingParams(max_tokens=1), emit)
-    assert held.wait(60), "the engine did not run the holding request"
-    return release
 
 
 def test_a_request_waits_for_a_shared_prefill_only_under_its_own_salt(tiny_model_path):

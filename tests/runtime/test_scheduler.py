@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 import transformers
-from conftest import assert_no_kv_leak, wait_for, wait_idle
+from conftest import assert_no_kv_leak, hold_engine, wait_for, wait_idle
 
 from braid.runtime import Engine, SamplingParams, TreeNode
 
@@ -138,21 +138,6 @@ def test_multi_turn_reuses_generated_tokens(tiny_engine):
     computed = tiny_engine.stats()["prefill_tokens_computed"] - before
     # Everything but the last generated token (never fed) and the new turn is cached.
     assert computed == len(second) - len(first) - len(out.token_ids) + 1
-
-
-def hold_engine(engine) -> threading.Event:
-    """Block the engine thread (inside a one-token request's last emit) until the returned
-    event is set: requests submitted meanwhile reach it together, in one inbox."""
-    held, release = threading.Event(), threading.Event()
-
-    def emit(chunk):
-        if chunk.finish_reason is not None:
-            held.set()
-            release.wait(60)
-
-    engine.submit([7], SamplingParams(max_tokens=1), emit)
-    assert held.wait(60), "the engine did not run the holding request"
-    return release
 
 
 def test_high_priority_preempts_low(tiny_model_path, solo):
