@@ -14,6 +14,20 @@ import triton.language as tl
 
 
 @triton.jit
+def _segment_block(segments_ptr, BLOCK_M: tl.constexpr):
+    """This program's block of rows: program (segment, block) takes rows block * BLOCK_M on
+    of its segment. Returns the block's first row within the segment, the segment's length,
+    the rows (int64 offsets into x and y), which of them are in the segment, the adapter."""
+    seg = tl.program_id(0)
+    first = tl.program_id(1) * BLOCK_M
+    start = tl.load(segments_ptr + seg * 3)
+    length = tl.load(segments_ptr + seg * 3 + 1)
+    adapter = tl.load(segments_ptr + seg * 3 + 2)
+    m = first + tl.arange(0, BLOCK_M)
+    return first, length, (start + m).to(tl.int64), m < length, adapter
+
+
+@triton.jit
 def _shrink_kernel(
     x_ptr,  # [T, in]
     a_ptr,  # [N, R, in]
@@ -30,16 +44,9 @@ def _shrink_kernel(
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    seg = tl.program_id(0)
-    first = tl.program_id(1) * BLOCK_M  # the block's first row within the segment
-    start = tl.load(segments_ptr + seg * 3)
-    length = tl.load(segments_ptr + seg * 3 + 1)
-    adapter = tl.load(segments_ptr + seg * 3 + 2)
+    first, length, rows, row_ok, adapter = _segment_block(segments_ptr, BLOCK_M)
     if first >= length:
         return
-    m = first + tl.arange(0, BLOCK_M)
-    row_ok = m < length
-    rows = (start + m).to(tl.int64)
     r = tl.arange(0, BLOCK_R)
     r_ok = r < rank
     a_base = a_ptr + adapter.to(tl.int64) * stride_an
@@ -82,16 +89,9 @@ def _expand_kernel(
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    seg = tl.program_id(0)
-    first = tl.program_id(1) * BLOCK_M
-    start = tl.load(segments_ptr + seg * 3)
-    length = tl.load(segments_ptr + seg * 3 + 1)
-    adapter = tl.load(segments_ptr + seg * 3 + 2)
+    first, length, rows, row_ok, adapter = _segment_block(segments_ptr, BLOCK_M)
     if first >= length:
         return
-    m = first + tl.arange(0, BLOCK_M)
-    row_ok = m < length
-    rows = (start + m).to(tl.int64)
     r = tl.arange(0, BLOCK_R)
     r_ok = r < rank
     n = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
