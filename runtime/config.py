@@ -282,7 +282,8 @@ class RequestLimits:
         1024, "options of a choices constraint; continuations of one select (/braid/score)"
     )
     # Each continuation is tokenized with the prefix (their tokens may merge at the boundary),
-    # so a select's tokenizing grows as prefix x continuations: ~3 s of a core at the default.
+    # so a select's tokenizing grows as prefix x continuations (the default's cost: docs/
+    # reliability.md).
     max_score_chars: int = _setting(
         1 << 22, "characters one select (/braid/score) tokenizes: the prefix with each continuation"
     )

@@ -291,9 +291,9 @@ class Engine:
         lora: str | None = None,
     ) -> list[list[float]]:
         """Run score_leaves' requests, at most a quarter of max_running_requests at once. The
-        scheduler matches every waiting leaf against the shared prefix each step (28 ms a
-        step for 1,024 leaves of 450 tokens, in proportion to both), and leaves all queued at
-        once came before everyone else's requests: many choices share the steps instead."""
+        scheduler matches every waiting leaf against the shared prefix each step (a cost in
+        proportion to both), and leaves all queued at once came before everyone else's
+        requests: many choices share the steps instead."""
         return await self._score(leaves, cache_salt, self.adapter(lora))
 
     async def _score(

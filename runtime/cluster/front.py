@@ -317,7 +317,8 @@ async def _body(request: Request, cluster: Cluster) -> bytes | Response:
 
 async def _read(request: Request, limit: int) -> bytes | None:
     """The body, or None as soon as its Content-Length or the bytes read pass `limit` (read
-    whole before the check, three 200 MB bodies took the front from 265 MB to 1.2 GB)."""
+    whole before the check, a few oversized bodies held their whole size in memory each:
+    docs/reliability.md)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         return None

@@ -178,8 +178,8 @@ class Service:
 
     async def build_reply(self, build: Callable[[], T], listings: bool) -> T:
         """A whole reply built, off the event loop when it lists logprobs: n x tokens x
-        top_logprobs entries, each token's text decoded, took 1.1 s (and 10 MB of JSON) for
-        32 samples of 200 tokens with 20 alternatives each."""
+        top_logprobs entries, each token's text decoded, held the loop for a second and more
+        (docs/reliability.md)."""
         return await self.off_loop(build) if listings else build()
 
     def check_text_length(self, num_chars: int, what: str) -> None:
