@@ -6,7 +6,7 @@
 from braid._lazy import lazy_exports
 
 # Exported names -> their module, imported on first use: the compile worker process imports
-# grammars.index_builder, and importing this package must not pull in torch and transformers
+# grammars.jobs, and importing this package must not pull in torch and transformers
 # (seconds) before it can serve its first constraint.
 _EXPORTS = {
     "CompileQueueFull": "braid.grammars.compiler",

@@ -1,65 +1,41 @@
 """compile(job, vocab) -> Grammar (or CharRegex), cached; GrammarCompiler runs it in bounded
 workers.
 
-Regex, choices and JSON schemas become a regex, then the lazy automaton (grammars/lazy.py),
-which makes states and masks as they are reached: compiling costs milliseconds, and each
-state's mask one walk of the vocabulary the first time it is needed. An outlines-core index
-(every state x every token, built up front: up to seconds for a JSON schema, which every
-request used to wait for) is built only where the lazy automaton cannot serve: without a C++
-compiler, or for a regex its parser refuses. Both give the same masks. EBNF grammars become
-lark's parse table over terminal automata (grammars/ebnf.py); stop regexes (CharPattern) a
-character automaton (grammars/char_regex.py). Each of these can take seconds and gigabytes
-for a hostile input, so the runtime runs them in worker processes with a memory limit and
-kills one past a time limit: a hostile or huge constraint fails its own request and nothing
-else, and an index that blows either limit falls back to the lazy automaton over the regex
-the worker sent first.
+What each kind of job compiles to, and how, is declared once in grammars/jobs.py. Compiling
+can take seconds and gigabytes for a hostile input, so the runtime runs a job's costly part in
+worker processes with a memory limit and kills one past a time limit: a hostile or huge
+constraint fails its own request and nothing else.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 import os
-import pickle
 import queue
 import subprocess
 import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from braid.grammars.cache import GrammarCache
-from braid.grammars.char_regex import CharPattern, CharRegex
-from braid.grammars.constraints import Constraint, Ebnf
-from braid.grammars.index_builder import IndexUnbuildable, build_index, constraint_regex, fits_index
-from braid.grammars.lazy import (
-    STATE_MEMORY_MB,
-    LazyRegexGrammar,
-    LazyUnsupported,
-    lazy_available,
-    vocab_memory_bytes,
-)
+from braid.grammars.char_regex import CharRegex
+from braid.grammars.jobs import Job, JobKind, ResultLost, kind_of, run_here
+from braid.grammars.lazy import STATE_MEMORY_MB, lazy_available, vocab_memory_bytes
 from braid.grammars.matcher import Grammar
-from braid.grammars.regex import RegexGrammar
 from braid.grammars.vocabulary import TokenVocabulary, build_vocabulary
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from transformers import PreTrainedTokenizerBase
 
-log = logging.getLogger(__name__)
+Compiled = Grammar | CharRegex  # what a compiler gives for a Job
 
-# What a compiler takes, and what it gives for it.
-Job = Constraint | CharPattern
-Compiled = Grammar | CharRegex
-
-# Where an index is built (see above), one that takes longer than this is abandoned for the
-# lazy automaton when it is there: its cost (states x vocabulary) is hard to predict.
-INDEX_BUDGET_S = 1.0
 _CACHE_SIZE = 256  # compiled jobs kept per cache, however small
 # Memory of a cache's grammars and the vocabulary structures they share (grammars/cache.py).
 GRAMMAR_MEMORY_MB = 1024
@@ -83,7 +59,7 @@ def compile(job: Job, vocab: TokenVocabulary | PreTrainedTokenizerBase) -> Compi
     future = _local_cache.get(key)
     if future is None:
         future = Future()
-        future.set_result(_build(job, vocab, lambda j, index: _run_here(j, vocab, index)))
+        future.set_result(kind_of(job).assemble(job, vocab, run_here(vocab), STATE_MEMORY_MB))
         _local_cache.put(key, future)
         _local_cache.trim()
     return future.result()
@@ -91,31 +67,6 @@ def compile(job: Job, vocab: TokenVocabulary | PreTrainedTokenizerBase) -> Compi
 
 # compile()'s cache: its grammars' memory within the default budget.
 _local_cache = GrammarCache(GRAMMAR_MEMORY_MB << 20, _CACHE_SIZE)
-
-
-def _build(
-    job: Job, vocab: TokenVocabulary, run: Callable, max_state_mb: int = STATE_MEMORY_MB
-) -> Compiled:
-    """`run(job, index)` does the costly part: a CharRegex, an EbnfGrammar, or for the other
-    constraints (their regex, and its outlines index when `index` asks for one and it could
-    be built, else None)."""
-    lazy = lazy_available()
-    built = run(job, not lazy)
-    if isinstance(job, (CharPattern, Ebnf)):
-        return built
-    pattern, index = built
-    refusal = None
-    if index is None and lazy:
-        try:
-            return LazyRegexGrammar(pattern, vocab, max_state_mb)
-        except LazyUnsupported as e:
-            refusal = e
-            pattern, index = run(job, True)  # syntax only outlines may read
-    if index is None:
-        raise refusal or ValueError(
-            f"regex {pattern[:200]!r} is too large to compile without lazy_dfa.cpp"
-        )
-    return RegexGrammar(index, vocab, pattern)
 
 
 def as_vocabulary(vocab: TokenVocabulary | PreTrainedTokenizerBase) -> TokenVocabulary:
@@ -132,22 +83,6 @@ def as_vocabulary(vocab: TokenVocabulary | PreTrainedTokenizerBase) -> TokenVoca
 
 # Tokenizer -> its vocabulary, as long as the tokenizer lives.
 _vocabularies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _run_here(job: Job, vocab: TokenVocabulary, index: bool):
-    if isinstance(job, CharPattern):
-        return CharRegex(job.pattern)
-    if isinstance(job, Ebnf):
-        from braid.grammars.ebnf import EbnfGrammar
-
-        return EbnfGrammar(job.grammar, vocab)
-    pattern = constraint_regex(job)
-    if not index or not fits_index(pattern):
-        return pattern, None
-    try:
-        return pattern, build_index(pattern, vocab)
-    except IndexUnbuildable:
-        return pattern, None
 
 
 class CompileQueueFull(RuntimeError):
@@ -196,7 +131,7 @@ class GrammarCompiler:
         self._cache = GrammarCache(max_cache_mb << 20, _CACHE_SIZE, self._shared_bytes)
         # The TokenVocabulary: a bytes object per token (33 bytes and its length) and its slot.
         self._vocab_bytes = sum(33 + len(b or b"") + 8 for b in self.vocab.token_bytes)
-        self._ebnf_seen = False  # whether the EBNF grammars' token trie was built
+        self._kinds_seen: frozenset[JobKind] = frozenset()  # replaced, never changed in place
         self._last_trim = time.monotonic()
         self._workers: dict[str, _Worker] = {}  # compile thread -> its worker process
         self._lock = threading.Lock()
@@ -223,10 +158,12 @@ class GrammarCompiler:
                         f"{len(self._pending)} constraints are waiting to compile, the most "
                         "this engine queues; try again later"
                     )
+                kind = kind_of(job)
+                if kind not in self._kinds_seen:
+                    self._kinds_seen = self._kinds_seen | {kind}
                 future = Future()
                 self._cache.put(job, future)
                 self._pending[future] = _Pending(job)
-                self._ebnf_seen |= isinstance(job, Ebnf)
                 self._jobs.put((job, future))
             self._pending[future].waiters += 1
         mine: Future[Compiled] = Future()
@@ -268,14 +205,13 @@ class GrammarCompiler:
 
     def _shared_bytes(self) -> int:
         """What every grammar shares: the vocabulary, and the structures over it of the lazy
-        automata and (once one was compiled) of EBNF grammars."""
+        automata and (once one was compiled) of each kind's jobs (EBNF grammars' trie)."""
         total = self._vocab_bytes
         if lazy_available():
             total += vocab_memory_bytes(self.vocab)
-        if self._ebnf_seen:
-            from braid.grammars.ebnf import trie_memory_bytes
-
-            total += trie_memory_bytes(self.vocab)
+        for kind in self._kinds_seen:
+            if kind.shared_bytes is not None:
+                total += kind.shared_bytes(self.vocab)
         return total
 
     def close(self) -> None:
@@ -289,17 +225,14 @@ class GrammarCompiler:
 
         pending: _Pending | None = None  # the job being compiled
 
-        def in_worker(job: Job, index: bool):
+        def in_worker(job: Job, index: bool) -> _Results:
             nonlocal worker
             if worker is not None and worker.alive and worker.process.poll() is not None:
                 worker.stop()  # it died while idle (killed, out of memory): not this job's doing
             if worker is None or not worker.alive:
                 worker = _Worker(self.vocab, self.max_memory_mb)
                 self._workers[threading.current_thread().name] = worker
-            try:
-                return worker.build(job, self.timeout_s, index, lambda: pending.abandoned)
-            except _WorkerLost as e:
-                raise ValueError(str(e)) from None
+            return worker.run(job, index, self.timeout_s, lambda: pending.abandoned)
 
         while True:
             try:
@@ -317,20 +250,17 @@ class GrammarCompiler:
                 future.set_exception(ValueError("abandoned by every request that asked"))
                 continue
             try:
-                future.set_result(_build(job, self.vocab, in_worker, self.max_state_mb))
+                kind = kind_of(job)
+                future.set_result(kind.assemble(job, self.vocab, in_worker, self.max_state_mb))
             except _Abandoned:
                 future.set_exception(ValueError("abandoned by every request that asked"))
-            except Exception as e:  # handed to the request that asked
+            except Exception as e:  # handed to the request that asked (a ResultLost included)
                 future.set_exception(e if isinstance(e, ValueError) else ValueError(str(e)))
             with self._lock:
                 self._pending.pop(future, None)
             self.trim()
         if worker is not None:
             worker.stop()
-
-
-class _WorkerLost(Exception):
-    pass
 
 
 class _Abandoned(Exception):
@@ -352,10 +282,11 @@ class _Worker:
     """A process that compiles jobs one at a time under a memory limit (a schema's regex can
     grow large before its index does).
 
-    It is a plain `python -m grammars.compile_worker` child talking over its stdin/stdout,
-    not a multiprocessing one: spawn would re-run the user's main script in it (a script
-    without an `if __name__ == "__main__"` guard would crash), and fork would copy a process
-    full of threads."""
+    It is a plain `python -m braid.grammars.compile_worker` child talking over its stdin and
+    stdout, not a multiprocessing one: spawn would re-run the user's main script in it (a
+    script without an `if __name__ == "__main__"` guard would crash), and fork would copy a
+    process full of threads. Each job goes with a number its results come back with, so a
+    result its kind did not read is skipped, never taken for the next job's."""
 
     def __init__(self, vocab: TokenVocabulary, max_memory_mb: int) -> None:
         self.vocab = vocab
@@ -371,63 +302,60 @@ class _Worker:
         self.process.stdout.close()
         self.sender.send(vocab)
         self.alive = True
+        self._jobs_sent = 0
 
-    def build(self, job: Job, timeout_s: float, index: bool, abandoned: Callable[[], bool]):
-        """What `_run_here(job, index)` gives, built in the worker. For a regex-like
-        constraint an index that runs past INDEX_BUDGET_S or the memory limit gives (regex,
-        None). Once `abandoned()` says nobody waits, the worker is stopped (_Abandoned)."""
+    def run(
+        self, job: Job, index: bool, timeout_s: float, abandoned: Callable[[], bool]
+    ) -> _Results:
+        """Start `job` (its kind's `produce`) in the worker; its results come within
+        `timeout_s` of now. Once `abandoned()` says nobody waits, the worker is stopped."""
         deadline = time.monotonic() + timeout_s
-        what = "the stop regex" if isinstance(job, CharPattern) else "the constraint"
+        self._jobs_sent += 1
         try:
-            self.sender.send((job, index))
+            self.sender.send((self._jobs_sent, job, index))
         except OSError:
             pass  # the worker is gone: receiving says so
-        first = self._receive(deadline, timeout_s, what, abandoned)
-        if isinstance(job, CharPattern):
-            return pickle.loads(first)
-        if isinstance(job, Ebnf):
-            from braid.grammars.ebnf import EbnfGrammar
+        return _Results(self, self._jobs_sent, kind_of(job), deadline, timeout_s, abandoned)
 
-            return EbnfGrammar.loads(first, self.vocab)
-        pattern = pickle.loads(first)
-        if not index:
-            return pattern, None
-        budget = min(deadline, time.monotonic() + INDEX_BUDGET_S)
-        try:
-            return pattern, pickle.loads(self._receive(budget, timeout_s, what, abandoned))
-        except _WorkerLost as e:
-            log.info("outlines index abandoned (%s); compiling the regex lazily", e)
-            return pattern, None
-
-    def _receive(
-        self, deadline: float, timeout_s: float, what: str, abandoned: Callable[[], bool]
+    def receive(
+        self,
+        number: int,
+        deadline: float,
+        timeout_s: float,
+        what: str,
+        abandoned: Callable[[], bool],
     ) -> bytes:
-        ready = False
-        while not ready and time.monotonic() < deadline:
-            if abandoned():
+        """Job `number`'s next result: _Abandoned once nobody waits, ResultLost past the
+        deadline or when the worker dies, ValueError for the worker's own error."""
+        while True:
+            ready = False
+            while not ready and time.monotonic() < deadline:
+                if abandoned():
+                    self.stop()
+                    raise _Abandoned()
+                try:
+                    ready = self.receiver.poll(min(_ABANDON_CHECK_S, deadline - time.monotonic()))
+                except OSError:
+                    ready = True  # the worker is gone: recv below says so
+            if not ready:
                 self.stop()
-                raise _Abandoned()
+                raise ResultLost(
+                    f"compiling {what} took longer than the {timeout_s:g} s limit "
+                    "(grammar_compile_timeout_s)"
+                )
             try:
-                ready = self.receiver.poll(min(_ABANDON_CHECK_S, deadline - time.monotonic()))
-            except OSError:
-                ready = True  # the worker is gone: recv below says so
-        if not ready:
-            self.stop()
-            raise _WorkerLost(
-                f"compiling {what} took longer than the {timeout_s:g} s limit "
-                "(grammar_compile_timeout_s)"
-            )
-        try:
-            ok, payload = self.receiver.recv()
-        except (EOFError, OSError):
-            self.stop()
-            raise _WorkerLost(
-                f"compiling {what} exceeded the {self.max_memory_mb} MB memory limit "
-                "(grammar_compile_memory_mb) or crashed the compile worker"
-            ) from None
-        if not ok:
-            raise ValueError(payload)
-        return payload
+                sent_for, ok, payload = self.receiver.recv()
+            except (EOFError, OSError):
+                self.stop()
+                raise ResultLost(
+                    f"compiling {what} exceeded the {self.max_memory_mb} MB memory limit "
+                    "(grammar_compile_memory_mb) or crashed the compile worker"
+                ) from None
+            if sent_for != number:
+                continue  # an earlier job's result its kind did not read
+            if not ok:
+                raise ValueError(payload)
+            return payload
 
     def stop(self) -> None:
         self.alive = False
@@ -435,6 +363,27 @@ class _Worker:
         self.process.wait()
         self.sender.close()
         self.receiver.close()
+
+
+@dataclass
+class _Results:
+    """A job's results as its worker sends them (jobs.Results)."""
+
+    worker: _Worker
+    number: int
+    kind: JobKind
+    deadline: float
+    timeout_s: float
+    abandoned: Callable[[], bool]
+
+    def next(self, budget_s: float | None = None) -> Any:
+        deadline = self.deadline
+        if budget_s is not None:
+            deadline = min(deadline, time.monotonic() + budget_s)
+        payload = self.worker.receive(
+            self.number, deadline, self.timeout_s, self.kind.what, self.abandoned
+        )
+        return self.kind.load(payload, self.worker.vocab)
 
 
 def _resident_bytes(pid: int) -> int:

@@ -23,7 +23,7 @@ from decimal import Decimal
 from typing import Any
 from urllib.parse import unquote
 
-from braid.grammars.index_builder import escape
+from braid.grammars.constraint_regex import escape
 from braid.grammars.json_schema_arrays import array_regex, merged_items
 from braid.grammars.json_schema_formats import FORMAT_LENGTHS, FORMATS, MISSING_FORMATS
 from braid.grammars.json_schema_not import (
@@ -58,7 +58,7 @@ STRING = f'"{CHAR}*"'
 # take plain characters and the two-character escapes (a quote or a newline in a bounded
 # description is ordinary) but not \u escapes (stricter, hence safe); a maxLength above
 # MAX_STRING_CHARS generates at most that many. (Which backend compiles the regex, an eager
-# outlines index or the lazy automaton, is index_builder's choice.) Patterns and formats
+# outlines index or the lazy automaton, is grammars/jobs.py's choice.) Patterns and formats
 # under length bounds count plain characters only.
 PLAIN_CHAR = r'[^"\\\x00-\x1f]'
 COUNTED_CHAR = r'([^"\\\x00-\x1f]|\\["\\/bfnrt])'

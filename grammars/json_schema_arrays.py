@@ -15,7 +15,7 @@ from __future__ import annotations
 from math import perm
 from typing import Any
 
-from braid.grammars.index_builder import escape
+from braid.grammars.constraint_regex import escape
 from braid.grammars.json_schema_values import is_valid, json_equal
 from braid.grammars.schema_errors import InvalidSchema, UnsupportedSchema
 

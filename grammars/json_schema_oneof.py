@@ -379,7 +379,7 @@ def _pattern_fsm(pattern: str):
     if len(pattern) > 200 or _UNSAFE_ESCAPES.search(pattern):
         return None
     if any(int(n) > 32 for m in _COUNT.finditer(pattern) for n in m.groups() if n):
-        return None  # interegular unrolls counts: seconds for {1,256}
+        return None  # interegular unrolls counts: large ones take too long
     body, head, tail = pattern, r"[\s\S]*", r"[\s\S]*"
     if body.startswith("^"):
         body, head = body[1:], ""

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from braid import _native
 from braid.grammars.matcher import Grammar, Matcher, MatcherError, bitmask_words, set_bits
 from braid.grammars.vocabulary import TokenVocabulary
+from braid.kernels import native
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def library() -> ctypes.CDLL:
     without the library, constraints too large for an outlines index fail their request."""
     build_dir = Path.home() / ".cache" / "braid" / "grammars"
     try:
-        return _native.load(_native.build("lazy_dfa", [SOURCE], _FLAGS, build_dir), _SIGNATURES)
+        return native.load(native.build("lazy_dfa", [SOURCE], _FLAGS, build_dir), _SIGNATURES)
     except OSError as e:
         raise OSError(f"lazy regex grammars (grammars/lazy_dfa.cpp) are unavailable: {e}") from None
 

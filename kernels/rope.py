@@ -1,7 +1,7 @@
 """RoPE and the KV store in one launch: rotate each new token's q and k heads in place and
 write its k and v into their slot of the paged KV pool.
 
-In torch, RoPE alone is ~8 kernels over q and k (two table gathers, casts, the rotation's
+In torch, RoPE alone is several kernels over q and k (two table gathers, casts, the rotation's
 products and a concatenation copied back), plus the store; here each token is one program
 that reads its heads once.
 """

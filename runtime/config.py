@@ -72,8 +72,8 @@ class EngineConfig:
         "starts over empty, and an output that alone needs more fails",
     )
     # Each grammar has its own budget above, but a server meets many distinct constraints:
-    # without a total, N hostile ones held N budgets (resident memory grew 0.7 -> 1.9 GB over
-    # an 80-request sweep and stayed there).
+    # without a total, N hostile ones held N budgets, and resident memory grew for good
+    # (docs/reliability.md).
     grammar_memory_mb: int = _setting(
         1024,
         "all cached grammars, stop-regex automata and the vocabulary structures they share, "

@@ -1,7 +1,7 @@
 """CUDA graphs for decode steps: one captured forward per batch size bucket.
 
-A decode step of a small model on a GPU is mostly kernel launches: ~10 per layer, each a few
-microseconds of CPU work, against a few microseconds of GPU work. Replaying a captured graph
+A decode step of a small model on a GPU is mostly kernel launches: several per layer, each
+costing about as much CPU work to launch as GPU work to run. Replaying a captured graph
 launches them all at once. A graph fixes its tensors' addresses and shapes, so each bucket
 reads its inputs from static buffers: a step of n sequences is padded to the next bucket, its
 padding rows decode token 0 at position 0 into the pool's scratch slot and attend to that slot

@@ -37,7 +37,8 @@ class IncrementalDetokenizer:
 
 def _decoder(tokenizer: PreTrainedTokenizerBase):
     """tokenizer.decode, or the fast tokenizer's own decode where transformers would return
-    its text unchanged (no clean-up of spaces): a third of the time, twice per token."""
+    its text unchanged (no clean-up of spaces), which skips transformers' wrapping on a call
+    made twice per token (docs/benchmarks.md)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or tokenizer.clean_up_tokenization_spaces:
         return tokenizer.decode

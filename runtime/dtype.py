@@ -2,10 +2,10 @@
 float32 and bfloat16 runs the model's linear layers faster here.
 
 A rule on CPU flags is not enough: a Xeon with AVX512-BF16 and no AMX ran the default model's
-batch-64 linears at 504-628 tok/s in float32 against 434-467 in bfloat16, while an EPYC with
-the same flag ran bfloat16 ~4x faster. So `auto` times one linear of the model's shape in
-each dtype at the batch the engine decodes at, once per CPU, model shape and torch version
-(~50 ms, cached in ~/.cache/braid/dtype.json), and logs the choice and why.
+batch-64 linears slower in bfloat16 than in float32, while an EPYC with the same flag ran
+bfloat16 several times faster. So `auto` times one linear of the model's shape in each dtype
+at the batch the engine decodes at, once per CPU, model shape and torch version (cached in
+~/.cache/braid/dtype.json), and logs the choice and why.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from braid._native import cpu_signature
+from braid.kernels.native import cpu_signature
 from braid.runtime.config import DTYPES, EngineConfig
 from braid.runtime.models.config import ModelConfig
 

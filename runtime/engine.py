@@ -1,21 +1,20 @@
 """Engine: the public entry point to generation.
 
-Callers (any thread) tokenize and validate their prompts, then hand requests to the engine
-thread, whose loop is three calls: schedule a batch, run it, process the results.
+Callers (any thread) tokenize and validate their prompts, then enqueue requests for the
+engine thread, each with a RequestStream its chunks come back through. The engine thread's
+step is four calls: schedule a batch, run it, process the results into chunks, publish them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
-import ctypes
 import dataclasses
 import functools
 import itertools
 import logging
 import random
 import threading
-import time
 import weakref
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
@@ -23,31 +22,31 @@ from concurrent.futures import Future
 import torch
 
 from braid.runtime.config import EngineConfig
-from braid.runtime.constrained import GrammarService, Prepared
 from braid.runtime.core_share import CoreShare
-from braid.runtime.cuda_graphs import DecodeGraphs
 from braid.runtime.detokenizer import IncrementalDetokenizer
-from braid.runtime.dtype import resolve_dtype
 from braid.runtime.embedding import EmbedJob
-from braid.runtime.kv_cache import KVPool
+from braid.runtime.grammar_service import GrammarService, Prepared
+from braid.runtime.heap import release_free_heap
 from braid.runtime.lora_memory import LoraMemory
-from braid.runtime.model_loader import load_model, load_model_config, resolve_model_dir
+from braid.runtime.model_loader import load_model_config, resolve_model_dir
 from braid.runtime.model_runner import ModelRunner, StepResult
+from braid.runtime.model_setup import set_up_model
 from braid.runtime.models.lora import LoraAdapter, load_adapter
-from braid.runtime.output_processor import OutputProcessor
+from braid.runtime.output_processor import OutputProcessor, Update
 from braid.runtime.outputs import GenerateOutput, StreamChunk
 from braid.runtime.quantization import resolve_quantization
 from braid.runtime.radix_cache import RadixCache
 from braid.runtime.request import Request
+from braid.runtime.request_stream import RequestStream
 from braid.runtime.request_tree import TreeNode
 from braid.runtime.sampling_params import SamplingParams
 from braid.runtime.scheduler import Batch, Scheduler
 from braid.runtime.scoring import score_tree
-from braid.runtime.spec import Speculator, load_draft_proposer
+from braid.runtime.spec import SpecWorker, load_draft_proposer
 from braid.runtime.stats import EngineStats
 from braid.runtime.stop import StopMatcher
 from braid.runtime.tokenizer import eos_token_ids, load_tokenizer
-from braid.runtime.tp import RankFailure, RankReport, Ranks, start_ranks
+from braid.runtime.tp import RankFailure, RankReport
 
 log = logging.getLogger(__name__)
 
@@ -84,16 +83,14 @@ class Engine:
         self.lora_memory = LoraMemory(self.config.max_loaded_loras, self._load_adapter)
         self._wake = threading.Condition()
         self._stopping = False
-        # Tensor parallelism: ranks 1..tp-1 (started by _setup), what every rank holds (rank
-        # 0 alone without tp), and why the ranks failed, once they have: from then on every
-        # request fails with that error.
-        self.ranks: Ranks | None = None
+        # What every tensor-parallel rank holds (rank 0 alone without tp), and why the ranks
+        # failed, once they have: from then on every request fails with that error.
         self.tp_ranks: list[RankReport] = []
         self._failure: str | None = None
         self.grammars = GrammarService(self.tokenizer, self.eos_token_ids, self.config)
         # All of the engine's tensor work, loading included, happens on its own thread: an
         # OpenMP team left by the caller's thread makes libgomp stop spinning between
-        # parallel regions, which made a decode step at 64 requests ~1.6x slower on 2 cores.
+        # parallel regions, which made large decode steps markedly slower.
         ready, failure = threading.Event(), []
         self._thread = threading.Thread(
             target=self._run, args=(path, ready, failure), name="braid-engine", daemon=True
@@ -105,72 +102,33 @@ class Engine:
         _RUNNING.add(self)
 
     def _setup(self, path) -> None:
-        mc, c = self.model_config, self.config
-        dtype, why = resolve_dtype(c, mc)
-        self.dtype = dtype  # what `auto` meant here
-        log.info("dtype %s (%s)", str(dtype).removeprefix("torch."), why)
+        c = self.config
         log.info("quantization %s (%s)", c.quantization, self._quantization_why)
-        if c.tp > 1:  # rank 0's shard and pool; the other ranks hold theirs
-            model_, self.kv, self.ranks = start_ranks(path, mc, dtype, c)
-            self.tp_ranks = self.ranks.reports
-        else:
-            model_ = load_model(
-                path, mc, dtype, self.device, c.cpu_kernels, c.deterministic, c.quantization
-            )
-            per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype)
-            self.kv = KVPool(
-                mc.num_layers, c.kv_pool_tokens(per_token), mc.num_kv_heads, mc.head_dim, dtype,
-                self.device,
-            )  # fmt: skip
-            self.tp_ranks = [RankReport.of(0, model_, self.kv)]
-        _release_free_heap()  # what loading freed (converted blocks' temporaries)
-        num_slots = self.kv.num_slots
-        log.info("model ops: %s", model_.ops.name)
-        log.info(
-            "KV pool: %d tokens (%s GB%s, %s, %s)",
-            num_slots,
-            " + ".join(f"{r.kv_bytes / 1024**3:.2f}" for r in self.tp_ranks),
-            f" on {c.tp} ranks" if c.tp > 1 else "",
-            dtype,
-            self.device,
+        self.runner, self.dtype, self.tp_ranks = set_up_model(
+            path, self.model_config, c, len(self.tokenizer)
         )
-        self.cache = RadixCache(self.kv, enabled=self.config.prefix_cache)
-        graphs = None
-        max_graph_batch = min(self.config.cuda_graph_max_batch, self.config.max_running_requests)
-        # With tp > 1 every rank would have to capture its graphs and replay them in step
-        # with rank 0's; not done: tensor-parallel steps run eagerly.
-        if self.device.type == "cuda" and max_graph_batch > 0 and c.tp == 1:
-            try:
-                graphs = DecodeGraphs(model_, self.kv, max_graph_batch, self.context_length)
-            except RuntimeError as e:
-                raise RuntimeError(
-                    f"capturing the decode CUDA graphs failed ({e}); "
-                    "EngineConfig(cuda_graph_max_batch=0) runs without them"
-                ) from e
-            log.info("CUDA graphs: decode batches of %s", graphs.sizes)
+        self.kv = self.runner.kv
+        self.cache = RadixCache(self.kv, enabled=c.prefix_cache)
+        self.scheduler = Scheduler(c, self.kv, self.cache, self._stats)
+        self.outputs = OutputProcessor(self.grammars, self._stats)
+        # What runs a batch: the runner, or the speculative worker around it.
+        self.worker: ModelRunner | SpecWorker = self.runner
+        if c.spec_method != "none":
+            draft = None
+            if c.spec_method == "draft":
+                draft = load_draft_proposer(
+                    c, self.runner.model, self.tokenizer, self.runner.vocab_size, self.kv.num_slots
+                )
+            self.worker = SpecWorker(
+                c, self.runner, self._stats, self.grammars.forced_tokens,
+                self.scheduler.make_room, draft,
+            )  # fmt: skip
         # On the CPU, a team no larger than the cores other programs leave free
         # (runtime/core_share.py); tensor-parallel ranks split the cores between them already.
         self._threads = torch.get_num_threads()
         self._core_share = None
         if self.device.type == "cpu" and c.tp == 1:
             self._core_share = CoreShare(self._threads)
-        self.runner = ModelRunner(
-            model_, self.kv, self.device, len(self.tokenizer), graphs, self.ranks
-        )
-        self.speculator = None
-        if self.config.spec_method != "none":
-            draft = None
-            if self.config.spec_method == "draft":
-                draft = load_draft_proposer(
-                    self.config, model_, self.tokenizer, self.runner.vocab_size, num_slots
-                )
-            self.speculator = Speculator(
-                self.config, self.kv, self._stats, self.grammars.forced_tokens, draft
-            )
-        self.scheduler = Scheduler(self.config, self.kv, self.cache, self._stats, self.speculator)
-        self.outputs = OutputProcessor(
-            self.scheduler, self.runner, self.grammars, self._stats, self.speculator
-        )
         for entry in c.lora:
             self._add_adapter(*entry.split("=", 1))
 
@@ -180,8 +138,9 @@ class Engine:
         try:
             self._setup(path)
         except BaseException as e:  # handed to the constructor, which raises it
-            if self.ranks is not None:
-                self.ranks.close()
+            runner = getattr(self, "runner", None)
+            if runner is not None and runner.ranks is not None:
+                runner.ranks.close()
             failure.append(e)
             return
         finally:
@@ -217,13 +176,10 @@ class Engine:
         id_lists = [self.encode(p) for p in prompts]  # validate all before submitting any
         adapter = self.adapter(lora)
         prepared = self.prepare(params).result()  # raises for a bad constraint
-        groups = []
-        for ids in id_lists:
-            collectors = [_Collector() for _ in range(params.n)]
-            emits = [c.add for c in collectors]
-            self._submit_n(ids, params, emits, priority, prepared, cache_salt, adapter)
-            groups.append(collectors)
-        outs = [[c.result() for c in group] for group in groups]
+        groups = [
+            self._enqueue(ids, params, prepared, priority, cache_salt, adapter) for ids in id_lists
+        ]
+        outs = [[s.result() for s in group] for group in groups]
         outs = [group if params.n > 1 else group[0] for group in outs]
         return outs if many else outs[0]
 
@@ -245,10 +201,11 @@ class Engine:
         adapter = self.adapter(lora)
         prepared = [self.prepare(params) for _, params in leaves]
         prepared = [p.result() for p in prepared]  # all compile, or none is submitted
-        collectors = [_Collector() for _ in leaves]
-        for (ids, params), c, p in zip(leaves, collectors, prepared, strict=True):
-            self._submit_n(ids, params, [c.add], priority, p, cache_salt, adapter)
-        return [c.result() for c in collectors]
+        streams = [
+            self._enqueue(ids, params, p, priority, cache_salt, adapter)[0]
+            for (ids, params), p in zip(leaves, prepared, strict=True)
+        ]
+        return [s.result() for s in streams]
 
     async def agenerate_tree(
         self,
@@ -323,26 +280,24 @@ class Engine:
         prepared = await asyncio.gather(
             *(asyncio.wrap_future(self.prepare(params)) for _, params in leaves)
         )
-        done = [loop.create_future() for _ in leaves]
-        collectors = [_Collector(lambda f=f: loop.call_soon_threadsafe(_settle, f)) for f in done]
-        rids: list[int] = []
+        streams: list[RequestStream] = []
+        outputs: list[asyncio.Task[GenerateOutput]] = []  # one per stream, not the caller's
         try:
-            jobs = zip(leaves, collectors, prepared, strict=True)
-            for i, ((ids, params), c, p) in enumerate(jobs):
+            for i, ((ids, params), p) in enumerate(zip(leaves, prepared, strict=True)):
                 if window is not None and (i == 1 or i > window):
-                    # asyncio.wait, which never cancels the future it waits for: the futures
-                    # say when the engine has ended a leaf, cancelled or not.
-                    await asyncio.wait({done[0 if i == 1 else i - window]})
-                rids += self._submit_n(ids, params, [c.add], priority, p, cache_salt, adapter)
-            if done:
-                await asyncio.wait(done)
+                    # asyncio.wait never cancels what it waits for.
+                    await asyncio.wait({outputs[0 if i == 1 else i - window]})
+                streams += self._enqueue(ids, params, p, priority, cache_salt, adapter, loop)
+                outputs.append(asyncio.ensure_future(streams[-1].output()))
+            if outputs:
+                await asyncio.wait(outputs)
         except asyncio.CancelledError:  # the caller left: its requests go too
-            for rid in rids:
-                self.abort(rid)
-            if rids:  # one request per leaf, submitted in order
-                await asyncio.wait(done[: len(rids)])
+            for stream in streams:
+                self.abort(stream.rid)
+            if outputs:
+                await asyncio.wait(outputs)
             raise
-        return [c.result() for c in collectors]
+        return [task.result() for task in outputs]
 
     def _tree_leaves(self, root: TreeNode) -> list[tuple[list[int], SamplingParams]]:
         leaves = [(self._join_segments(segs), params) for segs, params in root.leaves()]
@@ -378,31 +333,19 @@ class Engine:
         params = params or SamplingParams()
         if params.n != 1:
             raise ValueError("stream() takes n=1; call it once per sample")
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[StreamChunk] = asyncio.Queue()
         ids = self.encode(prompt)
         adapter = self.adapter(lora)
         prepared = await asyncio.wrap_future(self.prepare(params))
-        [rid] = self._submit_n(
-            ids,
-            params,
-            [lambda c: loop.call_soon_threadsafe(queue.put_nowait, c)],
-            priority,
-            prepared,
-            cache_salt,
-            adapter,
-        )
+        loop = asyncio.get_running_loop()
+        [stream] = self._enqueue(ids, params, prepared, priority, cache_salt, adapter, loop)
         if on_submit is not None:
-            on_submit(rid)
-        finished = False
+            on_submit(stream.rid)
         try:
-            while not finished:
-                chunk = await queue.get()
-                finished = chunk.finish_reason is not None
+            async for chunk in stream:
                 yield chunk
         finally:
-            if not finished:
-                self.abort(rid)
+            if not stream.finished:
+                self.abort(stream.rid)
 
     def submit(
         self,
@@ -423,7 +366,10 @@ class Engine:
         ids = self.encode(prompt)
         adapter = self.adapter(lora)
         prepared = self.prepare(params).result()
-        return self._submit_n(ids, params, [emit], priority, prepared, cache_salt, adapter)[0]
+        [stream] = self._enqueue(
+            ids, params, prepared, priority, cache_salt, adapter, on_chunk=emit
+        )
+        return stream.rid
 
     def abort(self, rid: int) -> None:
         """Stop a request; it ends with finish_reason "abort" and its KV is freed."""
@@ -471,7 +417,7 @@ class Engine:
         self.adapters[name] = adapter
 
     def _adapters_in_use(self) -> set[LoraAdapter]:
-        return {r.lora for r in self.outputs.live.values() if r.lora is not None}
+        return {r.lora for r in self.scheduler.live.values() if r.lora is not None}
 
     def _load_adapter(self, name: str, path: str) -> LoraAdapter:
         c = self.config
@@ -484,7 +430,7 @@ class Engine:
 
     def _remove_adapter(self, name: str) -> None:
         adapter = self.adapter(name)
-        users = [r.rid for r in self.outputs.live.values() if r.lora is adapter]
+        users = [r.rid for r in self.scheduler.live.values() if r.lora is adapter]
         if users:
             raise ValueError(
                 f"LoRA adapter {name!r} is in use by {len(users)} queued or running requests"
@@ -560,7 +506,7 @@ class Engine:
             lora_adapter_reloads=self.lora_memory.num_reloads,
             **self.grammars.stats(),
         )
-        draft = self.speculator.draft if self.speculator is not None else None
+        draft = self.worker.draft if isinstance(self.worker, SpecWorker) else None
         if draft is not None:  # the draft model's own pool: empty again once all are done
             out.update(
                 draft_kv_slots_total=draft.kv.num_slots, draft_kv_slots_free=draft.kv.num_free_slots
@@ -578,8 +524,8 @@ class Engine:
         _RUNNING.discard(self)
         self._thread.join()
         self.grammars.close()
-        if self.ranks is not None:
-            self.ranks.close()
+        if self.runner.ranks is not None:
+            self.runner.ranks.close()
 
     def encode(self, prompt: Prompt) -> list[int]:
         """Token ids of a prompt, checked against the vocabulary and the context length."""
@@ -633,29 +579,34 @@ class Engine:
         (byte-level and sentencepiece token strings are at least as long as their text)."""
         return max(len(t) for t in self.tokenizer.get_vocab())
 
-    # ---- submission ------------------------------------------------------------------
+    # ---- submission: every way in above ends here ------------------------------------
 
-    def _submit_n(
+    def _enqueue(
         self,
         ids: list[int],
         params: SamplingParams,
-        emits: list[Callable[[StreamChunk], None]],
-        priority: int,
         prepared: Prepared,
+        priority: int,
         cache_salt: str | None,
-        adapter: LoraAdapter | None = None,
-    ) -> list[int]:
+        adapter: LoraAdapter | None,
+        loop: asyncio.AbstractEventLoop | None = None,
+        on_chunk: Callable[[StreamChunk], None] | None = None,
+    ) -> list[RequestStream]:
+        """Queue params.n requests for the engine thread; each one's chunks come back through
+        its stream (to an asyncio consumer on `loop`, to `on_chunk`, or to a blocking one)."""
         base_seed = params.seed if params.seed is not None else random.getrandbits(62)
         stop_ids = set(params.stop_token_ids or ())
         if not params.ignore_eos:
             stop_ids |= self.eos_token_ids
-        reqs = [
-            Request(
-                rid=next(self._rids),
+        streams = []
+        for i in range(params.n):
+            stream = RequestStream(next(self._rids), loop, on_chunk)
+            r = Request(
+                rid=stream.rid,
                 prompt_ids=ids,
                 params=params,
                 seed=base_seed + i,
-                emit=emit,
+                emit=stream.put,
                 detokenizer=IncrementalDetokenizer(self.tokenizer, ids),
                 stop_matcher=StopMatcher(params.stop_strings, prepared.stop_regexes),
                 stop_ids=frozenset(stop_ids),
@@ -666,11 +617,9 @@ class Engine:
                 lora=adapter,
                 matcher=prepared.grammar.matcher() if prepared.grammar is not None else None,
             )
-            for i, emit in enumerate(emits)
-        ]
-        for r in reqs:
             self._post("add", r)
-        return [r.rid for r in reqs]
+            streams.append(stream)
+        return streams
 
     def _post(self, op: str, arg: object) -> None:
         with self._wake:
@@ -686,7 +635,7 @@ class Engine:
         while True:
             with self._wake:
                 if worked and not (self._inbox or self.scheduler.has_work or self._stopping):
-                    _release_free_heap()  # going idle: hand freed memory back to the OS
+                    release_free_heap()  # going idle: hand freed memory back to the OS
                     worked = False
                 while not (self._inbox or self.scheduler.has_work or self._stopping):
                     self._wake.wait()
@@ -698,7 +647,7 @@ class Engine:
                 except Exception as e:  # a bug met by one request: it alone fails
                     log.exception("engine: %s failed", op)
                     if op == "add":
-                        self.outputs.fail(arg, f"engine failed to admit it: {e!r}")
+                        self._fail(arg, f"engine failed to admit it: {e!r}")
             if self._failure is not None:
                 self._fail_live(self._failure)
             if stopping:
@@ -707,75 +656,99 @@ class Engine:
             worked = self._step() or worked
 
     def _step(self) -> bool:
-        """Schedule, run and process one batch; False when nothing could run."""
+        """Schedule, run and process one batch, and publish its chunks; False when nothing
+        could run."""
         try:
             batch = self.scheduler.schedule()
         except Exception as e:  # the scheduler's own state is broken: no request to blame
             log.exception("engine: scheduling failed")
             self._fail_live(f"engine step failed: {e!r}")
             return False
-        for r in self.scheduler.out_of_kv:
-            self.outputs.finish(r, "length")
-        self.scheduler.out_of_kv.clear()
-        if batch is None:
-            self._fail_unschedulable()
+        self._publish([self.outputs.end(r, "length") for r in batch.out_of_kv])
+        if not batch.requests:
             return False
-        if self._core_share is not None and (n := self._core_share.threads()) != self._threads:
-            torch.set_num_threads(n)  # the C++ kernels read it too
-            self._threads = n
-        started = time.perf_counter()
-        try:
-            results = self.runner.run(batch)
-        except RankFailure as e:  # no forward can run again (logged by the ranks)
-            self._failure = str(e)
-            self._fail_live(self._failure)
-            return False
-        except Exception:
-            log.exception("engine step failed; running its requests one at a time")
-            batch, results = self._run_alone(batch)
-        else:
-            if self.speculator is not None and all(r.is_decoding for r in batch.requests):
-                if self.device.type == "cuda":  # a step that only verifies never waited
-                    torch.cuda.synchronize(self.device)
-                self.speculator.observe_step(sum(batch.num_new), time.perf_counter() - started)
-        self.outputs.process(batch, results)
+        self._share_cores()
+        batch, results = self._run_batch(batch)
+        self.scheduler.advance(batch)
+        self._publish(self.outputs.process(batch, results))
         self.lora_memory.evict(self._adapters_in_use)  # those over the bound that are done now
         return True
 
-    def _run_alone(self, batch: Batch) -> tuple[Batch, list[StepResult]]:
-        """After a step raised: each request's share of it run on its own, so that only a
-        request whose own share raises fails, and the others go on. (Re-running is safe: a
-        forward rewrites the same KV slots with the same values, and sampling is seeded by
-        request and step.)"""
+    def _publish(self, updates: list[Update]) -> None:
+        """Hand each chunk to its request's consumer. A request whose chunk is its last
+        leaves the scheduler first: a caller woken by it, or a `stats()` reader that sees it
+        gone, sees the counters and the pool settled. A consumer that fails (say, its event
+        loop closed) loses its request, and the engine goes on."""
+        gone: set[int] = set()  # requests whose consumer failed
+        for r, chunk in updates:  # (grows while read: the ends of those whose consumer failed)
+            if chunk.finish_reason is not None:
+                self.scheduler.finish(r)
+                if isinstance(self.worker, SpecWorker):
+                    self.worker.release(r)
+            if r.rid in gone:
+                continue
+            try:
+                r.emit(chunk)
+            except Exception:
+                log.warning("request %d: its consumer raised; aborting it", r.rid, exc_info=True)
+                gone.add(r.rid)
+                if r.finish_reason is None:
+                    updates.append(self.outputs.end(r, "abort"))
+
+    def _share_cores(self) -> None:
+        if self._core_share is not None and (n := self._core_share.threads()) != self._threads:
+            torch.set_num_threads(n)  # the C++ kernels read it too
+            self._threads = n
+
+    def _run_batch(self, batch: Batch) -> tuple[Batch, list[StepResult]]:
+        """The batch's results; after the step raised, each request's share run on its own,
+        so that only a request whose own share raises fails and the others go on (re-running
+        is safe: a forward rewrites the same KV slots with the same values, and sampling is
+        seeded by request and step)."""
+        try:
+            return batch, self.worker.run(batch)
+        except RankFailure as e:  # no forward can run again (logged by the ranks)
+            self._failure = str(e)
+            self._fail_live(self._failure)
+            return Batch([], []), []
+        except Exception:
+            log.exception("engine step failed; running its requests one at a time")
         kept, results = [], []
         for i, r in enumerate(batch.requests):
             try:
-                results += self.runner.run(batch.subset([i]))
+                results += self.worker.run(batch.subset([i]))
                 kept.append(i)
             except Exception as e:
                 log.exception("request %d: its step failed alone too; failing it", r.rid)
-                self.outputs.fail(r, f"engine step failed: {e!r}")
+                self._fail(r, f"engine step failed: {e!r}")
         return batch.subset(kept), results
 
+    def _fail(self, r: Request, error: str | None) -> None:
+        """End a request the engine could not serve (unless it has ended already)."""
+        if r.finish_reason is None:
+            self._publish([self.outputs.end(r, "abort", error=error)])
+
     def _fail_live(self, error: str) -> None:
-        for r in list(self.outputs.live.values()):
-            self.outputs.fail(r, error)
+        for r in list(self.scheduler.live.values()):
+            self._fail(r, error)
 
     def _handle(self, op: str, arg: object) -> None:
         if op == "add":
-            self.outputs.admit(arg)
+            self.scheduler.add(arg)
+            updates = self.outputs.admit(arg)
             # Admitted first, so that a reload failing in any way fails the request (the
             # loop's handler fails only live ones); no step runs before the inbox is done.
-            if arg.rid in self.outputs.live and (error := self._adapter_error(arg)):
-                self.outputs.finish(arg, "abort", error=error, request_error=True)
+            if arg.finish_reason is None and (error := self._adapter_error(arg)):
+                updates.append(self.outputs.end(arg, "abort", error=error, request_error=True))
+            self._publish(updates)
         elif op == "call":
             job, done = arg
             try:
                 done.set_result(job())
             except Exception as e:  # the caller's to raise
                 done.set_exception(e)
-        elif op == "abort" and arg in self.outputs.live:
-            self.outputs.finish(self.outputs.live[arg], "abort")
+        elif op == "abort" and (r := self.scheduler.live.get(arg)) is not None:
+            self._fail(r, None)
         elif op == "flush":
             self.cache.reset()
             arg.set()
@@ -819,12 +792,6 @@ class Engine:
         except RuntimeError as e:  # the engine is shutting down
             job.settle(e)
 
-    def _fail_unschedulable(self) -> None:
-        """Nothing could run although requests wait: with nothing running to free KV, the
-        first waiting request cannot fit the pool even alone."""
-        if self.scheduler.waiting and not self.scheduler.running:
-            self.outputs.finish(self.scheduler.waiting[0], "length")
-
 
 # Engines not shut down yet. Their thread is a daemon, so a program that never calls shutdown
 # still exits; but a daemon thread inside a torch op when the interpreter finalizes is ended
@@ -838,59 +805,3 @@ _RUNNING: weakref.WeakSet[Engine] = weakref.WeakSet()
 def _shutdown_running() -> None:
     for engine in list(_RUNNING):
         engine.shutdown()
-
-
-def _release_free_heap() -> None:
-    """glibc keeps freed blocks of the per-step tensors in its arenas, and resident memory
-    crept up ~30% over 3,000 requests; trimming when idle returns them. No-op elsewhere."""
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
-
-
-def _load_libc():
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        return libc if hasattr(libc, "malloc_trim") else None
-    except OSError:
-        return None
-
-
-_LIBC = _load_libc()
-
-
-def _settle(done: asyncio.Future) -> None:
-    """Mark an asyncio caller's leaf done, unless the caller was cancelled meanwhile."""
-    if not done.done():
-        done.set_result(None)
-
-
-class _Collector:
-    """Gathers one request's chunks for the blocking `generate` (or, given `on_done`, for an
-    asyncio caller, which it tells from the engine thread)."""
-
-    def __init__(self, on_done: Callable[[], None] | None = None) -> None:
-        self.text: list[str] = []
-        self.token_ids: list[int] = []
-        self.finish_reason: str | None = None
-        self.error: str | None = None
-        self.request_error = False
-        self.meta: dict = {}
-        self._done = threading.Event()
-        self._on_done = on_done
-
-    def add(self, chunk: StreamChunk) -> None:
-        self.text.append(chunk.text)
-        self.token_ids.extend(chunk.token_ids)
-        if chunk.finish_reason is not None:
-            self.finish_reason, self.error = chunk.finish_reason, chunk.error
-            self.request_error = chunk.request_error
-            self.meta = chunk.meta or {}
-            self._done.set()
-            if self._on_done is not None:
-                self._on_done()
-
-    def result(self) -> GenerateOutput:
-        self._done.wait()
-        if self.error:
-            raise (ValueError if self.request_error else RuntimeError)(self.error)
-        return GenerateOutput("".join(self.text), self.token_ids, self.finish_reason, self.meta)

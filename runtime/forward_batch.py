@@ -85,9 +85,9 @@ class ForwardBatch:
         parents = parents or [None] * len(new_tokens)
         if any(p is not None for p in parents):
             # One-token sequences join the tree extends as one-node trees: one padded
-            # attention call per layer instead of two (a batch of 8 where one request verifies
-            # a draft ran ~10% slower with both paths; all 8 on the tree path cost no more
-            # than the decode path, default model on the CPU).
+            # attention call per layer instead of two (a batch where one request verifies a
+            # draft ran slower with both paths; all on the tree path cost no more than the
+            # decode path, on the CPU).
             parents = [
                 [-1] if p is None and n == 1 else p
                 for p, n in zip(parents, extend_lens, strict=True)

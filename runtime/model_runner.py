@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass, field
 
 import torch
@@ -11,13 +12,15 @@ from braid.runtime.forward_batch import ForwardBatch
 from braid.runtime.kv_cache import KVPool
 from braid.runtime.models import LlamaForCausalLM
 from braid.runtime.models.lora import LoraBatch
-from braid.runtime.sampler import sample, sampling_probs, step_seed
+from braid.runtime.sampler import (
+    SamplingArgs,
+    prepare_sampling,
+    record_tokens,
+    sample_prepared,
+    top_logprobs,
+)
 from braid.runtime.scheduler import Batch
-from braid.runtime.spec.verify import rejection_sample
 from braid.runtime.tp import Ranks
-
-# The acceptance test's uniform comes from its own stream of the request's seed.
-ACCEPT_SALT = 0x2545F4914F6CDD1D
 
 
 @dataclass
@@ -32,9 +35,35 @@ class StepResult:
     # With a draft tree: logits [1 + len(tree), V] of the request's last token (the root) and
     # of each tree node, for the engine to verify the tree with (nothing is sampled here).
     draft_logits: torch.Tensor | None = None
+    # Set by the speculative worker for a request with a draft tree: its tokens, each drawn
+    # once the ones before it are appended (output processing consumes them in turn).
+    steps: Generator[StepResult, None, None] | None = None
+
+
+@dataclass
+class PreparedBatch:
+    """What `ModelRunner.prepare` builds from a batch, once, before its forward."""
+
+    batch: Batch
+    # The forward's inputs, one entry per request.
+    new_tokens: list[list[int]]
+    slot_tables: list[torch.Tensor]
+    rows: list[list[int]]  # the new tokens whose logits are kept (indices into new_tokens)
+    parents: list[list[int] | None]  # a draft tree's parent links, else None
+    lora: LoraBatch | None
+    # What to read from the logits: request i's rows start at offsets[i]; its prompt
+    # logprobs are for positions prompt_spans[i] = (lo, hi).
+    offsets: list[int]
+    prompt_spans: list[tuple[int, int]]
+    sampled: list[int]  # the requests that sample a token here (draft trees are verified)
+    sample_rows: list[int]  # their logits rows
+    sampling: SamplingArgs | None  # their sampling arguments (None when none samples)
 
 
 class ModelRunner:
+    """`run(batch)` = `prepare` (inputs and sampling arguments, once) -> `forward` (logits)
+    -> `sample` (tokens and logprobs)."""
+
     def __init__(
         self,
         model: LlamaForCausalLM,
@@ -54,6 +83,10 @@ class ModelRunner:
         self.tokenizer_size = tokenizer_size
 
     def run(self, batch: Batch) -> list[StepResult]:
+        prepared = self.prepare(batch)
+        return self.sample(prepared, self.forward(prepared))
+
+    def prepare(self, batch: Batch) -> PreparedBatch:
         new_tokens, slot_tables, rows, prompt_spans, parents = [], [], [], [], []
         for i, (r, n) in enumerate(zip(batch.requests, batch.num_new, strict=True)):
             start, known, draft = r.num_computed, batch.num_known(i), batch.draft(i)
@@ -78,49 +111,67 @@ class ModelRunner:
         lora = LoraBatch.of(
             [r.lora for r in batch.requests], [len(t) for t in new_tokens], self.device
         )
+        offsets, sampled, sample_rows, offset = [], [], [], 0
+        for i, (lo, hi) in enumerate(prompt_spans):
+            offsets.append(offset)
+            if batch.draft(i) is None and batch.samples(i):
+                sampled.append(i)
+                sample_rows.append(offset + hi - lo)
+            offset += len(rows[i])
+        sampling = None
+        if sampled:
+            reqs = [batch.requests[i] for i in sampled]
+            sampling = prepare_sampling(reqs, self.tokenizer_size, self.device)
+        return PreparedBatch(
+            batch, new_tokens, slot_tables, rows, parents, lora,
+            offsets, prompt_spans, sampled, sample_rows, sampling,
+        )  # fmt: skip
+
+    def forward(self, prepared: PreparedBatch) -> torch.Tensor:
+        """The logits [rows, vocab_size] of every kept row, request by request."""
+        p = prepared
         # The captured graphs hold no adapter updates.
         if (
-            lora is None
+            p.lora is None
             and self.graphs is not None
-            and self.graphs.fits(new_tokens, slot_tables, rows)
+            and self.graphs.fits(p.new_tokens, p.slot_tables, p.rows)
         ):
-            logits = self.graphs.forward(new_tokens, slot_tables)
+            logits = self.graphs.forward(p.new_tokens, p.slot_tables)
         else:
             fb = ForwardBatch.build(
-                new_tokens, slot_tables, rows, device=self.device, parents=parents, lora=lora
+                p.new_tokens, p.slot_tables, p.rows, self.device, parents=p.parents, lora=p.lora
             )
             if self.ranks is None:
                 logits = self.model(fb, self.kv)
             else:
-                with self.ranks.step(new_tokens, slot_tables, parents):
+                with self.ranks.step(p.new_tokens, p.slot_tables, p.parents):
                     logits = self.model(fb, self.kv)
-        logits = logits[:, : self.vocab_size]
+        return logits[:, : self.vocab_size]
 
+    def sample(self, prepared: PreparedBatch, logits: torch.Tensor) -> list[StepResult]:
+        """Each request's result from the forward's logits: prompt logprobs, a draft tree's
+        logits, or a sampled token with its logprobs."""
+        batch = prepared.batch
         results = [StepResult() for _ in batch.requests]
-        offset, sample_rows, sampled = 0, [], []
         for i, r in enumerate(batch.requests):
-            lo, hi = prompt_spans[i]
+            offset, (lo, hi) = prepared.offsets[i], prepared.prompt_spans[i]
             num_lp = hi - lo
             if num_lp:
                 targets = torch.tensor(r.prompt_ids[lo + 1 : hi + 1], device=logits.device)
                 logp = torch.log_softmax(logits[offset : offset + num_lp].float(), dim=-1)
                 results[i].prompt_logprobs = logp.gather(1, targets[:, None])[:, 0].tolist()
                 if r.params.top_logprobs:
-                    results[i].prompt_top_logprobs = _top(logp, r.params.top_logprobs)
+                    results[i].prompt_top_logprobs = top_logprobs(logp, r.params.top_logprobs)
             if batch.draft(i) is not None:
-                results[i].draft_logits = logits[offset : offset + len(rows[i])].float()
-            elif batch.samples(i):
-                sample_rows.append(offset + num_lp)
-                sampled.append(i)
-            offset += len(rows[i])
-        if sampled:
-            if sample_rows != list(range(logits.shape[0])):  # a decode step samples every row
-                logits = logits[sample_rows]
-            self._sample(
-                logits,
-                [batch.requests[i] for i in sampled],
-                [results[i] for i in sampled],
-            )
+                results[i].draft_logits = logits[offset : offset + len(prepared.rows[i])].float()
+        sampling = prepared.sampling
+        if sampling is not None:
+            rows = prepared.sample_rows
+            if rows != list(range(logits.shape[0])):  # a decode step samples every row
+                logits = logits[rows]
+            tokens = sample_prepared(logits, sampling)
+            picked = [results[i] for i in prepared.sampled]
+            record_tokens(logits, sampling.reqs, picked, tokens)
         return results
 
     def hidden_states(
@@ -134,49 +185,3 @@ class ModelRunner:
             return self.model(fb, self.kv, hidden_states=True)
         with self.ranks.step(new_tokens, slot_tables, [None] * len(new_tokens)):
             return self.model(fb, self.kv, hidden_states=True)
-
-    def sample_node(
-        self, logits: torch.Tensor, r, drafted: tuple[int, torch.Tensor] | None = None
-    ) -> StepResult:
-        """r's next token from one draft tree node's logits [V], drawn as decoding draws it
-        (the same seed for the same step). `drafted` = (token, q) when a child of the node was
-        sampled from a draft model's distribution q: then the rejection rule decides."""
-        result = StepResult()
-        if drafted is None or r.params.temperature == 0:
-            tokens = sample(logits[None], [r], self.tokenizer_size)
-        else:
-            step = len(r.output_ids)
-            p = sampling_probs(logits, r, self.tokenizer_size)
-            accept_seed = step_seed(r.seed ^ ACCEPT_SALT, step)
-            tokens = [rejection_sample(p, *drafted, accept_seed, step_seed(r.seed, step))]
-        self._add_logprobs(logits[None], [r], [result], tokens)
-        return result
-
-    def _sample(self, logits: torch.Tensor, reqs: list, results: list[StepResult]) -> None:
-        self._add_logprobs(logits, reqs, results, sample(logits, reqs, self.tokenizer_size))
-
-    def _add_logprobs(
-        self, logits: torch.Tensor, reqs: list, results: list[StepResult], tokens: list[int]
-    ) -> None:
-        # A row that allowed no token (-1) has nothing to report: its request fails.
-        want_logprobs = [
-            i for i, r in enumerate(reqs) if r.params.wants_logprobs and tokens[i] >= 0
-        ]
-        if want_logprobs:
-            logp = torch.log_softmax(logits[want_logprobs].float(), dim=-1)
-            for row, i in enumerate(want_logprobs):
-                results[i].logprob = float(logp[row, tokens[i]])
-                k = reqs[i].params.top_logprobs
-                if k:
-                    [results[i].top_logprobs] = _top(logp[row : row + 1], k)
-        for res, t in zip(results, tokens, strict=True):
-            res.token = t
-
-
-def _top(logp: torch.Tensor, k: int) -> list[dict[int, float]]:
-    """Each row's k most likely token ids with their logprobs, best first."""
-    top = logp.topk(k)
-    return [
-        dict(zip(ids, values, strict=True))
-        for ids, values in zip(top.indices.tolist(), top.values.tolist(), strict=True)
-    ]

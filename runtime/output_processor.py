@@ -1,101 +1,87 @@
-"""OutputProcessor: a step's results become request outputs, on the engine thread.
+"""OutputProcessor: sampled tokens become stream chunks, on the engine thread.
 
-For each request of a step: count what was computed, take the sampled token through the
-request's grammar (and the text it forces next: jump-forward), append it, detokenize,
-match stop strings and regexes, stream the new text, and finish the request when a stop
-condition holds, releasing its KV. A request that meets an error here fails alone.
+For each request of a step: take the sampled token through the request's grammar (and the
+text it forces next: jump-forward), append it, detokenize, match stop strings and regexes,
+and say what to stream, with a last chunk when a stop condition holds. It decides that a
+request ends (`Request.finish_reason`); the engine then has the scheduler release its KV
+and publishes the chunks. A request that meets an error here fails alone.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from braid.grammars.matcher import MatcherError
-from braid.runtime.constrained import GrammarService
+from braid.runtime.grammar_service import GrammarService
 from braid.runtime.model_runner import StepResult
 from braid.runtime.outputs import StreamChunk
 from braid.runtime.request import Request
-from braid.runtime.scheduler import Batch, Scheduler
+from braid.runtime.scheduler import Batch
 from braid.runtime.stats import EngineStats
-
-if TYPE_CHECKING:
-    from braid.runtime.model_runner import ModelRunner
-    from braid.runtime.spec import Speculator
 
 log = logging.getLogger(__name__)
 
+# A chunk for a request's consumer; a chunk with a finish_reason is the request's last.
+Update = tuple[Request, StreamChunk]
+
 
 class OutputProcessor:
-    def __init__(
-        self,
-        scheduler: Scheduler,
-        runner: ModelRunner,
-        grammars: GrammarService,
-        stats: EngineStats,
-        speculator: Speculator | None,
-    ) -> None:
-        self.scheduler = scheduler
-        self.runner = runner
+    def __init__(self, grammars: GrammarService, stats: EngineStats) -> None:
         self.grammars = grammars
-        self.stats = stats
-        self.speculator = speculator
-        self.live: dict[int, Request] = {}  # every request admitted and not yet finished
+        self.stats = stats  # token, request and latency counters are counted here
 
-    def admit(self, r: Request) -> None:
-        """A new request joins the scheduler's queue."""
-        self.live[r.rid] = r
-        self.scheduler.add(r)
+    def admit(self, r: Request) -> list[Update]:
+        """A new request: text its grammar forces at the start is appended now, to be fed
+        with the prompt."""
         self.stats.add(prompt_tokens=len(r.prompt_ids))
         if (
-            r.matcher is not None
-            and r.max_new_tokens > 0
-            and r.params.prompt_logprobs_from is None  # its logits come before output
+            r.matcher is None
+            or r.max_new_tokens == 0
+            or r.params.prompt_logprobs_from is not None  # its logits come before output
         ):
-            # Text the grammar forces at the start is fed with the prompt.
-            try:
-                forced = self.grammars.forced_tokens(r, None)
-            except MatcherError as e:
-                self.finish(r, "abort", error=str(e), request_error=True)
-                return
-            self.add_tokens(r, forced, [], time.monotonic())
+            return []
+        try:
+            forced = self.grammars.forced_tokens(r, None)
+        except MatcherError as e:
+            return [self.end(r, "abort", error=str(e), request_error=True)]
+        update = self._add_tokens(r, forced, [], time.monotonic())
+        return [update] if update is not None else []
 
-    def process(self, batch: Batch, results: list[StepResult]) -> None:
+    def process(self, batch: Batch, results: list[StepResult]) -> list[Update]:
+        """The chunks a step's results make (the scheduler has counted the fed tokens)."""
         now = time.monotonic()
-        num_decodes = sum(1 for r in batch.requests if r.is_decoding)
-        num_known = [batch.num_known(i) for i in range(len(batch.requests))]
-        self.stats.add(
-            forward_steps=1,
-            prefill_tokens_computed=sum(num_known) - num_decodes,
-            decode_tokens=num_decodes,
-        )
-        for i, (r, n, res) in enumerate(zip(batch.requests, num_known, results, strict=True)):
+        updates: list[Update] = []
+        for r, res in zip(batch.requests, results, strict=True):
             try:
-                prefilled = not r.is_decoding
-                r.num_computed += n
                 r.prompt_logprobs.extend(res.prompt_logprobs)
                 r.prompt_top_logprobs.extend(res.prompt_top_logprobs)
-                if res.draft_logits is not None:
-                    self.speculator.verify(
-                        r, batch.drafts[i], res.draft_logits, self.runner.sample_node,
-                        lambda r, res: self.add_sampled(r, res, now),
-                    )  # fmt: skip
+                if res.steps is not None:
+                    self._add_in_turn(r, res.steps, now, updates)
                 elif res.token is not None:
-                    self.add_sampled(r, res, now)
+                    updates += self._add_sampled(r, res, now)
                 elif r.num_uncomputed == 0:  # prompt logprobs only (max_tokens=0)
-                    self.finish(r, "length")
-                if prefilled and r.finish_reason is None:
-                    # Others may be waiting for this prefix: cache it now, not at the finish.
-                    self.scheduler.cache_prefill_progress(r)
+                    updates.append(self.end(r, "length"))
             except Exception as e:  # a bug met by this request: it alone fails
                 log.exception("request %d: processing its step failed", r.rid)
-                self.fail(r, f"engine step failed: {e!r}")
+                if r.finish_reason is None:
+                    updates.append(self.end(r, "abort", error=f"engine step failed: {e!r}"))
+        return updates
 
-    def add_sampled(self, r: Request, res: StepResult, now: float) -> None:
+    def _add_in_turn(self, r: Request, steps, now: float, updates: list[Update]) -> None:
+        """Tokens drawn one after another, each once the ones before it are appended
+        (speculative verification): until one ends the request or the steps end."""
+        try:
+            for res in steps:
+                updates += self._add_sampled(r, res, now)
+                if r.finish_reason is not None:
+                    break
+        finally:
+            steps.close()
+
+    def _add_sampled(self, r: Request, res: StepResult, now: float) -> list[Update]:
         if res.token < 0:  # the sampler found no allowed token
-            self.finish(r, "abort", error=_no_token_error(r), request_error=True)
-            return
+            return [self.end(r, "abort", error=_no_token_error(r), request_error=True)]
         tokens, logprobs = [res.token], [(res.logprob, res.top_logprobs)]
         if r.matcher is not None:
             if r.grammar_error is None and res.token not in r.stop_ids:
@@ -109,23 +95,23 @@ class OutputProcessor:
                 except MatcherError as e:
                     r.grammar_error = str(e)
             if r.grammar_error is not None:  # whatever was sampled, r's output stops here
-                self.finish(r, "abort", error=r.grammar_error, request_error=True)
-                return
+                return [self.end(r, "abort", error=r.grammar_error, request_error=True)]
             if tokens[0] != res.token:
                 logprobs = []
-        self.add_tokens(r, tokens, logprobs, now)
+        update = self._add_tokens(r, tokens, logprobs, now)
+        return [update] if update is not None else []
 
-    def add_tokens(
+    def _add_tokens(
         self,
         r: Request,
         tokens: list[int],
         logprobs: list[tuple[float, dict[int, float]]],
         now: float,
-    ) -> None:
-        """Append tokens to the output (the sampled one, then any a grammar forces), stream
-        their text, and finish the request when one of its stop conditions holds."""
+    ) -> Update | None:
+        """Append tokens to the output (the sampled one, then any a grammar forces): the chunk
+        of their text, the last one when a stop condition holds."""
         if not tokens:
-            return
+            return None
         room = r.max_new_tokens - len(r.output_ids)
         # Forced text cut by max_tokens: the matcher has taken all of it, so its being
         # complete says nothing about the output, which ends for its length.
@@ -144,24 +130,17 @@ class OutputProcessor:
                 r.output_top_logprobs.append(top)
         last = tokens[-1]
         if last in r.stop_ids:
-            self.finish(r, "stop", text=r.stop_matcher.flush(), tokens=tokens)
-            return
+            return self.end(r, "stop", text=r.stop_matcher.flush(), tokens=tokens)
         text = r.stop_matcher.add(r.detokenizer.add(tokens))
         if r.stop_matcher.stopped:
-            self.finish(r, "stop", text=text, tokens=tokens)
-        elif r.matcher is not None and r.matcher.is_terminated() and not cut:  # nothing follows
-            self.finish(r, "stop", text=text + r.stop_matcher.flush(), tokens=tokens)
-        elif len(r.output_ids) >= r.max_new_tokens:
-            self.finish(r, "length", text=text + r.stop_matcher.flush(), tokens=tokens)
-        elif not self.emit(r, _chunk(r, text, tokens)):
-            self.finish(r, "abort")  # its consumer is gone
+            return self.end(r, "stop", text=text, tokens=tokens)
+        if r.matcher is not None and r.matcher.is_terminated() and not cut:  # nothing follows
+            return self.end(r, "stop", text=text + r.stop_matcher.flush(), tokens=tokens)
+        if len(r.output_ids) >= r.max_new_tokens:
+            return self.end(r, "length", text=text + r.stop_matcher.flush(), tokens=tokens)
+        return r, _chunk(r, text, tokens)
 
-    def fail(self, r: Request, error: str) -> None:
-        """End a request the engine could not serve (unless it has ended already)."""
-        if r.rid in self.live:
-            self.finish(r, "abort", error=error)
-
-    def finish(
+    def end(
         self,
         r: Request,
         reason: str,
@@ -169,10 +148,9 @@ class OutputProcessor:
         tokens: list[int] | None = None,
         error: str | None = None,
         request_error: bool = False,
-    ) -> None:
-        """Count the request, release its KV, then send its last chunk: a caller woken by it,
-        or a `stats()` reader that sees it gone from the scheduler, sees the counters and the
-        pool already settled."""
+    ) -> Update:
+        """r ends for `reason`: it is counted, and its last chunk carries its counts (and
+        logprobs when it asked for them)."""
         r.finish_reason = reason
         now = time.monotonic()
         if reason == "abort":
@@ -182,10 +160,6 @@ class OutputProcessor:
             self.stats.observe("e2e_s", now - r.arrival)
             if r.first_token_time is not None and len(r.output_ids) > 1:
                 self.stats.observe("tpot_s", (now - r.first_token_time) / (len(r.output_ids) - 1))
-        if self.speculator is not None:
-            self.speculator.release(r)
-        self.scheduler.finish(r)
-        self.live.pop(r.rid, None)
         meta = {
             "prompt_tokens": len(r.prompt_ids),
             "cached_tokens": r.num_cached_prompt_tokens,
@@ -200,17 +174,7 @@ class OutputProcessor:
             if r.params.top_logprobs:
                 meta["prompt_top_logprobs"] = r.prompt_top_logprobs
         last = dict(finish_reason=reason, error=error, request_error=request_error, meta=meta)
-        self.emit(r, _chunk(r, text, tokens or [], **last))
-
-    def emit(self, r: Request, chunk: StreamChunk) -> bool:
-        """Hand a chunk to the request's consumer; a consumer that fails (say, its event loop
-        closed) loses its request, and the engine goes on."""
-        try:
-            r.emit(chunk)
-            return True
-        except Exception:
-            log.warning("request %d: its consumer raised; aborting it", r.rid, exc_info=True)
-            return False
+        return r, _chunk(r, text, tokens or [], **last)
 
 
 def _chunk(r: Request, text: str, tokens: list[int], **fields) -> StreamChunk:

@@ -18,7 +18,7 @@ from braid.runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from braid.runtime.models.lora import LoraAdapter
-    from braid.runtime.spec.speculator import SpecState
+    from braid.runtime.spec.worker import SpecState
 from braid.runtime.stop import StopMatcher
 
 
@@ -62,7 +62,12 @@ class Request:
     output_top_logprobs: list[dict[int, float]] = field(default_factory=list)
     prompt_logprobs: list[float] = field(default_factory=list)
     prompt_top_logprobs: list[dict[int, float]] = field(default_factory=list)
-    slots: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
+    # The slots live at the front of a buffer with room to grow: a decode step appends one
+    # slot per request without allocating (see `slots`, `add_slots`).
+    _slot_buffer: torch.Tensor = field(
+        default_factory=lambda: torch.empty(0, dtype=torch.int64), repr=False
+    )
+    _num_slots: int = field(default=0, repr=False)
     num_computed: int = 0
     num_tree_slots: int = 0
     cache_node: Node | None = None
@@ -71,6 +76,31 @@ class Request:
     first_token_time: float | None = None
     finish_reason: str | None = None
     spec: SpecState | None = None  # speculative decoding's memory of this request
+
+    @property
+    def slots(self) -> torch.Tensor:
+        """The KV slot of each of the request's positions so far (a view: copy to keep)."""
+        return self._slot_buffer[: self._num_slots]
+
+    @slots.setter
+    def slots(self, value: torch.Tensor) -> None:
+        """Replace the slots (copied in: the buffer never aliases another tensor)."""
+        self._num_slots = 0
+        self.add_slots(value)
+
+    def keep_slots(self, n: int) -> None:
+        """Keep the first n slots (the caller frees or hands on the rest)."""
+        self._num_slots = n
+
+    def add_slots(self, new: torch.Tensor) -> None:
+        """Append slots, growing the buffer geometrically when it is full."""
+        start, end = self._num_slots, self._num_slots + new.numel()
+        if end > self._slot_buffer.numel():
+            grown = torch.empty(max(end, 2 * self._slot_buffer.numel()), dtype=torch.int64)
+            grown[:start] = self._slot_buffer[:start]
+            self._slot_buffer = grown
+        self._slot_buffer[start:end] = new
+        self._num_slots = end
 
     @property
     def token_ids(self) -> list[int]:

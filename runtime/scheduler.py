@@ -1,12 +1,16 @@
 """Scheduler: continuous batching with chunked or hybrid prefill, priorities and preemption.
 
-Each step it picks which requests feed how many tokens, within a token budget, and makes
-sure their KV slots exist (evicting cached prefixes, then preempting) before the forward.
+It owns every request from admission to finish. Each step it picks which requests feed how
+many tokens, within a token budget, and makes sure their KV slots exist (evicting cached
+prefixes, then preempting) before the forward; a request that cannot fit the pool even alone
+leaves with the batch (`Batch.out_of_kv`). After the forward it counts what was computed
+(`advance`), and a finished request gives its KV to the cache (`finish`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -14,9 +18,10 @@ from braid.runtime.config import EngineConfig
 from braid.runtime.kv_cache import KVPool
 from braid.runtime.radix_cache import Node, RadixCache, common_prefix_length
 from braid.runtime.request import Request, Status
-from braid.runtime.spec.speculator import Speculator
-from braid.runtime.spec.tree import DraftTree
 from braid.runtime.stats import EngineStats
+
+if TYPE_CHECKING:
+    from braid.runtime.spec.tree import DraftTree
 
 # A waiting request whose prompt shares at least this many not-yet-cached tokens with a
 # request that is prefilling now waits for that prefill to reach the cache instead of
@@ -31,6 +36,8 @@ class Batch:
     num_new: list[int]  # tokens each request feeds in this step, draft tokens included
     # A draft tree to verify after request i's last token (speculative decoding), or None.
     drafts: list[DraftTree | None] = field(default_factory=list)
+    # Requests that cannot go on even with the whole pool to themselves: they end ("length").
+    out_of_kv: list[Request] = field(default_factory=list)
 
     def draft(self, i: int) -> DraftTree | None:
         return self.drafts[i] if i < len(self.drafts) else None
@@ -56,23 +63,16 @@ class Batch:
 
 class Scheduler:
     def __init__(
-        self,
-        config: EngineConfig,
-        kv: KVPool,
-        cache: RadixCache,
-        stats: EngineStats,
-        speculator: Speculator | None = None,
+        self, config: EngineConfig, kv: KVPool, cache: RadixCache, stats: EngineStats
     ) -> None:
         self.config = config
-        self.speculator = speculator
         self.kv = kv
         self.cache = cache
-        self.stats = stats  # preemptions and evicted_tokens are counted here
+        self.stats = stats  # steps, computed tokens, preemptions and evictions count here
+        self.live: dict[int, Request] = {}  # every request admitted and not yet finished
         self.waiting: list[Request] = []
         self.running: list[Request] = []
-        # Requests that cannot continue even with the whole pool to themselves; the engine
-        # finishes them with reason "length".
-        self.out_of_kv: list[Request] = []
+        self._out_of_kv: list[Request] = []  # found while scheduling; leave with the batch
         self._last_step_prefilled = False  # for prefill_mode="chunked"
 
     @property
@@ -80,11 +80,21 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def add(self, req: Request) -> None:
-        req.status = Status.WAITING
-        self.waiting.append(req)
+        """A new request joins the queue."""
+        self.live[req.rid] = req
+        self._enqueue(req)
 
-    def schedule(self) -> Batch | None:
-        """The next step's batch, or None when nothing can run."""
+    def schedule(self) -> Batch:
+        """The next step's batch: the requests that feed tokens (none when nothing can run),
+        and those that had to leave for want of KV."""
+        batch = self._batch()
+        if not batch.requests and self.waiting and not self.running:
+            # Nothing runs to free KV, so the first waiting request cannot fit even alone.
+            self._out_of_kv.append(self.waiting[0])
+        batch.out_of_kv, self._out_of_kv = self._out_of_kv, []
+        return batch
+
+    def _batch(self) -> Batch:
         decodes = [r for r in self.running if r.is_decoding]
         budget = self.config.max_batch_tokens
         if self.config.prefill_mode == "chunked":
@@ -94,20 +104,33 @@ class Scheduler:
                 self._add_prefills(batch, budget)
                 if batch.requests:
                     self._last_step_prefilled = True
-                    self._attach_drafts(batch, budget - sum(batch.num_new))
                     return batch
             self._last_step_prefilled = False
             decodes = self._reserve_decode_slots(decodes)
-            batch = Batch(decodes, [1] * len(decodes))
-            self._attach_drafts(batch, budget - len(decodes))
-            return batch if decodes else None
-        # Hybrid: every running decode gets its token, prefill chunks fill the rest, draft
-        # tokens what is left (speculative work after the work that is sure to be needed).
+            return Batch(decodes, [1] * len(decodes))
+        # Hybrid: every running decode gets its token, prefill chunks fill the rest.
         decodes = self._reserve_decode_slots(decodes)
         batch = Batch(decodes, [1] * len(decodes))
         self._add_prefills(batch, budget - len(decodes))
-        self._attach_drafts(batch, budget - sum(batch.num_new))
-        return batch if batch.requests else None
+        return batch
+
+    def advance(self, batch: Batch) -> None:
+        """The batch's forward ran: count each request's fed tokens as computed, and put a
+        prefill's progress into the radix cache now, not at its finish, since others may be
+        waiting for that prefix."""
+        num_decodes = 0
+        for i, r in enumerate(batch.requests):
+            prefilling = not r.is_decoding
+            num_decodes += not prefilling
+            r.num_computed += batch.num_known(i)
+            if prefilling:
+                self._cache_prefill_progress(r)
+        num_known = sum(map(batch.num_known, range(len(batch.requests))))
+        self.stats.add(
+            forward_steps=1,
+            prefill_tokens_computed=num_known - num_decodes,
+            decode_tokens=num_decodes,
+        )
 
     def finish(self, req: Request) -> None:
         """A finished or aborted request gives its KV to the cache and leaves."""
@@ -116,9 +139,16 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
+        self.live.pop(req.rid, None)
         req.status = Status.FINISHED
 
-    def cache_prefill_progress(self, req: Request) -> None:
+    def make_room(self, n: int) -> bool:
+        """Ensure n free slots, evicting unused cached prefixes if needed."""
+        if not self.kv.can_allocate(n):
+            self.stats.add(evicted_tokens=self.cache.evict(n - self.kv.num_free_slots))
+        return self.kv.can_allocate(n)
+
+    def _cache_prefill_progress(self, req: Request) -> None:
         """Put a partly prefilled request's computed tokens into the radix cache now, so a
         request waiting on the same prefix can use them (and swap our duplicate slots for
         the cache's if another request got there first)."""
@@ -130,14 +160,14 @@ class Scheduler:
         prefix, node = self.cache.match_prefix(tokens, req.cache_namespace)
         self.cache.lock(node)
         self.cache.unlock(req.cache_node)
-        req.slots = torch.cat([prefix, req.slots[fed:]])
+        req.slots = torch.cat([prefix, req.slots[fed:]])  # (copied in: no aliasing)
         req.cache_node, req.num_tree_slots = node, fed
 
     def _reserve_decode_slots(self, decodes: list[Request]) -> list[Request]:
         """One new slot per decoding request; preempt the least important when KV runs out."""
-        while decodes and not self._make_room(len(decodes)):
+        while decodes and not self.make_room(len(decodes)):
             if len(self.running) == 1:  # alone and still too long for the whole pool
-                self.out_of_kv.append(decodes.pop())
+                self._out_of_kv.append(decodes.pop())
                 break
             victim = self._victim(self.running)
             self._preempt(victim)
@@ -145,12 +175,8 @@ class Scheduler:
                 decodes.remove(victim)
         if decodes:  # one allocation for all of them: per request it cost more than the cat
             for r, slot in zip(decodes, self.kv.allocate(len(decodes)).split(1), strict=True):
-                r.slots = torch.cat([r.slots, slot])
+                r.add_slots(slot)
         return decodes
-
-    def _attach_drafts(self, batch: Batch, budget: int) -> None:
-        if self.speculator is not None:
-            self.speculator.attach(batch, budget, self._make_room)
 
     def _add_prefills(self, batch: Batch, budget: int) -> None:
         # Requests already part-way through their prefill continue first.
@@ -160,9 +186,9 @@ class Scheduler:
             if r.is_decoding or r in batch.requests:
                 continue
             n = min(r.num_uncomputed, budget, self.config.chunk_size)
-            if not self._make_room(n):
+            if not self.make_room(n):
                 return
-            r.slots = torch.cat([r.slots, self.kv.allocate(n)])
+            r.add_slots(self.kv.allocate(n))
             batch.requests.append(r)
             batch.num_new.append(n)
             budget -= n
@@ -198,7 +224,7 @@ class Scheduler:
         """Start r over its cached `prefix` (ending at `node`) with a first chunk."""
         self.cache.lock(node)  # keep our prefix out of the eviction below
         n = min(r.num_tokens - prefix.numel(), budget, self.config.chunk_size)
-        while not self._make_room(n):
+        while not self.make_room(n):
             # Only requests outside this step's batch can give their slots back now.
             lower = [
                 x
@@ -210,7 +236,8 @@ class Scheduler:
                 self.cache.unlock(node)
                 return False
             self._preempt(victim)
-        r.slots = torch.cat([prefix, self.kv.allocate(n)])
+        r.slots = prefix
+        r.add_slots(self.kv.allocate(n))
         r.num_computed = r.num_tree_slots = prefix.numel()
         r.cache_node = node
         if r.num_preemptions == 0:
@@ -236,12 +263,6 @@ class Scheduler:
             if not x.is_decoding and x.cache_namespace == r.cache_namespace
         )
 
-    def _make_room(self, n: int) -> bool:
-        """Ensure n free slots, evicting unused cached prefixes if needed."""
-        if not self.kv.can_allocate(n):
-            self.stats.add(evicted_tokens=self.cache.evict(n - self.kv.num_free_slots))
-        return self.kv.can_allocate(n)
-
     def _victim(self, candidates: list[Request]) -> Request | None:
         """Lowest priority first, then the latest arrival (it has the least work to lose)."""
         return min(candidates, key=lambda r: (r.priority, -r.arrival), default=None)
@@ -254,7 +275,11 @@ class Scheduler:
             r.prompt_top_logprobs.clear()
         r.num_preemptions += 1
         self.stats.add(preemptions=1)
-        self.add(r)
+        self._enqueue(r)
+
+    def _enqueue(self, r: Request) -> None:
+        r.status = Status.WAITING
+        self.waiting.append(r)
 
     def _release(self, r: Request) -> None:
         fed = r.num_computed
@@ -262,5 +287,5 @@ class Scheduler:
         if r.slots.numel() > fed:  # allocated for a step that never ran
             self.kv.free(r.slots[fed:])
         self.cache.unlock(r.cache_node)
-        r.slots = r.slots[:0]
+        r.keep_slots(0)
         r.cache_node, r.num_computed, r.num_tree_slots = None, 0, 0

@@ -51,8 +51,8 @@ from jinja2.visitor import NodeTransformer
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-# A render's bounds. Rendering a real template takes a few steps per message (1-5 for
-# SmolLM2's, 10-30 for Qwen3's) and milliseconds; a million steps run in about a second.
+# A render's bounds, far above what a real template takes: a few steps per message and
+# milliseconds (docs/reliability.md).
 MAX_STEPS = 1_000_000
 MAX_SECONDS = 2.0
 # 16M characters are over a million tokens of text: more than any prompt can hold.

@@ -98,6 +98,55 @@ def hold_engine(engine) -> threading.Event:
     return release
 
 
+class StepGate:
+    """Holds every step of `engine` (on the engine thread, inside the model runner's `run`)
+    until the block ends or `open()`: requests reach the engine and stay in flight for as long
+    as the test needs, on any machine. `waiting` is set once a step waits at the gate."""
+
+    def __init__(self, engine, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.waiting, self.opened = threading.Event(), threading.Event()
+        run = engine.runner.run
+
+        def gated(batch):
+            self.waiting.set()
+            self.opened.wait(120)
+            return run(batch)
+
+        monkeypatch.setattr(engine.runner, "run", gated)
+
+    def open(self) -> None:
+        self.opened.set()
+
+    def __enter__(self) -> StepGate:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.open()  # a failing test leaves no step waiting
+
+
+def bytes_read(pid: int) -> int:
+    """What process `pid` has read so far, in bytes (Linux); 0 once it has gone."""
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        return 0
+
+
+def compile_taken(grammars):
+    """A condition for `wait_for`: true once a compile job submitted after this call is in a
+    worker's hands (`grammars`: the engine's, or a GrammarCompiler). A worker waiting for its
+    next job reads nothing, so one that has read since is compiling one; a worker that was not
+    there is made for the job its compile thread has taken."""
+    before = {pid: bytes_read(pid) for pid in grammars.worker_pids()}
+
+    def taken() -> bool:
+        pids = grammars.worker_pids()
+        return any(pid not in before or bytes_read(pid) > before[pid] for pid in pids)
+
+    return taken
+
+
 @pytest.fixture
 def device() -> str:
     """Where the kernel tests run the Triton kernels: CUDA when there is a GPU, else triton's
@@ -265,9 +314,12 @@ def server(engine):
 
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_model_path):
+    """A tiny-model engine shared by the session's tests (counters see every module's)."""
     from braid.runtime import Engine
 
-    return Engine(model=str(tiny_model_path), device="cpu", dtype="float32", max_kv_tokens=4096)
+    engine = Engine(model=str(tiny_model_path), device="cpu", dtype="float32", max_kv_tokens=4096)
+    yield engine
+    engine.shutdown()
 
 
 # ---- grammar tests: the default tokenizer, its vocabulary, feeding text through masks ----
@@ -437,15 +489,3 @@ class ServeProcess:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-# Files that take minutes go first: each file runs on one worker (--dist loadfile), so a long
-# one handed out last keeps the whole suite waiting for it alone.
-_SLOW_FILES = {
-    "test_soak.py", "test_default_model.py", "test_quantized_models.py", "test_spec.py",
-    "test_cluster.py", "test_ray_backend.py", "test_length_lookahead.py",
-}  # fmt: skip
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.path.name not in _SLOW_FILES)  # stable: the rest in order

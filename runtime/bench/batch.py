@@ -115,8 +115,8 @@ def _linear_bound_seconds(model, dtype, batch: int, steps: int) -> float:
 
 def bench_batch(args: argparse.Namespace) -> int:
     n, tokens = args.concurrency, args.tokens
-    # This machine's speed drifts by tens of percent over a minute: the two sides alternate
-    # and each keeps its best round, so a slow spell does not land on one side only.
+    # A shared machine's speed drifts within a minute (docs/benchmarks.md): the two sides
+    # alternate and each keeps its best round, so a slow spell does not land on one side only.
     rates, decode_rates, bounds, first = [], [], [], None
     for round_ in range(args.rounds):
         out = isolated(_braid_batch, args.model, args.dtype, n, tokens, args.rss and not round_)

@@ -155,7 +155,7 @@ def _rope_rows() -> list[dict]:
 
 def _plain_torch(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     """Mask, then temperature 0.8 and a multinomial draw (no filters): the unfused baseline."""
-    from braid.kernels.reference import apply_bitmask
+    from braid.kernels.sampling_torch import apply_bitmask
 
     masked = apply_bitmask(logits, bitmask)
     return torch.multinomial(torch.softmax(masked / 0.8, dim=-1), 1)

@@ -17,7 +17,7 @@ def main() -> None:
     prompts, sampling = json.loads(sys.argv[4]), json.loads(sys.argv[5])
     launched = float(sys.argv[6])
     # Every core, as braid uses: llama-cpp-python's default is half of them (a guess for
-    # hyperthreaded machines), which halved its decode rate on 2 cores.
+    # hyperthreaded machines), which cost it much of its decode rate (docs/benchmarks.md).
     cores = os.cpu_count()
     llm = Llama(model_path=path, n_ctx=4096, n_threads=cores, n_threads_batch=cores, verbose=False)
     grammar = None

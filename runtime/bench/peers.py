@@ -10,8 +10,9 @@ for decode and prefill, with quantization="none" (the floats) as well. Workloads
 - start: a fresh process to its first token (imports and load included) and its resident
   memory then; the second of two starts (the first makes braid's packed weights).
 - decode: one request, greedy, --tokens new tokens: decode tokens/s after the first token.
-  Batch-1 rates swing by 10-20% from minute to minute on a shared machine, so the sides take
-  turns for --rounds rounds, each run in a fresh process, and the median is compared.
+  Batch-1 rates swing from minute to minute on a shared machine (docs/benchmarks.md), so the
+  sides take turns for --rounds rounds, each run in a fresh process, and the median is
+  compared.
 - prefill: one 509-token prompt (the default tokenizer's count), one new token: prompt
   tokens/s.
 - batch16, batch: 16 or 64 requests of 64 tokens at once: output tokens/s (braid, vLLM).

@@ -3,8 +3,8 @@
 Two workloads of chat prompts, greedy: copy-heavy (code edits, quoting, extraction: the reply
 repeats much of the prompt) and free chat (the reply is new text). Each runs single-stream
 (one request at a time) and with 8 requests at once. Every (workload, mode, method) run is a
-fresh process, the methods alternate within each round, and each keeps its best round: this
-machine's speed drifts by tens of percent over minutes.
+fresh process, the methods alternate within each round, and each keeps its best round: a
+shared machine's speed drifts over minutes (docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -38,8 +38,7 @@ CACHE_SCOPES = ("shared", "key")
 
 
 # A request body larger than this gets a 413 before it is read whole. A prompt that fits a
-# 128k-token context is under 2 MB of text, while reading a body costs many times its size
-# (measured before the limit: a 10 MB prompt +650 MB, a 200 MB body +4.8 GB).
+# 128k-token context is under 2 MB of text, while reading a body costs many times its size.
 DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
 
 

@@ -4,11 +4,11 @@ file-descriptor limit, and one quiet log line, not a traceback per try, when acc
 connection fails for lack of descriptors.
 
 uvicorn has neither deadline nor such a bound: a client that sent its headers a byte at a
-time, or nothing, held its connection and a descriptor for good (21 of 21 still open after
-90 s), and 1,030 silent sockets against the common limit of 1,024 descriptors left every later
-connection unaccepted (/health timed out) while asyncio logged a traceback for each failed
-accept (145 MB in 30 s). uvicorn's own `limit_concurrency` does not help: it is checked only
-once a request's headers are in, which a silent socket never sends.
+time, or nothing, held its connection and a descriptor for good, and more silent sockets than
+descriptors left every later connection unaccepted (/health timed out) while asyncio logged a
+traceback for each failed accept (docs/reliability.md). uvicorn's own `limit_concurrency` does
+not help: it is checked only once a request's headers are in, which a silent socket never
+sends.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from braid.grammars.index_builder import escape
+from braid.grammars.constraint_regex import escape
 from braid.runtime import template_render
 from braid.runtime.outputs import StreamChunk
 from braid.runtime.sampling_params import SamplingParams

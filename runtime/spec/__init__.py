@@ -2,7 +2,7 @@
 draft tree verified in one target forward, the acceptance rule, adaptive draft lengths."""
 
 from braid.runtime.spec.draft_model import DraftModelProposer, load_draft_proposer
-from braid.runtime.spec.speculator import SpecState, Speculator
 from braid.runtime.spec.tree import DraftTree
+from braid.runtime.spec.worker import SpecState, SpecWorker
 
-__all__ = ["DraftModelProposer", "DraftTree", "SpecState", "Speculator", "load_draft_proposer"]
+__all__ = ["DraftModelProposer", "DraftTree", "SpecState", "SpecWorker", "load_draft_proposer"]

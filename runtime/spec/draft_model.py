@@ -18,7 +18,7 @@ from braid.runtime.spec.verify import race
 
 if TYPE_CHECKING:
     from braid.runtime.request import Request
-    from braid.runtime.spec.speculator import DraftMatcher
+    from braid.runtime.spec.worker import DraftMatcher
 
 # Seeds of the draft's own draws differ from the target's (salted request seed).
 DRAFT_SALT = 0x5DEECE66D

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from braid.kernels import reference
-from braid.kernels.reference import uniform_noise
+from braid.kernels import sampling_torch
+from braid.kernels.sampling_torch import uniform_noise
 
 
 def rejection_sample(p: torch.Tensor, x: int, q: torch.Tensor, accept_seed: int, seed: int) -> int:
@@ -43,4 +43,4 @@ def rejection_sample(p: torch.Tensor, x: int, q: torch.Tensor, accept_seed: int,
 
 def race(probs: torch.Tensor, seed: int) -> int:
     """A draw from unnormalised probs [V], with the sampling kernel's race and noise."""
-    return int(reference.race(probs.log()[None], torch.tensor([seed]))[0])
+    return int(sampling_torch.race(probs.log()[None], torch.tensor([seed]))[0])

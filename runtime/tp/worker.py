@@ -46,7 +46,7 @@ def main() -> None:
         code = 1
     sys.stderr.flush()
     # Nothing here needs tearing down, and the interpreter's own teardown (of torch and
-    # transformers) took ~1.5 s, which engine.shutdown() would wait for.
+    # transformers) is slow, and engine.shutdown() would wait for it.
     os._exit(code)
 
 

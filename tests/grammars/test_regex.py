@@ -15,11 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from braid import grammars
-from braid.grammars import compiler as compiler_module
-from braid.grammars.index_builder import build_index
+from braid.grammars import lazy as lazy_module
 from braid.grammars.json_schema import schema_to_regex
 from braid.grammars.lazy import LazyRegexGrammar
 from braid.grammars.matcher import allowed_token_ids
+from braid.grammars.outlines_index import build_index
 from braid.grammars.regex import RegexGrammar
 
 # In the common subset of Python's and Rust's regex syntax (Rust's \d is Unicode: [0-9]).
@@ -197,7 +197,7 @@ def test_the_lazy_automaton_serves_and_an_index_only_without_it(vocab, feeds, mo
         assert feeds(grammar, '"caf\\u00e9 \\"ok\\""')
         assert not feeds(grammar, '"' + "x" * 41 + '"')
         # Without the lazy automaton's library the worker builds an outlines index.
-        monkeypatch.setattr(compiler_module, "lazy_available", lambda: False)
+        monkeypatch.setattr(lazy_module, "lazy_available", lambda: False)
         grammar = compiler.submit(grammars.Regex("[0-9]{2}")).result()
         assert isinstance(grammar, RegexGrammar) and feeds(grammar, "42")
     finally:

@@ -1,11 +1,12 @@
-"""braid.kernels.reference.sample: the semantics every sampling kernel must reproduce."""
+"""braid.kernels.sampling_torch.sample, the CPU sampler and the twin kernels.reference
+re-exports: the semantics every sampling kernel must reproduce."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from braid.kernels.reference import apply_bitmask, sample, uniform_noise, unpack_bitmask
+from braid.kernels.sampling_torch import apply_bitmask, sample, uniform_noise, unpack_bitmask
 
 NEG_INF = float("-inf")
 

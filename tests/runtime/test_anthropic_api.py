@@ -45,7 +45,8 @@ def engine(long_tiny_model):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    with anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0) as client:
+        yield client
 
 
 def blocks(message) -> list[tuple]:

@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 
 import jsonschema
 import pytest
-from conftest import assert_no_kv_leak, wait_for, wait_idle
+from conftest import assert_no_kv_leak, compile_taken, wait_for, wait_idle
 
 from braid.runtime import SamplingParams
 
@@ -212,9 +211,9 @@ def test_cancelling_a_prepare_stops_its_compile(tiny_engine):
     """A caller that leaves (the server cancels the future when its client disconnects)
     gives up the compile: the worker compiling it is stopped, its place freed."""
     slow = SamplingParams(stop_regex=["b{20000}"])  # tens of seconds in a compile worker
+    taken = compile_taken(tiny_engine.grammars)
     future = tiny_engine.prepare(slow)
-    wait_for(tiny_engine.grammars.worker_pids, 60, "a compile worker")
-    time.sleep(0.5)  # the job reaches its worker
+    wait_for(taken, 60, "a compile worker to take the stop regex")
     working = set(tiny_engine.grammars.worker_pids())
     assert future.cancel()
     wait_for(lambda: not working <= set(tiny_engine.grammars.worker_pids()), 30, "the stop")

@@ -25,7 +25,9 @@ NEW_TOKENS = 48
 @pytest.fixture(scope="module")
 def engine():
     # quantization="none": the GGUF dequantized, as transformers reads it.
-    return Engine(device="cpu", dtype="float32", max_kv_tokens=2048, quantization="none")
+    engine = Engine(device="cpu", dtype="float32", max_kv_tokens=2048, quantization="none")
+    yield engine
+    engine.shutdown()
 
 
 @pytest.fixture(scope="module")

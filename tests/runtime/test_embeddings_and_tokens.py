@@ -17,7 +17,7 @@ import openai
 import pytest
 import torch
 import transformers
-from conftest import LiveServer, assert_no_kv_leak, wait_for
+from conftest import LiveServer, assert_no_kv_leak
 
 from braid.runtime import Engine, SamplingParams
 from braid.runtime.config import RequestLimits
@@ -28,7 +28,8 @@ TEXTS = ["Once upon a time", "The quick brown fox jumps over the lazy dog.", "a"
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
+        yield client
 
 
 @pytest.fixture(scope="module")
@@ -129,9 +130,7 @@ def test_bad_inputs_are_refused_before_anything_runs(engine):
             engine.embed(ids_list)
 
 
-def test_generation_goes_on_unchanged_while_embedding(
-    tiny_model_path, reference_embedding, monkeypatch
-):
+def test_generation_goes_on_unchanged_while_embedding(tiny_model_path, reference_embedding):
     """Embedding turns run between generation steps on KV slots of their own: a greedy
     generation running meanwhile gives the tokens and logprobs it gives alone. A pool of 512
     slots, of which the first run's 151 stay cached: the embeddings' 390 take some of the
@@ -140,26 +139,31 @@ def test_generation_goes_on_unchanged_while_embedding(
     try:
         params = SamplingParams(temperature=0, max_tokens=150, ignore_eos=True, logprobs=True)
         alone = engine.generate("Once upon", params)
-        run = engine.runner.run
-
-        def slow_run(batch):  # the generation outlasts the embeddings
-            time.sleep(0.005)
-            return run(batch)
-
-        monkeypatch.setattr(engine.runner, "run", slow_run)
         tokens, logprobs, finished = [], [], threading.Event()
+        held, queued = threading.Event(), threading.Event()
 
         def emit(chunk):
             tokens.extend(chunk.token_ids)
+            if len(tokens) >= 5 and not held.is_set():  # the engine waits for the embeddings
+                held.set()
+                queued.wait(60)
             if chunk.finish_reason is not None:
                 logprobs.extend(chunk.meta["logprobs"])
                 finished.set()
 
         engine.submit("Once upon", params, emit)
-        wait_for(lambda: len(tokens) >= 5, what="the generation to start")
+        assert held.wait(60), "the generation did not start"
         ids_list = [engine.tokenizer.encode(t) for t in TEXTS] * 26
         assert sum(len(ids) for ids in ids_list) == 390
-        vectors = engine.embed(ids_list)
+
+        async def embed_meanwhile() -> list[list[float]]:
+            embedding = asyncio.ensure_future(engine.aembed(ids_list))
+            await asyncio.sleep(0)  # it has run up to its wait: the job is in the engine's inbox
+            queued.set()
+            return await embedding
+
+        vectors = asyncio.run(embed_meanwhile())
+        # Embedding turns come between steps: the generation's 145 steps left outlast them.
         assert not finished.is_set(), "the generation ended before the embeddings: no overlap"
         assert finished.wait(60)
         assert tokens == alone.token_ids
@@ -179,15 +183,15 @@ def test_a_cancelled_embedding_stops_at_its_next_turn(engine, monkeypatch):
     the first, the rest never run, and their KV is never taken."""
     hidden_states = engine.runner.hidden_states
     calls = []
-    first = threading.Event()
+    first, left = threading.Event(), threading.Event()
 
-    def slow(*args):
+    def held(*args):
         calls.append(1)
         first.set()
-        time.sleep(0.2)
+        left.wait(60)  # the first turn ends once its caller has left
         return hidden_states(*args)
 
-    monkeypatch.setattr(engine.runner, "hidden_states", slow)
+    monkeypatch.setattr(engine.runner, "hidden_states", held)
 
     async def cancel() -> None:
         task = asyncio.create_task(engine.aembed([[7] * 300] * 20))
@@ -195,6 +199,7 @@ def test_a_cancelled_embedding_stops_at_its_next_turn(engine, monkeypatch):
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        left.set()
 
     asyncio.run(cancel())
     # The first flush may be handled just before the job's next turn, the second after it.

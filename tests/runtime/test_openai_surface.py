@@ -20,7 +20,8 @@ PROMPT = "Once upon"
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
+        yield client
 
 
 def first_token(client, **extra) -> str:

@@ -37,7 +37,8 @@ def engine(tiny_model_path):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
+        yield client
 
 
 def test_unknown_fields_are_ignored_and_named(server):

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 import transformers
-from conftest import assert_no_kv_leak, hold_engine, wait_for, wait_idle
+from conftest import assert_no_kv_leak, hold_engine, wait_idle
 
 from braid.runtime import Engine, SamplingParams, TreeNode
 
@@ -22,13 +22,15 @@ GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 @pytest.fixture(scope="module")
 def solo(tiny_model_path):
     """Runs each request alone, no prefix cache, a pool big enough for anything."""
-    return Engine(
+    engine = Engine(
         model=str(tiny_model_path),
         device="cpu",
         dtype="float32",
         max_kv_tokens=4096,
         prefix_cache=False,
     )
+    yield engine
+    engine.shutdown()
 
 
 def shared_prefix_prompts(n: int, seed: int = 0) -> list[list[int]]:
@@ -191,10 +193,14 @@ def test_high_priority_preempts_low(tiny_model_path, solo):
 def test_abort_frees_everything(tiny_model_path):
     engine = Engine(model=str(tiny_model_path), device="cpu", dtype="float32", max_kv_tokens=2048)
     finals: dict[int, str] = {}
-    done = threading.Event()
+    done, decoding, aborted = threading.Event(), threading.Event(), threading.Event()
 
     def emit_for(i):
         def emit(chunk):
+            # Once 20 tokens are decoded, the engine waits here until the aborts are queued.
+            if not decoding.is_set() and engine.stats()["decode_tokens"] >= 20:
+                decoding.set()
+                aborted.wait(60)
             if chunk.finish_reason:
                 finals[i] = chunk.finish_reason
                 if len(finals) == 12:
@@ -204,9 +210,10 @@ def test_abort_frees_everything(tiny_model_path):
 
     params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
     rids = [engine.submit(p, params, emit_for(i)) for i, p in enumerate(shared_prefix_prompts(12))]
-    wait_for(lambda: engine.stats()["decode_tokens"] >= 20, what="20 tokens decoded")
+    assert decoding.wait(60), "20 tokens were not decoded"
     for rid in rids[::2]:
         engine.abort(rid)
+    aborted.set()
     assert done.wait(120)
     assert [finals[i] for i in range(0, 12, 2)] == ["abort"] * 6
     assert [finals[i] for i in range(1, 12, 2)] == ["length"] * 6

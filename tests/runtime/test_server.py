@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import threading
-import time
 
 import httpx
 import jsonschema
 import openai
 import pytest
-from conftest import LiveServer, assert_no_kv_leak, wait_idle
+from conftest import LiveServer, StepGate, assert_no_kv_leak, wait_for, wait_idle
 
 from braid.runtime import Engine, SamplingParams
 
@@ -21,7 +21,8 @@ GREEDY = SamplingParams(temperature=0, max_tokens=12)
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
+        yield client
 
 
 # ---- OpenAI routes, through the openai client ------------------------------------------------
@@ -395,25 +396,30 @@ def test_api_key(engine):
         server.stop()
 
 
-def slow_steps(engine, monkeypatch, seconds: float) -> None:
-    """Each engine step sleeps first, so long requests outlast a test's deadlines on any
-    machine."""
-    run = engine.runner.run
-
-    def slow_run(batch):
-        time.sleep(seconds)
-        return run(batch)
-
-    monkeypatch.setattr(engine.runner, "run", slow_run)
-
-
 def test_a_client_that_leaves_aborts_its_request(engine, server, monkeypatch):
-    """Non-streaming: the server notices the closed connection while the engine works."""
-    slow_steps(engine, monkeypatch, 0.01)  # 400 steps outlast the client's 0.5 s
+    """Non-streaming: the server notices the closed connection while the engine works (its
+    step held at a gate until the server has aborted the request)."""
+    left = threading.Event()
+    abort = engine.abort
+
+    def abort_and_tell(rid: int) -> None:
+        abort(rid)
+        left.set()
+
+    monkeypatch.setattr(engine, "abort", abort_and_tell)
     before = engine.stats()["requests_aborted"]
-    body = {"prompt": "Once upon", "max_tokens": 400, "ignore_eos": True}
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server.url + "/v1/completions", json=body, timeout=httpx.Timeout(0.5))
+    body = json.dumps({"prompt": "Once upon", "max_tokens": 400, "ignore_eos": True}).encode()
+    head = (
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    port = int(server.url.rpartition(":")[2])
+    with StepGate(engine, monkeypatch) as gate:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+            client.sendall(head.encode() + body)
+            assert gate.waiting.wait(60), "the request never reached the engine"
+        # The client has left, its request's first step still waiting.
+        assert left.wait(60), "the server did not abort the request of a client that left"
     wait_idle(engine)
     assert engine.stats()["requests_aborted"] == before + 1
     assert_no_kv_leak(engine)
@@ -427,35 +433,34 @@ def test_queue_limit_answers_503(tiny_model_path, monkeypatch):
         max_kv_tokens=2048,
         max_running_requests=2,
     )
-    slow_steps(engine, monkeypatch, 0.02)  # the held requests still run when the third comes
+    gate = StepGate(engine, monkeypatch)  # the two held requests stay in flight until it opens
     server = LiveServer(engine, max_queued_requests=0)  # room for 2 sequences
+    svc = server.server.config.app.state.service
     try:
-        body = {"prompt": "Once upon", "max_tokens": 400, "ignore_eos": True, "stream": True}
-        opened = [threading.Event() for _ in range(2)]
-        stop = threading.Event()
+        body = {"prompt": "Once upon", "max_tokens": 8, "ignore_eos": True, "stream": True}
+        events: list[list[str]] = [[], []]
 
         def hold(i: int) -> None:
             with httpx.stream("POST", server.url + "/v1/completions", json=body) as r:
-                for _ in r.iter_lines():
-                    opened[i].set()
-                    if stop.is_set():
-                        return
+                events[i] = [line for line in r.iter_lines() if line.startswith("data:")]
 
         threads = [threading.Thread(target=hold, args=(i,)) for i in range(2)]
         for t in threads:
             t.start()
-        assert all(e.wait(60) for e in opened)
+        wait_for(lambda: svc.num_active == 2, 60, "both held requests to be admitted")
         r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
         assert r.status_code == 503 and "queue limit" in r.json()["error"]["message"]
         r = httpx.post(server.url + "/generate", json={"text": "x", "sampling_params": {"n": 3}})
         assert r.status_code == 503
-        stop.set()
+        gate.open()
         for t in threads:
             t.join(60)
+        assert all(e and e[-1] == "data: [DONE]" for e in events), events  # whole, once let go
         wait_idle(engine)
         assert_no_kv_leak(engine)
         ok = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
         assert ok.status_code == 200
     finally:
+        gate.open()
         server.stop()
         engine.shutdown()

@@ -119,12 +119,16 @@ def _connect(port: int) -> socket.socket:
 
 
 def _read_until_closed(
-    sockets: list[socket.socket], timeout: float, trickle: Mapping[socket.socket, bytes] = {}
+    sockets: list[socket.socket],
+    timeout: float,
+    trickle: Mapping[socket.socket, bytes] = {},
+    until: int | None = None,
 ) -> dict:
-    """Reads each socket until the server closes it, meanwhile sending each socket in
-    `trickle` the next byte of its bytes every 0.1 s; {socket: (bytes read, seconds until it
-    closed)} for those closed within `timeout`."""
+    """Reads each socket until the server closes it (or until `until` of them are closed),
+    meanwhile sending each socket in `trickle` the next byte of its bytes every 0.1 s;
+    {socket: (bytes read, seconds until it closed)} for those closed within `timeout`."""
     start = time.monotonic()
+    until = len(sockets) if until is None else until
     read = {s: b"" for s in sockets}
     closed: dict = {}
     poll = select.poll()  # select() takes no descriptor past 1,023
@@ -132,7 +136,7 @@ def _read_until_closed(
     for fd in by_fd:
         poll.register(fd, select.POLLIN)
     sent = 0
-    while len(closed) < len(sockets) and time.monotonic() - start < timeout:
+    while len(closed) < until and time.monotonic() - start < timeout:
         for s in trickle.keys() - closed.keys():
             with contextlib.suppress(OSError):
                 s.send(trickle[s][sent : sent + 1])
@@ -214,8 +218,7 @@ def test_past_max_connections_the_longest_idle_are_closed(engine):
     try:
         silent = [_connect(server.port) for _ in range(100)]
         with watched(server.url):
-            closed = _read_until_closed(silent, 2)
-            time.sleep(1)
+            closed = _read_until_closed(silent, 60, until=100 - 32)
         still_open = 100 - len(closed)
         assert still_open <= 32, still_open
         assert all(data == b"" for data, _ in closed.values())  # closed without a word
@@ -235,7 +238,7 @@ def test_a_connection_with_a_request_in_flight_is_never_the_one_closed(engine):
             silent = [_connect(server.port) for _ in range(20)]  # each closes an idle one
             events = [line for line in lines if line.startswith("data:")]
         assert events[-1] == "data: [DONE]" and len(events) == 200, events[-3:]
-        assert len(_read_until_closed(silent, 2)) >= 20 - 3
+        assert len(_read_until_closed(silent, 60, until=20 - 3)) >= 20 - 3
     finally:
         server.stop()
 
@@ -246,7 +249,13 @@ def test_when_every_connection_has_a_request_in_flight_a_new_one_gets_a_503(engi
         busy = [_connect(server.port) for _ in range(4)]
         for s in busy:  # each a request whose body is on its way
             s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: a\r\nContent-Length: 50\r\n\r\n{")
-        time.sleep(0.3)
+        state = server.server.server_state
+
+        def all_owe_bodies() -> bool:
+            connections = list(state.connections)
+            return len(connections) == 4 and all(c.owed == "body" for c in connections)
+
+        wait_for(all_owe_bodies, 30, "the server to read the four requests' headers")
         refused = httpx.get(server.url + "/health", timeout=5)
         assert refused.status_code == 503, refused.text
         assert "4 connections open (--max-connections)" in refused.json()["error"]["message"]
@@ -328,9 +337,9 @@ def test_more_silent_sockets_than_descriptors_leave_health_answering(served):
     assert "limit (ulimit -n) is 1024: at most 512 connections open" in log.read_text()
     sockets = [_connect(port) for _ in range(1030)]
     with watched(url):
-        time.sleep(3)
-    # The server closed the longest idle to stay under its descriptor limit.
-    assert len(_read_until_closed(sockets, 1)) >= 1030 - 512
+        # The server closes the longest idle to stay under its descriptor limit.
+        closed = _read_until_closed(sockets, 60, until=1030 - 512)
+    assert len(closed) >= 1030 - 512
     # A line at most, not a traceback per failed accept (a flood of 145 MB in 30 s seen).
     written = log.read_text()[size:]
     assert len(written) < 5_000, written[:2000]

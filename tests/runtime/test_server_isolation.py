@@ -18,6 +18,7 @@ from conftest import (
     LiveServer,
     assert_no_kv_leak,
     async_wait_for,
+    compile_taken,
     stream_events,
     wait_idle,
 )
@@ -170,8 +171,9 @@ def test_a_compile_worker_killed_mid_compile_fails_only_its_request(engine, serv
     async def main() -> httpx.Response:
         async with httpx.AsyncClient(timeout=120) as http:
             victims = await _decoding_victims(server.url, http)
+            taken = compile_taken(engine.grammars)
             request = asyncio.create_task(http.post(server.url + "/v1/completions", json=body))
-            await asyncio.sleep(0.3)  # its compile is on its way, or under way
+            await async_wait_for(taken, 60, "a compile worker to take the stop regex")
             for pid in killed:
                 os.kill(pid, signal.SIGKILL)
             response = await request
@@ -243,7 +245,7 @@ def roomy_server(engine):
 
 def _select_leaves(engine: Engine) -> int:
     """The select's requests in the engine: the only ones asking for no tokens."""
-    return sum(r.params.max_tokens == 0 for r in tuple(engine.outputs.live.values()))
+    return sum(r.params.max_tokens == 0 for r in tuple(engine.scheduler.live.values()))
 
 
 @contextlib.contextmanager
@@ -518,7 +520,7 @@ def test_a_step_that_raises_fails_only_its_request(engine, monkeypatch, where):
     prompts = [f"Victim {i} says" for i in range(3)]
     expected = [engine.generate(p, params).text for p in prompts]
     run = engine.runner.run
-    add_tokens = OutputProcessor.add_tokens
+    add_tokens = OutputProcessor._add_tokens
 
     def run_unless_poisoned(batch):
         if any(r.prompt_ids == poison_ids for r in batch.requests):
@@ -533,7 +535,7 @@ def test_a_step_that_raises_fails_only_its_request(engine, monkeypatch, where):
     if where == "forward":
         monkeypatch.setattr(engine.runner, "run", run_unless_poisoned)
     else:
-        monkeypatch.setattr(OutputProcessor, "add_tokens", add_unless_poisoned)
+        monkeypatch.setattr(OutputProcessor, "_add_tokens", add_unless_poisoned)
     results: dict[str, object] = {}
 
     def call(prompt: str) -> None:

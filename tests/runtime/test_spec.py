@@ -257,7 +257,7 @@ def test_adaptive_length_identical_and_speculating(tiny_model_path, plain):
     """Adaptive draft lengths (the engine's measured step cost pinned, so the lengths chosen
     do not depend on this machine's load) keep output identical."""
     engine = _engine(tiny_model_path, spec_method="ngram")
-    engine.speculator.cost.token_cost = lambda base_tokens, extra_seconds=0.0: 0.04
+    engine.worker.cost.token_cost = lambda base_tokens, extra_seconds=0.0: 0.04
     prompts = _prompts(8, seed=7)
     expected = [o.token_ids for o in plain.generate(prompts, PENALISED)]
     assert [o.token_ids for o in engine.generate(prompts, PENALISED)] == expected

@@ -71,7 +71,8 @@ def engine(long_tiny_model):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
+        yield client
 
 
 def check_calls(choice, names=tuple(SCHEMAS)) -> list:

@@ -1,13 +1,18 @@
-"""Speculator: the engine's side of speculative decoding.
+"""SpecWorker: speculative decoding as a worker around the model runner, behind the same
+`run(batch)`.
 
-Each step the scheduler asks it to attach draft trees to the batch's decoding requests, and
-output processing hands it each tree's logits to verify. Here live the per-request state,
-the choice of draft length, the grammar pruning of drafts, verification, and the stats.
+Each step it attaches draft trees to the batch's requests that sample after output tokens
+(with KV slots for their nodes), runs the target's forward over them, and hands back, for a
+request with a tree, its tokens drawn in turn along the tree (`StepResult.steps`): output
+processing appends each as a decode step would, and the walk follows the tree through what
+was appended. Here live the per-request state, the choice of draft length, the grammar
+pruning of drafts, verification, and the stats.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -16,15 +21,21 @@ import torch
 from braid.grammars.matcher import MatcherError
 from braid.runtime.config import EngineConfig
 from braid.runtime.kv_cache import KVPool
+from braid.runtime.model_runner import ModelRunner, StepResult
+from braid.runtime.sampler import record_tokens, sample, sampling_probs, step_seed
 from braid.runtime.spec.adaptive import MAX_ADAPTIVE_LENGTH, Acceptance, StepCost
 from braid.runtime.spec.draft_model import DraftModelProposer
 from braid.runtime.spec.ngram import NgramIndex
 from braid.runtime.spec.tree import DraftTree
+from braid.runtime.spec.verify import rejection_sample
 from braid.runtime.stats import EngineStats
 
 if TYPE_CHECKING:
     from braid.runtime.request import Request
     from braid.runtime.scheduler import Batch
+
+# The acceptance test's uniform comes from its own stream of the request's seed.
+ACCEPT_SALT = 0x2545F4914F6CDD1D
 
 # A forced-token callable: the tokens that replace a just-accepted token plus whatever text
 # the grammar forces after it (GrammarService.forced_tokens).
@@ -77,19 +88,23 @@ class DraftMatcher:
             self.accepted = 0
 
 
-class Speculator:
-    """What the core calls: `attach` (the scheduler, for a step's batch), `verify` (output
-    processing, with the step's logits of each tree), `observe_step` and `release`."""
+class SpecWorker:
+    """What the engine calls instead of the runner: `run` and `release`."""
 
     def __init__(
         self,
         config: EngineConfig,
-        kv: KVPool,
+        runner: ModelRunner,
         stats: EngineStats,
         forced: Forced,
+        make_room: Callable[[int], bool],
         draft: DraftModelProposer | None = None,
     ) -> None:
-        self.kv = kv
+        """`make_room(n)`: the scheduler's, frees n KV slots by evicting cached prefixes."""
+        self.runner = runner
+        self.kv: KVPool = runner.kv
+        self.max_batch_tokens = config.max_batch_tokens
+        self.make_room = make_room
         self.method = config.spec_method
         self.fixed_length = config.spec_draft_length
         self.width = config.spec_tree_width
@@ -98,11 +113,28 @@ class Speculator:
         self.draft = draft
         self.cost = StepCost()
 
-    def attach(self, batch: Batch, budget: int, make_room: Callable[[int], bool]) -> None:
+    def run(self, batch: Batch) -> list[StepResult]:
+        """The runner's results for `batch` with draft trees attached: a request with a tree
+        gets its tokens in turn (`steps`)."""
+        if not batch.drafts:  # (a batch run again, its requests one by one, has its trees)
+            self._attach(batch, self.max_batch_tokens - sum(batch.num_new))
+        started = time.perf_counter()
+        results = self.runner.run(batch)
+        if all(r.is_decoding for r in batch.requests):
+            if self.runner.device.type == "cuda":  # a step that only verifies never waited
+                torch.cuda.synchronize(self.runner.device)
+            self.cost.observe(sum(batch.num_new), time.perf_counter() - started)
+        for i, res in enumerate(results):
+            tree = batch.draft(i)
+            if tree is not None:
+                res.steps = self._walk(batch.requests[i], tree, res.draft_logits)
+        return results
+
+    def _attach(self, batch: Batch, budget: int) -> None:
         """Draft trees, within `budget` tokens, for the batch's requests that sample after
         output tokens (decodes, and requests feeding text a grammar forced: that text is
         verified with the draft for free), with KV slots for their nodes; a draft whose slots
-        `make_room` cannot free without preempting is dropped."""
+        cannot be freed without preempting is dropped."""
         if budget <= 0:
             return
         eligible = [i for i, r in enumerate(batch.requests) if r.output_ids and batch.samples(i)]
@@ -111,59 +143,74 @@ class Speculator:
         batch.drafts = [None] * len(batch.requests)
         trees = self.propose([batch.requests[i] for i in eligible], budget)
         for i, tree in zip(eligible, trees, strict=True):
-            if tree is None or len(tree) > budget or not make_room(len(tree)):
+            if tree is None or len(tree) > budget or not self.make_room(len(tree)):
                 continue
             r = batch.requests[i]
-            r.slots = torch.cat([r.slots, self.kv.allocate(len(tree))])
+            r.add_slots(self.kv.allocate(len(tree)))
             batch.drafts[i] = tree
             batch.num_new[i] += len(tree)
             budget -= len(tree)
 
-    def verify(
-        self,
-        r: Request,
-        tree: DraftTree,
-        logits: torch.Tensor,
-        sample_node: Callable,
-        add_sampled: Callable,
-    ) -> None:
+    def _walk(self, r: Request, tree: DraftTree, logits: torch.Tensor) -> Iterator[StepResult]:
         """Decode along the draft tree: at each node draw the target's token as decoding would
-        (`sample_node`, see verify.py), append it (and any forced text) exactly as a decode
-        step does (`add_sampled`), then continue from the child holding those tokens, if the
-        tree has one. The nodes walked through keep their KV; the other nodes' slots go back
-        to the pool, so rejected tokens never reach the radix cache.
+        (`_sample_node`) once the tokens before it are appended,
+        then continue from the child holding what was appended (the token and any forced
+        text), if the tree has one. The nodes walked through keep their KV; the other nodes'
+        slots go back to the pool, so rejected tokens never reach the radix cache.
 
-        logits: [1 + len(tree), V], the root's row first, then node i's at row i + 1.
+        logits: [1 + len(tree), V], the root's row first, then node i's at row i + 1. The
+        consumer stops early (closing the walk) when r ends.
         """
-        base, draft_slots = r.slots[: r.num_computed], r.slots[r.num_computed :]
+        # r's step counted only its known tokens: the tree's slots are past num_computed.
+        base, draft_slots = r.slots[: r.num_computed].clone(), r.slots[r.num_computed :].clone()
         kept: list[int] = []
         node = -1
-        while True:
-            children = tree.children(node)
-            drafted = next(
-                ((t, tree.probs[c]) for t, c in children.items() if tree.probs[c] is not None),
-                None,
-            )
-            before = len(r.output_ids)
-            # A request finishing here frees its slots past num_computed: the unused nodes'.
-            add_sampled(r, sample_node(logits[node + 1], r, drafted))
-            if r.finish_reason is not None:
-                break
-            appended = r.output_ids[before:]
-            path = tree.follow(node, appended)
-            # The followed nodes' KV is that of the tokens just appended, at their positions.
-            kept += path
-            unused = torch.ones(len(tree), dtype=torch.bool)
-            unused[kept] = False
-            r.slots = torch.cat([base, draft_slots[kept], draft_slots[unused]])
-            r.num_computed += len(path)
-            if len(path) < len(appended):
-                break
-            node = path[-1]
-        if r.finish_reason is None:
-            self.kv.free(r.slots[r.num_computed :])
-            r.slots = r.slots[: r.num_computed]
-        self.record(r, tree, len(kept))
+        try:
+            while True:
+                children = tree.children(node)
+                drafted = next(
+                    ((t, tree.probs[c]) for t, c in children.items() if tree.probs[c] is not None),
+                    None,
+                )
+                before = len(r.output_ids)
+                yield self._sample_node(logits[node + 1], r, drafted)
+                appended = r.output_ids[before:]
+                path = tree.follow(node, appended)
+                # The followed nodes' KV is that of the tokens just appended, at their positions.
+                kept += path
+                unused = torch.ones(len(tree), dtype=torch.bool)
+                unused[kept] = False
+                r.slots = torch.cat([base, draft_slots[kept], draft_slots[unused]])
+                r.num_computed += len(path)
+                if len(path) < len(appended):
+                    return
+                node = path[-1]
+        finally:
+            # A request that ended frees its slots past num_computed (the unused nodes') when
+            # the scheduler releases it.
+            if r.finish_reason is None:
+                self.kv.free(r.slots[r.num_computed :])
+                r.keep_slots(r.num_computed)
+            self._record(r, tree, len(kept))
+
+    def _sample_node(
+        self, logits: torch.Tensor, r: Request, drafted: tuple[int, torch.Tensor] | None
+    ) -> StepResult:
+        """r's next token from one draft tree node's logits [V], drawn as decoding draws it
+        (the same seed for the same step). `drafted` = (token, q) when a child of the node was
+        sampled from a draft model's distribution q: then the rejection rule decides
+        (verify.py)."""
+        vocab = self.runner.tokenizer_size
+        if drafted is None or r.params.temperature == 0:
+            tokens = sample(logits[None], [r], vocab)
+        else:
+            step = len(r.output_ids)
+            p = sampling_probs(logits, r, vocab)
+            accept_seed = step_seed(r.seed ^ ACCEPT_SALT, step)
+            tokens = [rejection_sample(p, *drafted, accept_seed, step_seed(r.seed, step))]
+        result = StepResult()
+        record_tokens(logits[None], [r], [result], tokens)
+        return result
 
     def propose(self, reqs: list[Request], budget: int) -> list[DraftTree | None]:
         """A draft tree (or None) per decoding request, at most `budget` tokens in all."""
@@ -217,7 +264,7 @@ class Speculator:
             tree = DraftTree.from_paths(paths)
         return tree
 
-    def record(self, r: Request, tree: DraftTree, accepted: int) -> None:
+    def _record(self, r: Request, tree: DraftTree, accepted: int) -> None:
         """A verification step kept `accepted` of `tree`'s nodes."""
         depth = max(_depths(tree), default=0)
         r.spec.acceptance.record(accepted, depth)
@@ -229,10 +276,6 @@ class Speculator:
             **{f"spec_{m}_steps": 1, f"spec_{m}_proposed_tokens": len(tree)},
             **{f"spec_{m}_accepted_tokens": accepted},
         )
-
-    def observe_step(self, tokens: int, seconds: float) -> None:
-        """A forward of the target over `tokens` new tokens took `seconds`."""
-        self.cost.observe(tokens, seconds)
 
     def release(self, r: Request) -> None:
         """r has finished: free what speculation held for it."""

@@ -4,6 +4,9 @@ The CPU kernels (braid.kernels.cpu) and the lazy regex automaton (braid.grammars
 as sources and are compiled on the machine that runs them, into ~/.cache/braid/<name>, keyed
 by the sources, the compiler and the flags (and the CPU, for -march=native builds). Each
 library's entry points are declared once, as {name: (argument types, result type)}.
+
+Generic build code with no torch and nothing of the kernels: it lives here because kernels/
+is the lowest layer, and it is the one module of another package that grammars/ imports.
 """
 
 from __future__ import annotations

@@ -1,46 +1,19 @@
-"""Constraint -> regex -> outlines-core index: the costly part of compiling a grammar.
+"""A regex's outlines-core index: every DFA state's allowed tokens, built up front.
 
-An outlines index holds every DFA state's allowed tokens, so it costs states x vocabulary
-to build and keep. Regexes whose automaton would be too large for that (`fits_index` says
-no) go to the lazy automaton (grammars/lazy.py) instead. Kept free of torch so the compile
-worker process (see compiler.py) starts fast and small.
+It costs states x vocabulary to build and keep, so it is built only where the lazy automaton
+(grammars/lazy.py) cannot serve, and only for regexes `fits_index` finds small enough. Kept
+free of torch: the compile worker process (see jobs.py) builds it.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from functools import lru_cache
 
 from outlines_core import Index, Vocabulary
 
-from braid.grammars.constraints import Choices, JsonSchema, Regex
+from braid.grammars.constraint_regex import short
 from braid.grammars.vocabulary import TokenVocabulary
-
-# Characters with a meaning in Python's or Rust's regex syntax (outlines-core parses with
-# Rust's, whose parser rejects some of Python's re.escape output, e.g. an escaped space).
-_META = set("\\.+*?()|[]{}^$#&-~")
-_CONTROL = {"\t": r"\t", "\n": r"\n", "\r": r"\r", "\f": r"\f", "\v": r"\v"}
-
-
-def escape(text: str) -> str:
-    """A regex matching exactly `text`, in the syntax both Python and outlines-core read."""
-    return "".join("\\" + c if c in _META else _CONTROL.get(c, c) for c in text)
-
-
-def constraint_regex(constraint: Regex | JsonSchema | Choices) -> str:
-    if isinstance(constraint, Regex):
-        try:
-            re.compile(constraint.pattern)
-        except re.error as e:
-            raise ValueError(f"invalid regex {_short(constraint.pattern)}: {e}") from None
-        return constraint.pattern
-    if isinstance(constraint, Choices):
-        return "|".join(f"({escape(o)})" for o in constraint.options)
-    from braid.grammars.json_schema import schema_to_regex
-
-    return schema_to_regex(json.loads(constraint.schema), constraint.whitespace, constraint.strict)
-
 
 # Past these an outlines index takes seconds and gigabytes: a long regex means many states,
 # and each counted repetition ({m,n}) one state per count, most allowing nearly the whole
@@ -85,13 +58,9 @@ def build_index(pattern: str, vocab: TokenVocabulary) -> Index:
     except (ValueError, RuntimeError) as e:
         if "Found no transitions" in str(e):  # outlines' words for a dead end
             raise ValueError(
-                f"regex {_short(pattern)} matches nothing this vocabulary can spell"
+                f"regex {short(pattern)} matches nothing this vocabulary can spell"
             ) from None
-        raise IndexUnbuildable(f"regex {_short(pattern)} cannot be compiled: {e}") from None
+        raise IndexUnbuildable(f"regex {short(pattern)} cannot be compiled: {e}") from None
     if not index.get_allowed_tokens(index.get_initial_state()):
-        raise ValueError(f"regex {_short(pattern)} matches nothing this vocabulary can spell")
+        raise ValueError(f"regex {short(pattern)} matches nothing this vocabulary can spell")
     return index
-
-
-def _short(pattern: str) -> str:
-    return repr(pattern if len(pattern) <= 200 else pattern[:200] + "...")
