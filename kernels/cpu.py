@@ -1,4 +1,4 @@
-"""The CPU kernels of kernels/cpu.cpp: built once with the system C++ compiler, called through
+"""The CPU kernels of kernels/cpu*.cpp: built once with the system C++ compiler, called through
 ctypes. Their twins in kernels/reference.py define what they compute.
 
 `load()` builds the library into ~/.cache/braid/kernels (keyed by the source, the compiler
@@ -13,9 +13,10 @@ import logging
 import threading
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from braid import _native
+from braid.kernels import native as _native
 from braid.kernels.quant import interleaved_rows
 
 log = logging.getLogger(__name__)
@@ -23,8 +24,11 @@ log = logging.getLogger(__name__)
 # Compiled together into one library; the header is listed for the cache key.
 SOURCES = [
     Path(__file__).with_name(n)
-    for n in ("cpu.cpp", "cpu_attention.cpp", "cpu_quant.cpp", "cpu_decoder.cpp", "cpu_common.h")
-]
+    for n in (
+        "cpu.cpp", "cpu_attention.cpp", "cpu_quant.cpp", "cpu_decoder.cpp", "cpu_lora.cpp",
+        "cpu_common.h",
+    )
+]  # fmt: skip
 _FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fopenmp"]
 _FLAGS += ["-shared", "-fPIC", "-std=c++17"]
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
@@ -56,6 +60,8 @@ _SIGNATURES["dequantize_rows"] = ([_I64, _P, _I64, _P, _I64, _P, _INT], None)
 _SIGNATURES["quant_rounds_inputs"] = ([], _I64)
 _SIGNATURES["quant_group_rows"] = ([], _I64)
 _SIGNATURES["quant_decode_layers"] = ([_P, _I64, _P, _P, _P, _P, _INT], None)
+# LoRA updates take float32 activations only (a bfloat16 model's run in torch).
+_SIGNATURES["lora_add_f32"] = ([_P, _I64, _P, _I64, _I64, _I64, _I64, _P, _P, _INT], None)
 
 
 # The structures quant_decode_layers takes (kernels/cpu_decoder.cpp), field for field.
@@ -97,7 +103,44 @@ class QuantDecoderBatch(ctypes.Structure):
         ("num_rows", _I64),
         ("cos", _P),
         ("sin", _P),
+        # LoRA (null pointers: none): each token's adapter index, or -1, and the packed
+        # pairs (lora_weights) of every (layer, linear of LORA_LINEARS, adapter), layers
+        # from the first.
+        ("lora_adapters", _P),
+        ("lora_weights", _P),
+        ("lora_count", _I64),
+        ("lora_layers", _I64),
     ]
+
+
+# The linears quant_decode_layers applies LoRA pairs to, in the order of its table.
+LORA_LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+
+
+def lora_spans(b: torch.Tensor) -> torch.Tensor:
+    """int64 [R, 2]: for each rank column of B [out, R], the rows [first, end) outside which
+    it is zero ((0, 0) where all of it is): lora_add skips the rest. In numpy, on one thread:
+    a few passes over B, once per adapter load, where torch's forked ops cost more."""
+    nonzero = b.T.numpy() != 0  # [R, out], contiguous for a column-major B
+    first = nonzero.argmax(1)  # the first maximum: the first nonzero row, or 0
+    end = np.where(nonzero.any(1), b.shape[0] - nonzero[:, ::-1].argmax(1), 0)
+    return torch.from_numpy(np.stack([first, end], 1).astype(np.int64))
+
+
+def lora_weights(a: torch.Tensor, b: torch.Tensor, spans: torch.Tensor) -> tuple[int, ...]:
+    """One adapter's pair for one linear as lora_add reads it (kernels/cpu_common.h's
+    LoraWeights): A's address, B's address, the rank, the address of B's `lora_spans`. A
+    [R, in] row-major and B [out, R] column-major (b.T contiguous: its expand runs along rank
+    columns), float32 CPU."""
+    rank = a.shape[0]
+    if not (a.dtype == b.dtype == torch.float32 and a.is_cpu and b.is_cpu):
+        raise ValueError(f"lora_add: float32 CPU pairs, got {a.dtype} and {b.dtype}")
+    if not (a.is_contiguous() and b.shape[1] == rank and b.T.is_contiguous()):
+        raise ValueError("lora_add: A [R, in] must be contiguous and B [out, R] column-major")
+    _check_index([spans])
+    if spans.shape != (rank, 2):
+        raise ValueError(f"lora_add: spans [{rank}, 2], not {tuple(spans.shape)}")
+    return a.data_ptr(), b.data_ptr(), rank, spans.data_ptr()
 
 
 _lock = threading.Lock()
@@ -141,6 +184,7 @@ class CpuKernels:
         self.quant_rounds_inputs = bool(lib.quant_rounds_inputs())
         self.quant_group = lib.quant_group_rows()
         self._decode_layers = lib.quant_decode_layers
+        self._lora_add = lib.lora_add_f32
 
     def supports(self, dtype: torch.dtype) -> bool:
         return dtype in _SUFFIX
@@ -306,12 +350,15 @@ class CpuKernels:
         kv_indices: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
+        lora: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """The first `num_layers` decoder layers of a quantized float32 model over decode
         rows in one call (kernels/cpu_decoder.cpp): `residual` [T, hidden] is updated in
         place; returns the last layer's MLP output [T, hidden]. The other arguments are
         rope_store_attend's; the layers' pointers are the caller's to keep valid
-        (runtime/models/quant_decoder.py builds them)."""
+        (runtime/models/quant_decoder.py builds them). `lora`: each token's adapter (int64
+        [T], -1 for none) and the pairs int64 [L, len(LORA_LINEARS), N, 4] of lora_add, for
+        the first L layers (later ones get none), added after each of those linears."""
         _check(torch.float32, data=[residual, cos, sin])
         index = [positions, slots, rows, kv_starts, kv_lens, kv_indices]
         _check_index(index)
@@ -319,12 +366,38 @@ class CpuKernels:
         batch = QuantDecoderBatch(
             residual.shape[0], *ptrs, rows.numel(), cos.data_ptr(), sin.data_ptr()
         )
+        if lora is not None:
+            adapters, weights = lora
+            _check_lora(residual.shape[0], adapters, weights)
+            if weights.dim() != 4 or weights.shape[1] != len(LORA_LINEARS):
+                raise ValueError(f"quant_decode_layers: LoRA pairs of shape {weights.shape}")
+            batch.lora_adapters, batch.lora_weights = adapters.data_ptr(), weights.data_ptr()
+            batch.lora_count, batch.lora_layers = weights.shape[2], weights.shape[0]
         out = torch.empty_like(residual)
         self._decode_layers(
             ctypes.addressof(layers), num_layers, ctypes.addressof(shape),
             ctypes.addressof(batch), residual.data_ptr(), out.data_ptr(), _threads(),
         )  # fmt: skip
         return out
+
+    def lora_add(
+        self, y: torch.Tensor, x: torch.Tensor, adapters: torch.Tensor, weights: torch.Tensor
+    ) -> None:
+        """y [T, out] += B_i @ (A_i @ x[t]) in place for each row t of x [T, in] whose adapter
+        i = adapters[t] (int64 [T]) is not -1; rows may be strided. `weights` int64 [N, 4]:
+        adapter i's pair for this linear packed by `lora_weights`, or zeros where it leaves
+        the linear alone; its tensors, and indices below N, are the caller's to keep. As
+        kernels.reference.lora_rows."""
+        for t in (x, y):
+            if not (t.dtype == torch.float32 and t.is_cpu and t.dim() == 2 and t.stride(1) == 1):
+                raise ValueError("lora_add: x and y must be float32 CPU [T, n] with unit columns")
+        _check_lora(x.shape[0], adapters, weights)
+        if y.shape[0] != x.shape[0] or weights.dim() != 2:
+            raise ValueError(f"lora_add: x {x.shape}, y {y.shape}, pairs {weights.shape}")
+        self._lora_add(
+            x.data_ptr(), x.stride(0), y.data_ptr(), y.stride(0), x.shape[0], x.shape[1],
+            y.shape[1], adapters.data_ptr(), weights.data_ptr(), _threads(),
+        )  # fmt: skip
 
     def dequantize_rows(
         self, packed: torch.Tensor, fmt: str, shape: tuple[int, int], ids: torch.Tensor
@@ -380,6 +453,15 @@ def _rows_args(rows, kv_starts, kv_lens, kv_indices):
     _check_index([rows, kv_starts, kv_lens, kv_indices])
     ptrs = [t.data_ptr() for t in (rows, kv_starts, kv_lens, kv_indices)]
     return (*ptrs, rows.numel())
+
+
+def _check_lora(tokens: int, adapters: torch.Tensor, weights: torch.Tensor) -> None:
+    _check_index([adapters, weights])
+    if adapters.shape != (tokens,) or weights.shape[-1] != 4:
+        raise ValueError(
+            f"LoRA: an adapter index a token ({tokens}), not {tuple(adapters.shape)}, and "
+            f"pairs [..., N, 4], not {tuple(weights.shape)}"
+        )
 
 
 def _threads() -> int:

@@ -18,6 +18,18 @@ typedef uint16_t bf16;
 // Parallel regions this small cost more to fork than to run on one thread.
 constexpr int64_t kMinParallelWork = 1 << 14;
 
+// One adapter's LoRA pair for one linear (kernels/cpu_lora.cpp). kernels/cpu.py packs it as
+// four int64s: A's address, B's address, the rank, the spans' address.
+struct LoraWeights {
+  const float* a;  // A [rank, in], row-major
+  const float* b;  // B [out, rank], column-major: rank r's column at b + r * out
+  int64_t rank;    // 0: the adapter leaves this linear alone
+  // [rank][2]: the rows of rank r's column of B outside which it is zero, [first, end). A
+  // fused linear's pair (q/k/v, gate/up) puts each part's B on its own rows and columns.
+  const int64_t* spans;
+};
+static_assert(sizeof(LoraWeights) == 4 * sizeof(int64_t), "packed as four int64s");
+
 inline float to_float(float x) { return x; }
 inline float to_float(bf16 x) {
   uint32_t bits = static_cast<uint32_t>(x) << 16;

@@ -5,10 +5,13 @@
 //
 // It calls the library's own entry points in the order runtime/models/llama.py does, so its
 // output is the layer-by-layer path's bit for bit (Qwen3's per-head q/k norms excepted: there
-// the Python path uses the torch twin, whose sums are ordered differently).
+// the Python path uses the torch twin, whose sums are ordered differently). LoRA adapters'
+// updates are added after each linear as the Python path adds them, by the same kernel.
 
 #include <cstdint>
 #include <vector>
+
+#include "cpu_common.h"
 
 extern "C" {
 void add_rms_norm_f32(const float* x, float* residual, const float* weight, float* out,
@@ -23,6 +26,9 @@ void rope_store_attend_f32(float* qkv, const int64_t* positions, const float* co
                            int threads);
 void quant_matmul(int64_t format, const float* x, int64_t M, int64_t K, const void* w, int64_t N,
                   float* out, int64_t ldo, int threads);
+void lora_add_f32(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t tokens, int64_t in,
+                  int64_t out, const int64_t* adapters, const braid::LoraWeights* weights,
+                  int threads);
 }
 
 namespace {
@@ -76,7 +82,30 @@ struct QuantDecoderBatch {
   const int64_t *rows, *kv_starts, *kv_lens, *kv_indices;
   int64_t num_rows;
   const float *cos, *sin;
+  // LoRA, or null: token t's adapter (an index into each linear's pairs, or -1), and the
+  // pairs of layer l's linear k (kLora*) at lora_weights + (l * kLoraLinears + k) * lora_count,
+  // for the first lora_layers layers.
+  const int64_t* lora_adapters;
+  const braid::LoraWeights* lora_weights;
+  int64_t lora_count, lora_layers;
 };
+
+// The linears in the order of the LoRA pairs (kernels/cpu.py's LORA_LINEARS).
+enum LoraLinear : int64_t { kLoraQkv, kLoraO, kLoraGateUp, kLoraDown, kLoraLinears };
+
+namespace {
+
+// out [M, out_size] += layer l's LoRA update of `linear` for x [M, in_size], where any.
+void add_lora(const QuantDecoderBatch& batch, int64_t l, LoraLinear linear, const float* x,
+              int64_t in_size, float* out, int64_t out_size, int threads) {
+  if (batch.lora_adapters == nullptr || l >= batch.lora_layers) return;
+  const braid::LoraWeights* pairs =
+      batch.lora_weights + (l * kLoraLinears + linear) * batch.lora_count;
+  lora_add_f32(x, in_size, out, out_size, batch.tokens, in_size, out_size, batch.lora_adapters,
+               pairs, threads);
+}
+
+}  // namespace
 
 // residual [tokens, hidden]: the embeddings, updated in place as the layers add into it.
 // out [tokens, hidden]: the last layer's MLP output (which the final norm adds in).
@@ -94,6 +123,7 @@ extern "C" void quant_decode_layers(const QuantDecoderLayer* layers, int64_t num
     add_rms_norm_f32(l == 0 ? nullptr : out, residual, L.input_norm, h.data(), M, s.hidden,
                      s.eps, threads);
     matmul(h.data(), M, s.hidden, L.qkv, qkv_size, qkv.data(), threads);
+    add_lora(*batch, l, kLoraQkv, h.data(), s.hidden, qkv.data(), qkv_size, threads);
     if (L.q_norm != nullptr) {  // in place on each token's q heads, then its k heads
       for (int64_t t = 0; t < M; ++t) {
         float* q = qkv.data() + t * qkv_size;
@@ -106,10 +136,14 @@ extern "C" void quant_decode_layers(const QuantDecoderLayer* layers, int64_t num
                           batch->rows, batch->kv_starts, batch->kv_lens, batch->kv_indices,
                           batch->num_rows, s.scale, threads);
     matmul(attn.data(), M, q_size, L.o, s.hidden, o.data(), threads);
+    add_lora(*batch, l, kLoraO, attn.data(), q_size, o.data(), s.hidden, threads);
     add_rms_norm_f32(o.data(), residual, L.post_attention_norm, h.data(), M, s.hidden, s.eps,
                      threads);
     matmul(h.data(), M, s.hidden, L.gate_up, 2 * s.intermediate, gate_up.data(), threads);
+    add_lora(*batch, l, kLoraGateUp, h.data(), s.hidden, gate_up.data(), 2 * s.intermediate,
+             threads);
     silu_mul_f32(gate_up.data(), act.data(), M, s.intermediate, threads);
     matmul(act.data(), M, s.intermediate, L.down, s.hidden, out, threads);
+    add_lora(*batch, l, kLoraDown, act.data(), s.intermediate, out, s.hidden, threads);
   }
 }

@@ -5,7 +5,8 @@ low-rank update scale * (x @ A.T) @ B.T, added after the base linear (float, qua
 anything else) has run. Our q/k/v and gate/up linears are fused, so an adapter's parts of a
 fused linear are joined into one pair: A stacks the parts' A matrices ([sum r, in]) and B
 puts each part's B (the scale folded in) on its own output rows and rank columns, zeros
-elsewhere ([out, sum r]): one pair of matmuls per fused linear and adapter.
+elsewhere ([out, sum r]): one pair of matmuls per fused linear and adapter. On the CPU, B
+is stored column-major (each rank's column contiguous), as the C++ kernel reads it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from braid import kernels
+from braid.kernels import cpu
+from braid.kernels.cpu import LORA_LINEARS
 from braid.runtime.models.config import ModelConfig
 
 # PEFT's module name -> (our fused linear, its part index within that linear).
@@ -69,6 +72,27 @@ class LoraAdapter:
     # Unique per load: part of the radix cache's namespace, so prefixes cached under an
     # adapter unloaded and loaded again (new weights, same name) are never matched.
     serial: int = field(default_factory=lambda: next(_serials))
+    # (the weights they were built from, cpu_pairs' table, the tensors it points into)
+    _cpu_pairs: tuple[dict, torch.Tensor, list[torch.Tensor]] | None = field(
+        default=None, init=False, repr=False
+    )
+
+    def cpu_pairs(self) -> torch.Tensor:
+        """Its pairs as the CPU kernel reads them (kernels/cpu.py's lora_weights), int64
+        [layers, len(LORA_LINEARS), 4], zeros where it leaves a linear alone. Built once per
+        load of its weights (float32, on the CPU), so that a step only stacks adapters'."""
+        if self._cpu_pairs is None or self._cpu_pairs[0] is not self.weights:
+            layers = 1 + max(layer for layer, _ in self.weights)
+            rows = [[(0, 0, 0, 0)] * len(LORA_LINEARS) for _ in range(layers)]
+            kept = []
+            for (layer, linear), (a, b) in self.weights.items():
+                # No copies of load_adapter's; B column-major for pairs built elsewhere.
+                a, b = a.contiguous(), b.T.contiguous().T
+                spans = cpu.lora_spans(b)
+                kept += [a, b, spans]
+                rows[layer][LORA_LINEARS.index(linear)] = cpu.lora_weights(a, b, spans)
+            self._cpu_pairs = (self.weights, torch.tensor(rows, dtype=torch.int64), kept)
+        return self._cpu_pairs[1]
 
 
 def load_adapter(
@@ -145,7 +169,10 @@ def load_adapter(
         for p in sorted(by_part):
             b[row_starts[p] : row_starts[p + 1], column : column + rank] = by_part[p][1] * scale
             column += rank
-        weights[layer, linear] = (a.to(device, dtype), b.to(device, dtype))
+        a, b = a.to(device, dtype), b.to(device, dtype)
+        if b.device.type == "cpu":
+            b = b.T.contiguous().T
+        weights[layer, linear] = (a, b)
     return LoraAdapter(name, str(path), rank, scale, tuple(targets), weights)
 
 
@@ -169,9 +196,12 @@ class LoraBatch:
 
     On CUDA every adapter of a linear is one segmented-matmul launch pair (kernels/lora.py)
     over `segments`: runs of consecutive rows under one adapter, (start, length, index into
-    `adapters`). On the CPU the update is a gather, two matmuls and a scatter per adapter in
-    torch (`groups`: rows a slice when they are one run): per-run matmuls cost more there
-    once a batch interleaves adapters (docs/benchmarks.md has the figures)."""
+    `adapters`). On the CPU in float32, one call of the C++ kernel a linear over every row
+    (kernels/cpu_lora.cpp): each row's adapter in `row_adapters` and the adapters' pairs
+    stacked in `cpu_pairs`, which kernels/cpu_decoder.cpp takes too. Otherwise (bfloat16, or
+    no compiler) the update is a gather, two matmuls and a scatter per adapter in torch
+    (`groups`: rows a slice when they are one run): per-run matmuls cost more there once a
+    batch interleaves adapters (docs/benchmarks.md has the figures)."""
 
     def __init__(
         self,
@@ -179,14 +209,24 @@ class LoraBatch:
         segments: list[tuple[int, int, int]],
         device: torch.device,
         segmented: bool | None = None,
+        cpu_kernel: bool = True,
+        num_rows: int | None = None,
     ) -> None:
         """`segmented`: the Triton kernel (default: on CUDA; tests run it in triton's
-        interpreter on the CPU)."""
+        interpreter on the CPU). `cpu_kernel`: the C++ kernel where it applies (on the CPU,
+        float32 adapters, the CPU kernels built); False keeps torch's path. `num_rows`: the
+        batch's rows (default: to the last segment's end; rows past it are the base's)."""
         self.adapters, self.segments = adapters, segments
         self.segmented = device.type == "cuda" if segmented is None else segmented
         self.groups: list[tuple[LoraAdapter, slice | torch.Tensor]] = []
         self._device = device
-        if not self.segmented:
+        # The CPU kernels when the C++ kernel serves this batch, else None.
+        self.cpu_kernels: cpu.CpuKernels | None = None
+        if cpu_kernel and device.type == "cpu" and not self.segmented and _float32(adapters):
+            self.cpu_kernels = cpu.load()
+        if self.cpu_kernels is not None:
+            self._prepare_cpu_kernel(num_rows or max(start + n for start, n, _ in segments))
+        elif not self.segmented:
             runs: dict[int, list[tuple[int, int]]] = {}
             for start, length, i in segments:
                 runs.setdefault(i, []).append((start, length))
@@ -222,11 +262,30 @@ class LoraBatch:
             start += n
         if not segments:
             return None
-        return cls(list(index), segments, device)
+        return cls(list(index), segments, device, num_rows=start)
+
+    def _prepare_cpu_kernel(self, num_rows: int) -> None:
+        """`row_adapters` int64 [T]: each row's index into `adapters`, -1 for the base's;
+        `cpu_pairs` int64 [layers, len(LORA_LINEARS), N, 4]: adapter i's pair of each layer's
+        linear, zeros where it has none."""
+        rows = [-1] * num_rows
+        for start, n, i in self.segments:
+            rows[start : start + n] = [i] * n
+        self.row_adapters = torch.tensor(rows, dtype=torch.int64)
+        tables = [a.cpu_pairs() for a in self.adapters]
+        layers = max(t.shape[0] for t in tables)
+        self.cpu_pairs = torch.zeros(layers, len(LORA_LINEARS), len(tables), 4, dtype=torch.int64)
+        for i, table in enumerate(tables):
+            self.cpu_pairs[: table.shape[0], :, i] = table
 
     def add(self, y: torch.Tensor, x: torch.Tensor, layer: int, linear: str) -> None:
         """y [T, out] (the base linear's output for x [T, in]) += each adapter's update on its
         own rows, in place."""
+        if self.cpu_kernels is not None:
+            if layer < self.cpu_pairs.shape[0]:
+                pairs = self.cpu_pairs[layer, LORA_LINEARS.index(linear)]
+                self.cpu_kernels.lora_add(y, x, self.row_adapters, pairs)
+            return
         if self.segmented:
             stacked = self._stack(layer, linear)
             if stacked is not None:
@@ -264,6 +323,11 @@ class LoraBatch:
             kept = [(start, n, slot[i]) for start, n, i in self.segments if i in slot]
             self._segments[present] = torch.tensor(kept, dtype=torch.int32).to(self._device)
         return self._segments[present]
+
+
+def _float32(adapters: list[LoraAdapter]) -> bool:
+    """Whether the adapters' weights are float32 (each adapter's are all of one dtype)."""
+    return all(next(iter(a.weights.values()))[0].dtype == torch.float32 for a in adapters)
 
 
 def _padded_stack(

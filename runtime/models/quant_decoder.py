@@ -4,7 +4,8 @@ batch of decode rows in one call into the CPU kernels (kernels/cpu_decoder.cpp).
 Batch-1 decoding of the default model's GGUF spends ~8 ms a step in the kernels; calling
 them layer by layer from Python added ~3 ms. Every other batch (prefill chunks, tree
 extends, decodes sharing a long prefix, which the attention scores in torch) takes the
-layer-by-layer path, whose results this one reproduces.
+layer-by-layer path, whose results this one reproduces, LoRA updates included: the same C++
+kernel adds them after each linear (runtime/models/lora.py's LoraBatch holds the tables).
 """
 
 from __future__ import annotations
@@ -61,7 +62,10 @@ class QuantDecoder:
         return cls(model)
 
     def serves(self, batch: ForwardBatch) -> bool:
-        """Whether `batch` is decode rows the kernels attend one by one."""
+        """Whether `batch` is decode rows the kernels attend one by one, with no LoRA rows or
+        with those the C++ kernel updates (float32 adapters)."""
+        if batch.lora is not None and batch.lora.cpu_kernels is None:
+            return False
         return batch.all_decodes and batch.metadata(self.attention).decodes_by_row
 
     def __call__(
@@ -71,10 +75,12 @@ class QuantDecoder:
         embeddings) is updated in place; returns the last layer's MLP output."""
         meta = batch.metadata(self.attention)
         rotary = self.model.rotary
+        lora = batch.lora
+        pairs = None if lora is None else (lora.row_adapters, lora.cpu_pairs)
         return self.attention.lib.quant_decode_layers(
             self._layers_for(kv), num_layers, self.shape, residual, batch.positions,
             batch.out_slots, meta.decode_rows, meta.decode_kv_starts, meta.decode_kv_lens,
-            batch.kv_indices, rotary.cos, rotary.sin,
+            batch.kv_indices, rotary.cos, rotary.sin, pairs,
         )  # fmt: skip
 
     def _layers_for(self, kv: KVPool):

@@ -216,6 +216,89 @@ def test_argmax_matches_torch(path_lib, threads, dtype):
         path_lib.argmax(wide.t())
 
 
+def lora_case(tokens: int, in_features: int, out_features: int, seed: int = 0):
+    """Adapters of ranks 4, 8, 3 and 16 and one that leaves the linear alone (index 4), B
+    column-major as lora_add reads it; the rank-8 one's B in two blocks, as a fused linear's
+    (its first 4 rank columns on the first 40% of the rows, the others below; one column all
+    zeros). Each token's adapter: runs of one at the start (whole and partial tiles of
+    tokens), then interleaved at random, base rows (-1) among them."""
+    g = torch.Generator().manual_seed(seed)
+    pairs = [
+        (randn(r, in_features, seed=seed + r), randn(r, out_features, seed=seed + 50 + r).T * 0.1)
+        for r in (4, 8, 3, 16)
+    ]
+    split = out_features * 2 // 5
+    pairs[1][1][split:, :4] = 0
+    pairs[1][1][:split, 4:] = 0
+    pairs[1][1][:, 6] = 0
+    pairs.append(None)
+    adapters = torch.randint(-1, len(pairs), (tokens,), generator=g)
+    adapters[:11] = torch.tensor([0, 0, 0, 0, 1, 1, 1, -1, 3, 3, 2])[:tokens]
+    spans = [cpu.lora_spans(p[1]) if p else None for p in pairs]
+    packed = [
+        cpu.lora_weights(*p, s) if p else (0, 0, 0, 0) for p, s in zip(pairs, spans, strict=True)
+    ]
+    table = torch.tensor(packed)
+    return pairs, adapters, (table, spans)
+
+
+@pytest.mark.parametrize(
+    "tokens, in_features, out_features",
+    [(1, 100, 72), (13, 100, 72), (300, 96, 130), (37, 576, 960)],
+    ids=["decode-1", "ragged-widths", "long-rows-partial-chunk", "model-widths"],
+)
+def test_lora_add_matches_twin(path_lib, threads, tokens, in_features, out_features):
+    pairs, adapters, (table, _spans) = lora_case(tokens, in_features, out_features)
+    # x and y strided: column slices of wider rows, as a fused linear's parts would be.
+    x = randn(tokens, in_features + 7, seed=1)[:, 3 : 3 + in_features]
+    y = randn(tokens, out_features + 5, seed=2)[:, :out_features]
+    want = y.clone()
+    reference.lora_rows(x, want, adapters, pairs)
+    before = y.clone()
+    path_lib.lora_add(y, x, adapters, table)
+    torch.testing.assert_close(y, want, atol=1e-4, rtol=1e-4)
+    # Rows without an adapter, or whose adapter leaves the linear alone: untouched, bit for bit.
+    untouched = (adapters < 0) | (adapters == len(pairs) - 1)
+    assert torch.equal(y[untouched], before[untouched])
+
+
+def test_lora_add_results_do_not_depend_on_the_thread_count(path_lib):
+    """Each token's sums are one thread's, in a fixed order: the same bits with 1 or 2."""
+    pairs, adapters, (table, _spans) = lora_case(64, 576, 1536, seed=3)
+    x = randn(64, 576, seed=4)
+    outs = []
+    before = torch.get_num_threads()
+    for n in (1, 2):
+        torch.set_num_threads(n)
+        y = randn(64, 1536, seed=5)
+        path_lib.lora_add(y, x, adapters, table)
+        outs.append(y)
+    torch.set_num_threads(before)
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_lora_spans_bound_each_rank_columns_nonzero_rows():
+    b = torch.zeros(10, 3)
+    b[2:5, 0], b[7, 0], b[0, 2], b[9, 2] = 1.0, -1.0, 2.0, 3.0
+    assert cpu.lora_spans(b).tolist() == [[2, 8], [0, 0], [0, 10]]
+
+
+def test_lora_add_refuses_what_it_cannot_read(lib):
+    a, b = randn(4, 16), randn(8, 4)
+    spans = cpu.lora_spans(b)
+    with pytest.raises(ValueError, match="column-major"):
+        cpu.lora_weights(a, b, spans)  # B row-major
+    with pytest.raises(ValueError, match="float32"):
+        cpu.lora_weights(a.to(torch.bfloat16), b.T.contiguous().T.to(torch.bfloat16), spans)
+    with pytest.raises(ValueError, match="spans"):
+        cpu.lora_weights(a, b.T.contiguous().T, spans[:2])
+    table = torch.tensor([cpu.lora_weights(a, b.T.contiguous().T, spans)])
+    with pytest.raises(ValueError, match="adapter index a token"):
+        lib.lora_add(randn(3, 8), randn(3, 16), torch.zeros(2, dtype=torch.int64), table)
+    with pytest.raises(ValueError, match="unit columns"):
+        lib.lora_add(randn(8, 3).T, randn(3, 16), torch.zeros(3, dtype=torch.int64), table)
+
+
 def test_bad_inputs_are_refused_by_name(lib):
     x = randn(4, 8)
     with pytest.raises(ValueError, match="contiguous CPU torch.float32"):

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from braid.kernels import reference
+from braid.kernels.cpu import LORA_LINEARS
 from braid.kernels.lora import lora_segmented
 from braid.runtime.models.lora import LoraAdapter, LoraBatch
 
@@ -72,8 +73,10 @@ def test_twin_is_each_adapters_update_on_its_rows():
     torch.testing.assert_close(y, expected)
 
 
-def test_lora_batch_segmented_equals_grouped(device):
-    """LoraBatch's two paths on one batch: the kernel (CUDA) and torch's index_add_ (CPU)."""
+@pytest.mark.parametrize("cpu_kernel", [False, True], ids=["torch", "cpu-kernel"])
+def test_lora_batch_segmented_equals_grouped(device, cpu_kernel):
+    """LoraBatch's paths on one batch: the Triton kernel against torch's index_add_, or (on
+    the CPU) the C++ kernel."""
     g = torch.Generator().manual_seed(2)
 
     def adapter(name: str, rank: int, linears: list[str]) -> LoraAdapter:
@@ -86,19 +89,25 @@ def test_lora_batch_segmented_equals_grouped(device):
         }
         return LoraAdapter(name, name, rank, 1.0, (), weights)
 
-    p = adapter("p", 2, ["qkv", "down"])
-    q = adapter("q", 8, ["qkv", "gate"])
-    r = adapter("r", 4, ["qkv", "down"])
+    qkv, o, gate_up, down = LORA_LINEARS
+    p = adapter("p", 2, [qkv, down])
+    q = adapter("q", 8, [qkv, gate_up])
+    r = adapter("r", 4, [qkv, down])
     # Runs of one adapter across sequences, base rows between, an empty sequence; q leaves
-    # "down" alone and is alone on "gate" (its weights unstacked).
+    # down alone and is alone on gate_up (its weights unstacked).
     seqs = [(p, 3), (p, 1), (None, 2), (q, 4), (r, 1), (None, 0), (p, 2), (q, 0), (r, 5)]
     adapters, lens = [a for a, _ in seqs], [n for _, n in seqs]
     x = torch.randn(sum(lens), 32, generator=g).to(device)
     y = torch.randn(sum(lens), 48, generator=g).to(device)
-    grouped = LoraBatch.of(adapters, lens, torch.device(device))
-    segmented = LoraBatch(grouped.adapters, grouped.segments, x.device, segmented=True)
-    assert grouped.segments == [(0, 4, 0), (6, 4, 1), (10, 1, 2), (11, 2, 0), (13, 5, 2)]
-    for linear in ("qkv", "down", "gate", "o"):
+    of = LoraBatch.of(adapters, lens, torch.device(device))
+    assert of.segments == [(0, 4, 0), (6, 4, 1), (10, 1, 2), (11, 2, 0), (13, 5, 2)]
+    grouped = LoraBatch(
+        of.adapters, of.segments, x.device, segmented=False, cpu_kernel=cpu_kernel,
+        num_rows=x.shape[0],
+    )  # fmt: skip
+    assert (grouped.cpu_kernels is not None) == (cpu_kernel and device == "cpu")
+    segmented = LoraBatch(of.adapters, of.segments, x.device, segmented=True)
+    for linear in LORA_LINEARS:
         want, got = y.clone(), y.clone()
         grouped.add(want, x, 0, linear)
         segmented.add(got, x, 0, linear)

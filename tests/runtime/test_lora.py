@@ -228,7 +228,7 @@ def test_load_and_unload(engine, adapters, tiny_model_path):
 
 def test_quantized_base_with_float_updates(tiny_model_path, adapters):
     """int8 linears (the one-call decoder among them) plus float LoRA updates: close to
-    PEFT's merged float model, and the base rows of the batch still take the decoder."""
+    PEFT's merged float model."""
     path, merged = adapters["all"]
     e = Engine(
         model=str(tiny_model_path), device="cpu", quantization="int8", max_kv_tokens=1024,
@@ -247,8 +247,8 @@ def test_quantized_base_with_float_updates(tiny_model_path, adapters):
         assert (torch.tensor(got) - want).abs().mean() < 0.2 * (
             torch.tensor(base) - want
         ).abs().mean()
-        # Decode steps under the adapter (the per-layer path, not the one-call decoder) give
-        # the logprobs a prefill of the same tokens gives.
+        # Decode steps under the adapter (the one-call decoder, LoRA updates inside) give the
+        # logprobs a prefill of the same tokens (the layer-by-layer path) gives.
         params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=True)
         out = e.generate(ids, params, lora="all")
         again = SamplingParams(max_tokens=1, prompt_logprobs_from=len(ids))

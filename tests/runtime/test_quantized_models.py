@@ -23,6 +23,7 @@ from braid.runtime.gguf_file import load_quantized, unpermute_rope
 from braid.runtime.kv_cache import KVPool
 from braid.runtime.model_loader import load_model, load_model_config
 from braid.runtime.models import LlamaForCausalLM, ModelConfig, quantized
+from braid.runtime.models.lora import LoraAdapter, LoraBatch
 from braid.runtime.models.ops import layer_ops
 from braid.runtime.models.quantized import QuantEmbedding, QuantLinear, QuantStack
 from braid.runtime.quantization import resolve_quantization
@@ -340,6 +341,86 @@ def test_quant_decoder_equals_the_layer_by_layer_path(make_tiny_model, variant, 
             assert torch.equal(got, want)
         else:
             torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def random_adapter(config: ModelConfig, rank: int, linears: tuple[str, ...], seed: int):
+    """An adapter of `rank` on `linears` of every layer, its updates as large as the base's."""
+    g = torch.Generator().manual_seed(seed)
+    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    hidden, inter = config.hidden_size, config.intermediate_size
+    sizes = {
+        cpu.LORA_LINEARS[0]: (hidden, q + 2 * kv),
+        cpu.LORA_LINEARS[1]: (q, hidden),
+        cpu.LORA_LINEARS[2]: (hidden, 2 * inter),
+        cpu.LORA_LINEARS[3]: (inter, hidden),
+    }
+    weights = {
+        (layer, linear): (
+            torch.randn(rank, sizes[linear][0], generator=g) / sizes[linear][0] ** 0.5,
+            torch.randn(sizes[linear][1], rank, generator=g) * 0.5,
+        )
+        for layer in range(config.num_layers)
+        for linear in linears
+    }
+    return LoraAdapter(f"r{rank}", "", rank, 1.0, (), weights)
+
+
+@pytest.mark.parametrize("variant", ["llama", "qwen3"])
+def test_quant_decoder_with_lora_equals_the_layer_by_layer_path(make_tiny_model, variant):
+    """Decode rows under three adapters (one on two linears only) and none, interleaved: the
+    one-call stack adds the same updates as the layer path, bit for bit (Qwen3: close)."""
+    path = make_tiny_model(variant)
+    config = load_model_config(path)
+    model = load_model(path, config, torch.float32, torch.device("cpu"), quantization="int8")
+    decoder = model.decoder
+    kv = KVPool(config.num_layers, 512, config.num_kv_heads, config.head_dim, torch.float32, "cpu")
+    qkv, o, gate_up, down = cpu.LORA_LINEARS
+    adapters = [
+        random_adapter(config, 4, cpu.LORA_LINEARS, seed=1),
+        random_adapter(config, 8, cpu.LORA_LINEARS, seed=2),
+        random_adapter(config, 3, (qkv, down), seed=3),
+    ]
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, config.vocab_size, (n,), generator=gen).tolist() for n in
+               (5, 12, 30, 7, 19, 3, 9)]  # fmt: skip
+    tables = [kv.allocate(len(p) + 1) for p in prompts]
+    model(ForwardBatch.build(prompts, [t[:-1] for t in tables]), kv)
+    chosen = [adapters[0], adapters[1], None, adapters[2], adapters[0], adapters[0], None]
+
+    def decode(rows: list[int], lora: bool) -> torch.Tensor:
+        under = [chosen[r] if lora else None for r in rows]
+        batch = ForwardBatch.build(
+            [[7 + r] for r in rows], [tables[r] for r in rows],
+            lora=LoraBatch.of(under, [1] * len(rows), torch.device("cpu")),
+        )  # fmt: skip
+        assert decoder.serves(batch)
+        return model(batch, kv)
+
+    for rows in ([0], [3], [1, 2, 3], [0, 1, 2, 3, 4, 5, 6]):
+        got = decode(rows, lora=True)
+        model.decoder = None
+        want = decode(rows, lora=True)
+        model.decoder = decoder
+        if variant == "llama":
+            assert torch.equal(got, want)
+        else:
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        base = decode(rows, lora=False)
+        for i, r in enumerate(rows):  # the adapters' rows changed, the base's not
+            assert torch.equal(got[i], base[i]) == (chosen[r] is None)
+
+
+def test_quant_decoder_leaves_bfloat16_adapters_to_the_layer_path(make_tiny_model):
+    path = make_tiny_model("llama")
+    config = load_model_config(path)
+    model = load_model(path, config, torch.float32, torch.device("cpu"), quantization="int8")
+    kv = KVPool(config.num_layers, 64, config.num_kv_heads, config.head_dim, torch.float32, "cpu")
+    adapter = random_adapter(config, 4, cpu.LORA_LINEARS, seed=1)
+    adapter.weights = {k: (a.bfloat16(), b.bfloat16()) for k, (a, b) in adapter.weights.items()}
+    lora = LoraBatch.of([adapter], [1], torch.device("cpu"))
+    assert lora.cpu_kernels is None
+    batch = ForwardBatch.build([[7]], [kv.allocate(1)], lora=lora)
+    assert not model.decoder.serves(batch)
 
 
 def test_quant_decoder_only_for_fully_quantized_float32_models(tiny_model_path):
