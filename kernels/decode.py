@@ -4,6 +4,9 @@ Stage 1 splits each sequence's context into `num_splits` chunks; a program takes
 (sequence, KV head, chunk) and all the query heads that share the KV head (GQA), so each K/V
 row is read once per group. It writes the chunk's normalised output and its log-sum-exp.
 Stage 2 merges a sequence's chunks by their log-sum-exp weights.
+
+Options: a sliding window (only the `window` latest slots are read) and soft-capped scores
+(cap * tanh(score / cap), Gemma 2).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ def _decode_split_kernel(
     part_out_ptr,  # [B, H, NUM_SPLITS, D] fp32
     part_lse_ptr,  # [B, H, NUM_SPLITS] fp32
     scale,
+    window,  # read when HAS_WINDOW: the latest slots a token sees, itself included
+    softcap,  # read when HAS_SOFTCAP
     stride_qb,
     stride_qh,
     stride_ks,
@@ -32,6 +37,8 @@ def _decode_split_kernel(
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -42,6 +49,10 @@ def _decode_split_kernel(
     split = tl.program_id(2)
     kv_start = tl.load(kv_indptr_ptr + b)
     length = tl.load(kv_indptr_ptr + b + 1) - kv_start
+    if HAS_WINDOW:  # the slots before the window are skipped, not masked
+        hidden = tl.maximum(length - window, 0)
+        kv_start += hidden
+        length -= hidden
     # Whole blocks per chunk: a short context fills the first splits and leaves the rest empty
     # (cheap) instead of spreading a few tokens over every split; a CUDA graph fixes
     # NUM_SPLITS for contexts of any length.
@@ -79,6 +90,8 @@ def _decode_split_kernel(
             other=0.0,
         )
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [G, N]
+        if HAS_SOFTCAP:
+            s = soft_cap(s, softcap)
         s = tl.where(n_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         p = tl.exp(s - m_new[:, None])
@@ -97,6 +110,15 @@ def _decode_split_kernel(
         part_out_ptr + row[:, None] * HEAD_DIM + d[None, :], out, mask=g_ok[:, None] & d_ok[None, :]
     )
     tl.store(part_lse_ptr + row, lse, mask=g_ok)
+
+
+@triton.jit
+def soft_cap(s, cap):
+    """cap * tanh(s / cap), tanh from one exp (stable at both ends)."""
+    x = s / cap
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return cap * tl.where(x >= 0, t, -t)
 
 
 @triton.jit
@@ -136,13 +158,16 @@ def decode_attention(
     kv_indices: torch.Tensor,
     scale: float,
     num_splits: int | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Attention of one query token per sequence over its slots in the KV pool.
 
     q: [B, H, D]; k_cache, v_cache: [S, Hkv, D] (the pool of one layer); sequence b's context
     lives in slots kv_indices[kv_indptr[b]:kv_indptr[b + 1]] (at least one), its new token's
     K/V already stored. Returns [B, H, D] in q's dtype. `num_splits` chunks per sequence
-    (default: from the mean context length) only change the speed.
+    (default: from the mean context length) only change the speed. `window`: only the last
+    `window` slots are seen; `softcap`: scores become softcap * tanh(score / softcap).
     """
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("attention kernels need unit stride along head_dim")
@@ -170,6 +195,8 @@ def decode_attention(
         part_out,
         part_lse,
         scale,
+        window or 0,
+        softcap or 0.0,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -179,6 +206,8 @@ def decode_attention(
         GROUP=group,
         HEAD_DIM=head_dim,
         NUM_SPLITS=num_splits,
+        HAS_WINDOW=window is not None,
+        HAS_SOFTCAP=softcap is not None,
         BLOCK_G=max(16, triton.next_power_of_2(group)),  # tl.dot needs 16 rows
         BLOCK_D=block_d,
         BLOCK_N=64 if block_d <= 128 else 32,

@@ -4,6 +4,9 @@ A program takes a block of one sequence's new tokens and one KV head with all th
 that share it (GQA): its rows are (token, head) pairs, so each K/V tile is read once per group.
 The K/V of the new tokens are read from the pool like the prefix's (store them first), so a
 decode row is an extend of length 1 and a hybrid batch is one launch.
+
+Options: a sliding window over positions (a key is seen when the query's position minus the
+key's is below `window`; keys wholly before it are skipped) and soft-capped scores.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from braid.kernels.decode import soft_cap
 
 
 @triton.jit
@@ -24,7 +29,10 @@ def _extend_kernel(
     kv_indices_ptr,  # [sum L]
     mask_ptr,  # uint8 [sum n * n] when HAS_MASK
     mask_indptr_ptr,  # [B + 1] when HAS_MASK
+    pos_ptr,  # [T] the new tokens' positions, when HAS_WINDOW and HAS_MASK
     scale,
+    window,  # read when HAS_WINDOW
+    softcap,  # read when HAS_SOFTCAP
     stride_qt,
     stride_qh,
     stride_ks,
@@ -36,6 +44,8 @@ def _extend_kernel(
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HAS_MASK: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -70,10 +80,18 @@ def _extend_kernel(
         end = length
     else:  # causal: the block's last token sees up to itself
         end = prefix + tl.minimum(first + BLOCK_M, num_new)
+    lo = 0
+    if HAS_WINDOW:
+        if HAS_MASK:  # a tree node sits at prefix + its depth, at least prefix
+            q_pos = tl.load(pos_ptr + q_start + i, mask=row_ok, other=0)
+            lo = tl.maximum(prefix - window + 1, 0)
+        else:
+            q_pos = prefix + i
+            lo = tl.maximum(prefix + first - window + 1, 0)
     m = tl.zeros([BLOCK_M * BLOCK_G], tl.float32) + float("-inf")
     denom = tl.zeros([BLOCK_M * BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_M * BLOCK_G, BLOCK_D], tl.float32)
-    for start in range(0, end, BLOCK_N):
+    for start in range(lo, end, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         n_ok = n < end
         slots = tl.load(kv_indices_ptr + kv_start + n, mask=n_ok, other=0).to(tl.int64)
@@ -89,6 +107,8 @@ def _extend_kernel(
             other=0.0,
         )
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [R, N]
+        if HAS_SOFTCAP:
+            s = soft_cap(s, softcap)
         j = n[None, :] - prefix  # new-token index of the key; < 0 in the prefix
         if HAS_MASK:
             among_new = (j >= 0) & n_ok[None, :] & row_ok[:, None]
@@ -98,6 +118,12 @@ def _extend_kernel(
             visible = (j < 0) | (allowed != 0)
         else:
             visible = j <= i[:, None]
+        if HAS_WINDOW:
+            k_pos = n[None, :]  # a prefix key's (and a causal new token's) position
+            if HAS_MASK:
+                node = (j >= 0) & n_ok[None, :]
+                k_pos = tl.where(node, tl.load(pos_ptr + q_start + j, mask=node, other=0), k_pos)
+            visible = visible & (q_pos[:, None] - k_pos < window)
         s = tl.where(visible & n_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet
@@ -125,6 +151,9 @@ def extend_attention(
     scale: float,
     mask: torch.Tensor | None = None,
     max_new: int | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of the new tokens of B sequences over their whole context.
 
@@ -136,7 +165,10 @@ def extend_attention(
     [sum(n_b * n_b)], sequence b's n_b x n_b row-major block after the blocks of the sequences
     before it, entry [i, j] set when new token i may see new token j (a speculative tree's
     ancestor-or-self matrix; set the diagonal). A decode row's block is [[1]].
-    `max_new` (max n_b) saves a device read when the caller knows it. Returns [T, H, D].
+    `max_new` (max n_b) saves a device read when the caller knows it. `window`: a new token
+    at position p sees the keys at positions above p - window (a prefix key's position is its
+    index; with `mask`, the new tokens' are `positions` [T], which is then required).
+    `softcap`: scores become softcap * tanh(score / softcap). Returns [T, H, D].
     """
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("attention kernels need unit stride along head_dim")
@@ -156,6 +188,11 @@ def extend_attention(
         torch.cumsum(new_lens * new_lens, 0, out=mask_indptr[1:])
     else:
         mask, mask_indptr = qo_indptr, qo_indptr  # placeholders, never read
+    if window is not None and has_mask:
+        if positions is None:
+            raise ValueError("extend_attention: a window over a tree mask needs positions")
+    else:
+        positions = qo_indptr  # a placeholder, never read
     block_g = triton.next_power_of_2(group)
     block_m = max(1, 64 // block_g)  # 64 (token, head) rows a program
     block_d = triton.next_power_of_2(head_dim)
@@ -170,7 +207,10 @@ def extend_attention(
         kv_indices,
         mask,
         mask_indptr,
+        positions,
         scale,
+        window or 0,
+        softcap or 0.0,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -182,6 +222,8 @@ def extend_attention(
         GROUP=group,
         HEAD_DIM=head_dim,
         HAS_MASK=has_mask,
+        HAS_WINDOW=window is not None,
+        HAS_SOFTCAP=softcap is not None,
         BLOCK_G=block_g,
         BLOCK_M=block_m,
         BLOCK_D=block_d,

@@ -2,8 +2,10 @@
 weights, converted once into an HF directory, or loaded with their quantization kept.
 
 transformers reads a GGUF's config and tokenizer; the weights are read here with the `gguf`
-package. llama.cpp stores q/k projection rows permuted for its RoPE layout; they are put back
-in the half-split layout our forward uses.
+package. llama.cpp stores a Llama's q/k projection rows permuted for its RoPE layout; they are
+put back in the half-split layout our forward uses. Gemma 2/3 files (llama.cpp's "gemma2" and
+"gemma3") keep q/k as they are, store every norm weight as 1 + w (ours are w, as
+transformers'), and leave some settings to llama.cpp's defaults for the family (_GEMMA_CONFIG).
 """
 
 from __future__ import annotations
@@ -44,6 +46,20 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+}
+# Gemma's layers: both norms around attention and around the MLP, and Gemma 3's q/k norms.
+_GEMMA_LAYER_NAMES = _LAYER_NAMES | {
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+}
+# transformers' model_type of a GGUF's config -> (llama.cpp's architecture, HF architecture).
+_ARCHITECTURES = {
+    "llama": ("llama", "LlamaForCausalLM"),
+    "gemma2": ("gemma2", "Gemma2ForCausalLM"),
+    "gemma3_text": ("gemma3", "Gemma3ForCausalLM"),
 }
 _TOP_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -106,10 +122,11 @@ def float_weights(model_dir: Path) -> Path:
         raise FileNotFoundError(f"{model_dir} has no {FLOAT_WEIGHTS} and no GGUF file to make it")
     config = json.loads((model_dir / "config.json").read_text())
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    gemma = _is_gemma(config["architectures"][0])
     log.info("dequantizing %s to float32 into %s (once)", gguf_path, target)
     tensors = {
         name: torch.tensor(w)  # a copy: w may view the read-only file
-        for name, w in _dequantized(gguf_path, heads, kv_heads)
+        for name, w in _dequantized(gguf_path, heads, kv_heads, gemma)
     }
     tmp = target.with_suffix(f".{os.getpid()}.tmp")
     save_file(tensors, str(tmp), metadata={"format": "pt"})
@@ -153,8 +170,9 @@ def load_quantized(
     tensors parameters in `dtype`. The QuantLinears at the module paths in `skip` are left
     empty (their blocks come from elsewhere: runtime/packed_weights.py)."""
     config = model.config
+    gemma = _is_gemma(config.architecture)
     # By our module paths (HF names without "model.").
-    tensors = {hf_name(t.name).removeprefix("model."): t for t in read_tensors(gguf_path)}
+    tensors = {hf_name(t.name, gemma).removeprefix("model."): t for t in read_tensors(gguf_path)}
 
     def kept(name: str) -> str | None:
         t = tensors.get(name)
@@ -220,7 +238,10 @@ def _hf(name: str) -> str:
 
 
 def _float(t: GGUFTensor, name: str, config: ModelConfig) -> torch.Tensor:
-    return torch.tensor(_rows_in_our_order(name, _floats(t), config))  # a copy: t is read-only
+    w = _rows_in_our_order(name, _floats(t), config)
+    if _is_gemma(config.architecture) and name.endswith("norm.weight"):
+        w = w - 1  # llama.cpp stores Gemma's norms as 1 + w
+    return torch.tensor(w)  # a copy: t is read-only
 
 
 def _floats(t: GGUFTensor) -> np.ndarray:
@@ -232,7 +253,9 @@ def _floats(t: GGUFTensor) -> np.ndarray:
 
 
 def _rows_in_our_order(name: str, w: np.ndarray, config: ModelConfig) -> np.ndarray:
-    """A tensor's rows put back from llama.cpp's RoPE order (q and k projections)."""
+    """A tensor's rows put back from llama.cpp's RoPE order (a Llama's q and k projections)."""
+    if _is_gemma(config.architecture):
+        return w
     if name.endswith("q_proj.weight"):
         return unpermute_rope(w, config.num_heads)
     if name.endswith("k_proj.weight"):
@@ -255,34 +278,103 @@ def _save_config_and_tokenizer(gguf_path: Path, out_dir: Path):
         raise ValueError(
             f"{gguf_path}: transformers cannot read its config and tokenizer: {e}"
         ) from e
-    if config.model_type != "llama":
+    if config.model_type not in _ARCHITECTURES:
         raise ValueError(
-            f"{gguf_path}: only llama GGUF files are supported, not {config.model_type}"
+            f"{gguf_path}: GGUF files of {config.model_type} are unsupported; braid reads "
+            f"{', '.join(arch for arch, _ in _ARCHITECTURES.values())}"
         )
-    config.architectures = ["LlamaForCausalLM"]
+    arch, hf_arch = _ARCHITECTURES[config.model_type]
+    config.architectures = [hf_arch]
     config.save_pretrained(out_dir)
+    if arch != "llama":
+        _complete_gemma_config(gguf_path, arch, out_dir)
     return config
 
 
-def _dequantized(gguf_path: Path, num_heads: int, num_kv_heads: int):
-    """(HF name, float32 weight) of every tensor, q/k rows back in the half-split layout."""
+def _metadata(gguf_path: Path) -> dict:
+    """The file's key/value metadata (tokenizer arrays left out; the reader parses them all,
+    seconds for a large vocabulary: read once, at conversion)."""
+    import gguf
+
+    reader = gguf.GGUFReader(gguf_path)
+    return {
+        name: field.contents()
+        for name, field in reader.fields.items()
+        if not name.startswith("tokenizer.ggml.") and not name.startswith("GGUF.")
+    }
+
+
+def _is_gemma(architecture: str) -> bool:
+    return architecture.startswith("Gemma")
+
+
+def _complete_gemma_config(gguf_path: Path, arch: str, out_dir: Path) -> None:
+    """What transformers' GGUF reader leaves out of a Gemma config.json, as llama.cpp reads
+    the file (src/llama-model.cpp): query scaling by the head size (by hidden / heads for
+    Gemma 3 27B, 62 layers), the soft-caps, Gemma 3's sliding-window pattern (every sixth
+    layer global, unless the file says), the local rope base 10,000 and the global layers'
+    rope scaling; <end_of_turn> ends generation as it does there."""
+    meta = _metadata(gguf_path)
+    file = out_dir / "config.json"
+    config = json.loads(file.read_text())
+    layers, hidden = config["num_hidden_layers"], config["hidden_size"]
+    head_dim = meta.get(f"{arch}.attention.key_length") or config["head_dim"]
+    config["head_dim"] = head_dim
+    big = arch == "gemma3" and layers == 62
+    config["query_pre_attn_scalar"] = hidden // config["num_attention_heads"] if big else head_dim
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if f"{arch}.{key}" in meta:
+            config[key] = float(meta[f"{arch}.{key}"])
+        elif arch == "gemma3":
+            config[key] = None
+    if f"{arch}.attention.sliding_window" in meta:
+        config["sliding_window"] = int(meta[f"{arch}.attention.sliding_window"])
+    if arch == "gemma3":
+        pattern = int(meta.get(f"{arch}.attention.sliding_window_pattern", 6))
+        config["layer_types"] = [
+            "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)
+        ]
+        theta = float(meta.get(f"{arch}.rope.freq_base", 1e6))
+        full = {"rope_type": "default", "rope_theta": theta}
+        if meta.get(f"{arch}.rope.scaling.type") == "linear":
+            full |= {"rope_type": "linear", "factor": float(meta[f"{arch}.rope.scaling.factor"])}
+        config["rope_parameters"] = {
+            "full_attention": full,
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        }
+    tokens = json.loads((out_dir / "tokenizer.json").read_text())["model"]["vocab"]
+    end_of_turn = tokens.get("<end_of_turn>") if isinstance(tokens, dict) else None
+    eos = config.get("eos_token_id")
+    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    if end_of_turn is not None and end_of_turn not in eos:
+        config["eos_token_id"] = [*eos, end_of_turn]
+    file.write_text(json.dumps(config, indent=2))
+
+
+def _dequantized(gguf_path: Path, num_heads: int, num_kv_heads: int, gemma: bool = False):
+    """(HF name, float32 weight) of every tensor, q/k rows back in the half-split layout
+    (a Llama's), norms back to w (a Gemma's)."""
     for t in read_tensors(gguf_path):
-        name = hf_name(t.name)
+        name = hf_name(t.name, gemma)
         w = _floats(t)
-        if name.endswith("q_proj.weight"):
+        if gemma:
+            if name.endswith("norm.weight"):
+                w = w - 1
+        elif name.endswith("q_proj.weight"):
             w = unpermute_rope(w, num_heads)
         elif name.endswith("k_proj.weight"):
             w = unpermute_rope(w, num_kv_heads)
         yield name, w
 
 
-def hf_name(gguf_name: str) -> str:
+def hf_name(gguf_name: str, gemma: bool = False) -> str:
     if gguf_name in _TOP_NAMES:
         return _TOP_NAMES[gguf_name]
+    names = _GEMMA_LAYER_NAMES if gemma else _LAYER_NAMES
     blk, layer, part, kind = gguf_name.split(".")
-    if blk != "blk" or part not in _LAYER_NAMES:
+    if blk != "blk" or part not in names:
         raise ValueError(f"unexpected GGUF tensor {gguf_name!r}")
-    return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+    return f"model.layers.{layer}.{names[part]}.{kind}"
 
 
 def unpermute_rope(w: np.ndarray, num_heads: int) -> np.ndarray:

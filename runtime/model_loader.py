@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from braid.kernels import cpu
 from braid.runtime import gguf_file, packed_weights
 from braid.runtime.default_model import INSTALL_HINT, default_model_dir
-from braid.runtime.models import LlamaForCausalLM, ModelConfig
+from braid.runtime.models import LlamaForCausalLM, ModelConfig, build_model
 from braid.runtime.models.batch_invariant import BatchInvariantLinear
 from braid.runtime.models.config import missing_keys
 from braid.runtime.models.ops import layer_ops
@@ -81,7 +81,7 @@ def load_model(
         config = shard.model_config(config)
     linear = BatchInvariantLinear if deterministic else torch.nn.Linear
     with torch.device("meta"):
-        model = LlamaForCausalLM(config, linear)
+        model = build_model(config, linear)
     if quantization == "gguf":
         source = gguf_file.source(path)
         if source is None:

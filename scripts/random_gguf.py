@@ -1,4 +1,5 @@
-"""Write random-weight GGUF files of real Llama model shapes, for benchmarks and tests.
+"""Write random-weight GGUF files of real Llama model shapes, for benchmarks and tests (and,
+from a tiny random transformers Gemma 3, a "gemma3" GGUF of its weights: write_gemma3_gguf).
 
     .venv/bin/python scripts/random_gguf.py --shape 1b --type Q4_K_M --out /tmp/llama-1b-q4_k_m.gguf
 
@@ -274,6 +275,97 @@ def _unit_std(qtype: Q) -> float:
     dequantizer rather than worked out per layout."""
     blocks = _blocks_at_scale(np.random.default_rng(0), qtype, 1024, 1.0)
     return float(gguf.quants.dequantize(blocks, qtype).std())
+
+
+# A Gemma 3 layer's tensors: llama.cpp's name -> transformers' (under model.layers.{i}.).
+_GEMMA3_LAYER = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+
+
+def write_gemma3_gguf(path: str | Path, model_dir: str | Path, type: str = "F32") -> Path:
+    """Write a transformers Gemma3ForCausalLM directory (float weights, the default model's
+    tokenizer) as a "gemma3" GGUF the way llama.cpp's convert_hf_to_gguf.py lays one out: its
+    metadata keys, its tensor names, norm weights stored as 1 + w, q/k rows unpermuted;
+    matrices in `type` (F32, F16 or Q8_0, which gguf-py quantizes), norms in F32. What
+    llama.cpp does not read from the file, the model must hold to its defaults: every sixth
+    layer global, a local rope base of 10,000, query_pre_attn_scalar = head_dim."""
+    import json
+
+    from safetensors.numpy import load_file
+
+    path, model_dir = Path(path), Path(model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    weights: dict[str, np.ndarray] = {}
+    for file in sorted(model_dir.glob("*.safetensors")):
+        weights |= load_file(file)
+    tokenizer = _tokenizer_fields()
+    vocab = len(next(value for key, value, *_ in tokenizer if key == "tokenizer.ggml.tokens"))
+    if config["vocab_size"] != vocab:
+        raise ValueError(f"{model_dir}: vocab_size {config['vocab_size']}, tokenizer {vocab}")
+    qtype = {"F32": Q.F32, "F16": Q.F16, "Q8_0": Q.Q8_0}[type]
+    writer = gguf.GGUFWriter(path, "gemma3")
+    writer.add_type("model")
+    writer.add_name("random-gemma3")
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_key_length(config["head_dim"])
+    writer.add_value_length(config["head_dim"])
+    rope = config.get("rope_parameters") or {}
+    full = rope.get("full_attention") or {}
+    writer.add_rope_freq_base(full.get("rope_theta", config.get("rope_theta", 1e6)))
+    if full.get("rope_type") == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(full["factor"])
+    writer.add_sliding_window(config["sliding_window"])
+    writer.add_file_type(
+        {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
+         "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[type]
+    )  # fmt: skip
+    for key, value, vtype, sub_type in tokenizer:
+        writer.add_key_value(key, value, vtype, sub_type)
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+    def add(name: str, hf: str) -> None:
+        w = weights[hf].astype(np.float32)
+        if hf.endswith("norm.weight"):
+            writer.add_tensor(name, w + 1)  # llama.cpp's norm_shift
+        elif qtype == Q.F32:
+            writer.add_tensor(name, w)
+        elif qtype == Q.F16:
+            writer.add_tensor(name, w.astype(np.float16))
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
+
+    add("token_embd.weight", "model.embed_tokens.weight")
+    for i in range(config["num_hidden_layers"]):
+        for name, hf in _GEMMA3_LAYER.items():
+            add(f"blk.{i}.{name}.weight", f"model.layers.{i}.{hf}.weight")
+    add("output_norm.weight", "model.norm.weight")
+    if not config.get("tie_word_embeddings", True):
+        add("output.weight", "lm_head.weight")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
 
 
 @functools.cache

@@ -4,6 +4,11 @@ Each backend builds what it needs from a ForwardBatch once per batch (`prepare`,
 `ForwardBatch.metadata`), then per layer `forward` applies RoPE to q and k, stores the new
 tokens' K/V into the pool and attends; `attend` is the last part alone.
 
+Two per-layer options (Mistral, Gemma): `window`, a sliding window (a token sees the `window`
+latest positions, itself included, as transformers' masks), and `softcap`, scores capped as
+cap * tanh(score / cap) before the softmax (Gemma 2). A window hides old keys in the mask
+only: their K/V stay in the pool, so prefixes shared through the radix cache stay whole.
+
 - TorchAttention (torch_paths.py): torch ops, the CPU path without the C++ kernels.
 - CpuKernelAttention (cpu_kernels.py): the CPU path with braid.kernels.cpu.
 - TritonAttention (triton.py): the CUDA path.
@@ -33,10 +38,17 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def attend(
-        self, q: torch.Tensor, kv: KVPool, layer: int, batch: ForwardBatch, scale: float
+        self,
+        q: torch.Tensor,
+        kv: KVPool,
+        layer: int,
+        batch: ForwardBatch,
+        scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """q [T, H, D] (tokens may be strided, heads packed) over K/V already in the pool,
-        each new token seeing its sequence's context -> [T, H * D]."""
+        each new token seeing its sequence's context (within `window`) -> [T, H * D]."""
 
     def forward(
         self,
@@ -49,6 +61,8 @@ class AttentionBackend(ABC):
         layer: int,
         batch: ForwardBatch,
         scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """RoPE on the q and k heads of qkv [T, (H + 2 Hkv) * D] (in place), k and v stored
         into the batch's new slots of this layer's pool, then `attend`. Returns [T, H * D]."""
@@ -58,4 +72,4 @@ class AttentionBackend(ABC):
         )  # fmt: skip
         head_dim = kv.k[layer].shape[-1]
         q = qkv.view(qkv.shape[0], -1, head_dim)[:, :num_heads]  # (T, H, D), tokens strided
-        return self.attend(q, kv, layer, batch, scale)
+        return self.attend(q, kv, layer, batch, scale, window, softcap)

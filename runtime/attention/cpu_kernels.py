@@ -3,7 +3,9 @@
 Decode rows and the tokens of short extends are attended one row at a time by the kernels'
 decode attention, reading the pool in place; a batch of decodes only runs RoPE, the KV store
 and attention in one call. Tree extends, long extends and decodes sharing a long prefix take
-the torch paths, which do those in a few matmuls.
+the torch paths, which do those in a few matmuls. A sliding window moves each row's first
+slot and shortens its length (the kernels need no option for it); soft-capped scores take
+the torch path.
 """
 
 from __future__ import annotations
@@ -51,12 +53,12 @@ class CpuKernelAttention(TorchAttention):
         # only when they share a long prefix, which the tables tell.
         return not self.rows_only and num_decodes > 1
 
-    def prepare(self, batch: ForwardBatch) -> CpuMetadata:
+    def prepare(self, batch: ForwardBatch, window: int | None = None) -> CpuMetadata:
         short = [
             1 < n and (self.rows_only or n * total <= SHORT_EXTEND_WORK) and m is None
             for n, total, m in zip(batch.extend_lens, batch.seq_lens, batch.tree_masks, strict=True)
         ]
-        meta = self._prepare(batch, lambda b: not short[b])
+        meta = self._prepare(batch, lambda b: not short[b], window)
         rows, lens, starts, row = [], [], [], 0
         for b, (n, total, start) in enumerate(
             zip(batch.extend_lens, batch.seq_lens, batch.kv_starts, strict=True)
@@ -66,11 +68,15 @@ class CpuKernelAttention(TorchAttention):
                 lens.append(torch.arange(total - n + 1, total + 1))
                 starts.append(torch.full((n,), start))
             row += n
+        short_starts, short_lens = _cat_int64(starts), _cat_int64(lens)
+        if window is not None:  # each row's slots start at its window's left edge
+            hidden = (short_lens - window).clamp_min(0)
+            short_starts, short_lens = short_starts + hidden, short_lens - hidden
         return CpuMetadata(
             **vars(meta),
             short_rows=_cat_int64(rows),
-            short_kv_starts=_cat_int64(starts),
-            short_kv_lens=_cat_int64(lens),
+            short_kv_starts=short_starts,
+            short_kv_lens=short_lens,
             decodes_by_row=self.rows_only or meta.decode_shared_len < MIN_SHARED_PREFIX,
         )
 
@@ -85,10 +91,14 @@ class CpuKernelAttention(TorchAttention):
         layer: int,
         batch: ForwardBatch,
         scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
-        meta = batch.metadata(self)
-        if not (batch.all_decodes and meta.decodes_by_row):
-            return super().forward(qkv, num_heads, num_kv_heads, cos, sin, kv, layer, batch, scale)
+        meta = self._metadata(batch, window)
+        if softcap is not None or not (batch.all_decodes and meta.decodes_by_row):
+            return super().forward(
+                qkv, num_heads, num_kv_heads, cos, sin, kv, layer, batch, scale, window, softcap
+            )
         head_dim = kv.k[layer].shape[-1]
         out = torch.empty(qkv.shape[0], num_heads, head_dim, dtype=qkv.dtype)
         self.lib.rope_store_attend(

@@ -4,6 +4,10 @@ All one-token sequences (decodes) are attended together over padded slot tables,
 slots every row shares (a common few-shot prompt) scored once for all rows; tree extends
 (speculative verification) together likewise, under their ancestor masks; other extends
 (prefill chunks) one sequence at a time.
+
+A sliding window narrows each row's slot range (decodes, plain extends) or its mask (trees),
+from metadata built once per batch and window; soft-capped scores (Gemma 2) take one plain
+path, a masked matmul per sequence (`_attend_each`).
 """
 
 from __future__ import annotations
@@ -51,34 +55,51 @@ class TorchMetadata:
 class TorchAttention(AttentionBackend):
     name = "torch"
 
-    def prepare(self, batch: ForwardBatch) -> TorchMetadata:
-        return self._prepare(batch, lambda b: True)
+    def prepare(self, batch: ForwardBatch, window: int | None = None) -> TorchMetadata:
+        return self._prepare(batch, lambda b: True, window)
+
+    def _metadata(self, batch: ForwardBatch, window: int | None):
+        """The batch's metadata for layers with `window` (built once per batch and window;
+        the plain metadata when no sequence is longer than the window)."""
+        if window is None or max(batch.seq_lens) <= window:
+            return batch.metadata(self)
+        key = f"{self.name}/window={window}"
+        meta = batch.prepared.get(key)
+        if meta is None:
+            meta = batch.prepared[key] = self.prepare(batch, window)
+        return meta
 
     def _padded_decodes(self, num_decodes: int) -> bool:
         """Whether the decodes need padded slot tables (and their shared prefix) this
         step: here always; a subclass attending them row by row says when."""
         return True
 
-    def _prepare(self, batch: ForwardBatch, attended_alone) -> TorchMetadata:
+    def _prepare(
+        self, batch: ForwardBatch, attended_alone, window: int | None = None
+    ) -> TorchMetadata:
         """The metadata, with `extends` holding only the plain extends for which
-        `attended_alone(b)` holds (subclasses attend the others their own way)."""
+        `attended_alone(b)` holds (subclasses attend the others their own way). With
+        `window`, a decode's slot range and a plain extend's start past what no row sees."""
         extend_lens, seq_lens, masks = batch.extend_lens, batch.seq_lens, batch.tree_masks
         kv_starts_list = batch.kv_starts
         row_starts = list(itertools.accumulate(extend_lens, initial=0))
         decodes = [b for b, n in enumerate(extend_lens) if n == 1 and masks[b] is None]
-        starts = torch.tensor([kv_starts_list[b] for b in decodes], dtype=torch.int64)
-        lens = torch.tensor([seq_lens[b] for b in decodes], dtype=torch.int64)
+        # Leading slots no new token of sequence b sees (its window's left edge).
+        hidden = [0 if window is None else max(0, t - n - window + 1) for t, n in zip(
+            seq_lens, extend_lens, strict=True)]  # fmt: skip
+        starts = torch.tensor([kv_starts_list[b] + hidden[b] for b in decodes], dtype=torch.int64)
+        lens = torch.tensor([seq_lens[b] - hidden[b] for b in decodes], dtype=torch.int64)
         kv_index = kv_valid = None
         shared_len = 0
         if self._padded_decodes(len(decodes)):
-            longest = max((seq_lens[b] for b in decodes), default=0)
+            longest = int(lens.max()) if len(decodes) else 0
             kv_index = _padded_tables(batch.kv_indices.cpu(), starts, lens, longest)
             kv_valid = (torch.arange(longest)[None, :] < lens[:, None])[:, None, None, :]
             if len(decodes) > 1:
                 same = (kv_index == kv_index[:1]) & kv_valid[:, 0, 0]  # (Bd, Lmax)
                 shared_len = int(same.all(0).int().cumprod(0).sum())
         extends = [
-            (row_starts[b], n, kv_starts_list[b], seq_lens[b])
+            (row_starts[b], n, kv_starts_list[b] + hidden[b], seq_lens[b] - hidden[b])
             for b, n in enumerate(extend_lens)
             if n > 1 and masks[b] is None and attended_alone(b)
         ]
@@ -89,7 +110,7 @@ class TorchAttention(AttentionBackend):
             decode_kv_index=kv_index,
             decode_kv_valid=kv_valid,
             decode_shared_len=shared_len,
-            **_tree_tables(batch, row_starts, kv_starts_list),
+            **_tree_tables(batch, row_starts, kv_starts_list, window),
             extends=extends,
         )
 
@@ -97,12 +118,21 @@ class TorchAttention(AttentionBackend):
         reference.rope_store_kv(*args)
 
     def attend(
-        self, q: torch.Tensor, kv: KVPool, layer: int, batch: ForwardBatch, scale: float
+        self,
+        q: torch.Tensor,
+        kv: KVPool,
+        layer: int,
+        batch: ForwardBatch,
+        scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """Attend each new token to its sequence's context, whose K/V (the new tokens'
         included) are already in the pool. q: [T, H, D] (tokens may be strided, heads
         packed). Returns [T, H * D]."""
-        meta = batch.metadata(self)
+        if softcap is not None:
+            return _attend_each(q, kv.k[layer], kv.v[layer], batch, scale, window, softcap)
+        meta = self._metadata(batch, window)
         out = torch.empty(q.shape, dtype=q.dtype)
         self._attend_rows(q, kv, layer, batch, meta, scale, out)
         k_cache, v_cache = kv.k[layer], kv.v[layer]
@@ -115,7 +145,9 @@ class TorchAttention(AttentionBackend):
             k_b = k_cache.index_select(0, slots).transpose(0, 1)  # (Hkv, total, D)
             v_b = v_cache.index_select(0, slots).transpose(0, 1)
             q_b = q[q_start : q_start + n].transpose(0, 1)  # (H, n, D)
-            out[q_start : q_start + n] = causal_attention(q_b, k_b, v_b, scale).transpose(0, 1)
+            out[q_start : q_start + n] = causal_attention(q_b, k_b, v_b, scale, window).transpose(
+                0, 1
+            )
         return out.flatten(1)
 
     def _attend_rows(self, q, kv, layer, batch, meta: TorchMetadata, scale, out) -> None:
@@ -126,16 +158,22 @@ class TorchAttention(AttentionBackend):
             )
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
+def causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None = None
+):
     """A run of n new tokens (q: (H, n, D)) over its sequence's L keys (k, v: (Hkv, L, D)),
-    the last n of which are its own: token i sees the keys up to L - n + i. torch's fused
+    the last n of which are its own: token i sees the keys up to L - n + i (and, with a
+    `window`, none before L - n + i - window + 1). torch's fused
     attention (a flash kernel on the CPU too, GQA without expanding K/V), several times
     faster on long runs than grouped_attention's matmuls over materialized scores
     (docs/runtime.md)."""
     n, length = q.shape[1], k.shape[1]
     mask = None
-    if n != length:  # a run after a cached prefix: its queries sit at the bottom right
+    if n != length or (window is not None and length > window):
+        # A run after a cached prefix: its queries sit at the bottom right.
         mask = torch.ones(n, length, dtype=torch.bool, device=q.device).tril(length - n)
+        if window is not None and length > window:
+            mask &= ~torch.ones_like(mask).tril(length - n - window)
     out = F.scaled_dot_product_attention(
         q[None], k[None], v[None], attn_mask=mask, is_causal=mask is None, scale=scale,
         enable_gqa=True,
@@ -144,20 +182,26 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
 
 
 def grouped_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """softmax(q k^T * scale, masked) v with each KV head's query heads grouped.
 
     q: (..., H, n, D); k, v: (..., Hkv, L, D); mask: bool, broadcastable to (..., n, L).
-    Returns (..., H, n, D). On the CPU this is 3-6x faster than SDPA with a mask and
-    enable_gqa (its math path, which expands K/V per query head), and 2x faster than einsum
-    (measured on this project's CPU machine, bf16).
+    Returns (..., H, n, D). On the CPU this is faster than SDPA with a mask and enable_gqa
+    (its math path, which expands K/V per query head) and than einsum.
     """
     *batch, num_heads, n, head_dim = q.shape
     num_kv_heads, length = k.shape[-3], k.shape[-2]
     group = num_heads // num_kv_heads
     q = q.reshape(*batch, num_kv_heads, group * n, head_dim)  # (..., Hkv, G*n, D)
     scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale  # (..., Hkv, G*n, L)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     scores = scores.view(*batch, num_kv_heads, group, n, length)
     scores.masked_fill_(~mask, float("-inf"))
     probs = scores.softmax(-1).to(v.dtype).view(*batch, num_kv_heads, group * n, length)
@@ -165,10 +209,10 @@ def grouped_attention(
 
 
 def _tree_tables(
-    batch: ForwardBatch, row_starts: list[int], kv_starts: list[int]
+    batch: ForwardBatch, row_starts: list[int], kv_starts: list[int], window: int | None = None
 ) -> dict[str, torch.Tensor]:
     """TorchMetadata's tree_* fields: each tree extend's rows of T and slot table, padded to
-    the largest, and each row's visibility (its prefix and its ancestors)."""
+    the largest, and each row's visibility (its prefix and its ancestors, within `window`)."""
     extend_lens, seq_lens, masks = batch.extend_lens, batch.seq_lens, batch.tree_masks
     trees = [b for b, m in enumerate(masks) if m is not None]
     if not trees:
@@ -187,6 +231,8 @@ def _tree_tables(
         kv_index[i, total:] = batch.kv_indices[start]  # a written slot: see _padded_tables
         kv_mask[i, :n, : total - n] = True
         kv_mask[i, :n, total - n : total] = masks[b]
+        if window is not None:
+            kv_mask[i, :n, :total] &= _in_window(batch, row_starts[b], n, total, window)
     return {
         "tree_rows": rows,
         "tree_row_valid": row_valid,
@@ -219,8 +265,8 @@ def _padded_tables(
 def _gather_rows(cache: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """K or V of each row's slots: cache [S, Hkv, D], index [B, L] -> [B, Hkv, L, D].
 
-    index_select over the flattened table is ~9x faster on the CPU than indexing with the
-    2-D index, and the head-major copy halves the time of the matmuls that follow.
+    index_select over the flattened table is much faster on the CPU than indexing with the
+    2-D index, and the head-major copy speeds up the matmuls that follow.
     """
     rows = cache.index_select(0, index.reshape(-1)).view(index.shape[0], -1, *cache.shape[1:])
     return rows.transpose(1, 2).contiguous()
@@ -293,3 +339,43 @@ def _decode_attention_shared_prefix(
     out_p = torch.matmul(p_h, v_p).view(num_kv_heads, bd, group, head_dim).transpose(0, 1)
     out = out_p + torch.matmul(p_t, v_t)  # (Bd, Hkv, G, D)
     return out.reshape(bd, num_heads, head_dim)
+
+
+def _in_window(batch: ForwardBatch, row: int, n: int, total: int, window: int) -> torch.Tensor:
+    """bool [n, total]: which of its sequence's keys each of the n new tokens (rows
+    row:row + n of the batch) has within `window` positions, itself included. A key's
+    position is its index in the prefix, or for a new token (a tree node) the batch's."""
+    q_pos = batch.positions[row : row + n].cpu()
+    k_pos = torch.cat([torch.arange(total - n), q_pos])
+    return q_pos[:, None] - k_pos[None, :] < window
+
+
+def _attend_each(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: ForwardBatch,
+    scale: float,
+    window: int | None,
+    softcap: float,
+) -> torch.Tensor:
+    """Every sequence alone, under its causal or tree mask and window, with scores
+    soft-capped (Gemma 2): one masked matmul each. q: [T, H, D] -> [T, H * D]."""
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    row = 0
+    for n, total, start, tree in zip(
+        batch.extend_lens, batch.seq_lens, batch.kv_starts, batch.tree_masks, strict=True
+    ):
+        slots = batch.kv_indices[start : start + total]
+        k = k_cache.index_select(0, slots).transpose(0, 1)  # (Hkv, total, D)
+        v = v_cache.index_select(0, slots).transpose(0, 1)
+        mask = torch.ones(n, total, dtype=torch.bool).tril(total - n)
+        if tree is not None:
+            mask[:, total - n :] = tree
+        if window is not None:
+            mask &= _in_window(batch, row, n, total, window)
+        q_b = q[row : row + n].transpose(0, 1)  # (H, n, D)
+        o = grouped_attention(q_b, k, v, mask.to(q.device), scale, softcap)  # (H, n, D)
+        out[row : row + n] = o.transpose(0, 1)
+        row += n
+    return out.flatten(1)

@@ -51,17 +51,26 @@ class TritonAttention(AttentionBackend):
         kernels.rope_store_kv(*args)  # looked up per call: triton loads on first use
 
     def attend(
-        self, q: torch.Tensor, kv: KVPool, layer: int, batch: ForwardBatch, scale: float
+        self,
+        q: torch.Tensor,
+        kv: KVPool,
+        layer: int,
+        batch: ForwardBatch,
+        scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         meta = batch.metadata(self)
         k_cache, v_cache = kv.k[layer], kv.v[layer]
         if batch.all_decodes:
             out = kernels.decode_attention(
-                q, k_cache, v_cache, meta.kv_indptr, batch.kv_indices, scale
-            )
+                q, k_cache, v_cache, meta.kv_indptr, batch.kv_indices, scale, window=window,
+                softcap=softcap,
+            )  # fmt: skip
         else:
             out = kernels.extend_attention(
                 q, k_cache, v_cache, meta.qo_indptr, meta.kv_indptr, batch.kv_indices, scale,
-                mask=meta.tree_mask, max_new=meta.max_new,
+                mask=meta.tree_mask, max_new=meta.max_new, window=window, softcap=softcap,
+                positions=batch.positions,
             )  # fmt: skip
         return out.flatten(1)

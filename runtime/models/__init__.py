@@ -1,6 +1,22 @@
 """Model implementations and the registry from HF architecture names to them."""
 
+from torch import nn
+
 from braid.runtime.models.config import SUPPORTED_ARCHITECTURES, ModelConfig
+from braid.runtime.models.config_families import GEMMA_ARCHITECTURES
+from braid.runtime.models.gemma import GemmaForCausalLM
 from braid.runtime.models.llama import LlamaForCausalLM
 
-__all__ = ["SUPPORTED_ARCHITECTURES", "LlamaForCausalLM", "ModelConfig"]
+__all__ = [
+    "SUPPORTED_ARCHITECTURES",
+    "GemmaForCausalLM",
+    "LlamaForCausalLM",
+    "ModelConfig",
+    "build_model",
+]
+
+
+def build_model(config: ModelConfig, linear: type[nn.Linear] = nn.Linear) -> LlamaForCausalLM:
+    """The model class for `config.architecture`, built (on the current default device)."""
+    cls = GemmaForCausalLM if config.architecture in GEMMA_ARCHITECTURES else LlamaForCausalLM
+    return cls(config, linear)

@@ -7,17 +7,21 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from braid.runtime.models import rope
+from braid.runtime.models import config_families, rope
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-# HF `architectures` names we implement, all variations of one Llama-shaped decoder.
+# HF `architectures` names we implement: variations of one Llama-shaped decoder (llama.py),
+# and Gemma 2/3 (gemma.py; a multimodal Gemma 3's language model alone).
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+    "Gemma3ForConditionalGeneration",
 )
 # Keys read straight from config.json. transformers' defaults for the others differ by
 # architecture (key/value heads, head size, eos), so a config.json without one of these is
@@ -38,11 +42,13 @@ REQUIRED_KEYS = (
 
 
 def missing_keys(config: dict) -> list[str]:
-    """The REQUIRED_KEYS a config.json lacks (and Qwen3's head size, 128 when left out)."""
+    """The REQUIRED_KEYS a config.json lacks (and Qwen3's and Gemma's head size, whose
+    defaults are not hidden / heads)."""
     if not isinstance(config, dict):
         raise TypeError(f"config.json holds a {type(config).__name__}, not an object")
+    own_head = ("Qwen3ForCausalLM", *config_families.GEMMA_ARCHITECTURES)
     keys = REQUIRED_KEYS + (
-        ("head_dim",) if "Qwen3ForCausalLM" in config.get("architectures", ()) else ()
+        ("head_dim",) if set(own_head) & set(config.get("architectures", ())) else ()
     )
     return [k for k in keys if k not in config]
 
@@ -64,6 +70,15 @@ class ModelConfig:
     qk_norm: bool  # Qwen3: RMSNorm on each head of q and k
     eos_token_ids: tuple[int, ...]
     rope_parameters: dict
+    # Each layer's sliding window (a token sees the `window` latest positions, itself
+    # included), None where a layer sees everything; () when none slides (config_families.py).
+    layer_windows: tuple[int | None, ...] = ()
+    # Gemma 2/3 (gemma.py): the sliding layers' own rope (Gemma 3's local base), scores
+    # scaled by query_pre_attn_scalar ** -0.5, tanh soft-caps on scores and final logits.
+    local_rope_parameters: dict | None = None
+    query_pre_attn_scalar: float | None = None
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
 
     @classmethod
     def from_dict(cls, config: dict) -> ModelConfig:
@@ -75,6 +90,8 @@ class ModelConfig:
                 f"unsupported model architecture {archs or config.get('model_type')!r}; "
                 f"braid supports {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
+        config = config_families.text_config(config)
+        extra = config_families.extra_fields(config, arch)
         eos = config["eos_token_id"]
         eos_ids = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
         heads = config["num_attention_heads"]
@@ -91,15 +108,20 @@ class ModelConfig:
             max_position_embeddings=config["max_position_embeddings"],
             tie_word_embeddings=bool(config["tie_word_embeddings"]),
             attention_bias=arch == "Qwen2ForCausalLM" or bool(config.get("attention_bias")),
-            qk_norm=arch == "Qwen3ForCausalLM",
             eos_token_ids=eos_ids,
-            rope_parameters=rope.rope_parameters(config),
+            **{
+                "qk_norm": arch == "Qwen3ForCausalLM",
+                "rope_parameters": extra.get("rope_parameters") or rope.rope_parameters(config),
+            }
+            | extra,
         )
 
     @classmethod
     def from_hf(cls, hf: PretrainedConfig) -> ModelConfig:
         return cls.from_dict(hf.to_dict())
 
-    def rope_inv_freq(self) -> tuple[torch.Tensor, float]:
-        """Inverse frequencies [head_dim / 2] and the cos/sin scale (yarn scales attention)."""
-        return rope.inv_freq(self.rope_parameters, self.head_dim, self.max_position_embeddings)
+    def rope_inv_freq(self, local: bool = False) -> tuple[torch.Tensor, float]:
+        """Inverse frequencies [head_dim / 2] and the cos/sin scale (yarn scales attention);
+        `local`: the sliding layers' (local_rope_parameters)."""
+        params = self.local_rope_parameters if local else self.rope_parameters
+        return rope.inv_freq(params, self.head_dim, self.max_position_embeddings)

@@ -83,6 +83,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.qk_norm = config.qk_norm
         self.scale = self.head_dim**-0.5
+        self.window = config.layer_windows[layer] if config.layer_windows else None  # Mistral
 
     def forward(
         self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool, rotary: Rotary, ops: LayerOps
@@ -97,7 +98,7 @@ class Attention(nn.Module):
             k.copy_(self.k_norm(k, TORCH_OPS))
         out = ops.attention.forward(
             qkv, self.num_heads, self.num_kv_heads, rotary.cos, rotary.sin, kv, self.layer,
-            batch, self.scale,
+            batch, self.scale, window=self.window,
         )  # fmt: skip
         y = self.o_proj(out)
         if batch.lora is not None:
@@ -193,19 +194,21 @@ class LlamaForCausalLM(nn.Module):
         num_layers: int | None = None,
         hidden_states: bool = False,
     ) -> torch.Tensor:
-        """Next-token logits [N, V] for the rows in batch.logits_indices, in the weights'
-        dtype: greedy decoding takes the argmax of bfloat16 logits as they are (converting
-        64 rows of a 49k vocabulary cost ~0.1 ms a step), and the sampler and the logprobs
-        convert to float32 themselves. With `num_layers`, only the first layers run before
+        """Next-token logits [N, V] for the rows in batch.logits_indices, in the weights' dtype:
+        greedy decoding takes the argmax of bfloat16 logits as they are (converting a batch's rows
+        of the vocabulary cost a share of every step: docs/benchmarks.md), and the sampler and the
+        logprobs convert to float32 themselves. With `num_layers`, only the first layers run before
         the head (a self-draft). With `hidden_states`, those rows' final normed hidden states
         [N, hidden] instead of logits (what embeddings are pooled from)."""
         residual = self.embed_tokens(batch.input_ids)  # (T, hidden)
-        # The one-call decoder knows no adapters: batches with LoRA rows go layer by layer.
-        if self.decoder is not None and batch.lora is None and self.decoder.serves(batch):
-            x = self.decoder(residual, batch, kv, num_layers or len(self.layers))
+        # The one-call decoder has no sliding window: a windowed model runs layer by layer.
+        decoder = None if self.config.layer_windows else self.decoder
+        if decoder is not None and decoder.serves(batch):
+            x = decoder(residual, batch, kv, num_layers or len(self.layers))
         else:
             x = None
-            # Slicing a ModuleList builds a new one (30 add_module calls a step): only to cut it.
+            # Slicing a ModuleList builds a new one (an add_module call a layer, every step):
+            # only to cut it.
             for layer in self.layers if num_layers is None else self.layers[:num_layers]:
                 x = layer(x, residual, batch, kv, self.rotary, self.ops)
         # Only the rows whose logits are wanted go through the last add and norm.
