@@ -25,6 +25,7 @@ from torch import nn
 from braid.kernels.quant import from_gguf
 from braid.runtime.gguf_tensors import GGUFTensor, read_tensors
 from braid.runtime.models import LlamaForCausalLM, ModelConfig
+from braid.runtime.models.moe import quantize_experts
 from braid.runtime.models.quantized import QuantEmbedding, QuantLinear, QuantStack
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
+    "attn_qkv": "self_attn.qkv_proj",  # fused (Phi-3)
     "attn_output": "self_attn.o_proj",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
@@ -60,11 +62,32 @@ _ARCHITECTURES = {
     "llama": ("llama", "LlamaForCausalLM"),
     "gemma2": ("gemma2", "Gemma2ForCausalLM"),
     "gemma3_text": ("gemma3", "Gemma3ForCausalLM"),
+    "phi3": ("phi3", "Phi3ForCausalLM"),
+    "qwen2_moe": ("qwen2moe", "Qwen2MoeForCausalLM"),
+    "qwen3_moe": ("qwen3moe", "Qwen3MoeForCausalLM"),
+}
+# Mixture-of-experts layers (runtime/models/moe.py): the router, the experts' stacked
+# [n_expert, rows, row length] tensors (kept stacked, under our Experts' names without the
+# fusion), Qwen2-MoE's shared expert and its gate, Qwen3's q/k norms.
+_MOE_LAYER_NAMES = _LAYER_NAMES | {
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
 _TOP_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
+    # Phi-3's longrope factors: read into config.json (_complete_phi3_config), no weight.
+    "rope_factors_long.weight": "rope_factors_long.weight",
+    "rope_factors_short.weight": "rope_factors_short.weight",
 }
 _FLOAT_TYPES = ("F32", "F16", "BF16")
 
@@ -123,11 +146,14 @@ def float_weights(model_dir: Path) -> Path:
     config = json.loads((model_dir / "config.json").read_text())
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     gemma = _is_gemma(config["architectures"][0])
+    permuted = _rope_permuted(config["architectures"][0])
     log.info("dequantizing %s to float32 into %s (once)", gguf_path, target)
     tensors = {
         name: torch.tensor(w)  # a copy: w may view the read-only file
-        for name, w in _dequantized(gguf_path, heads, kv_heads, gemma)
+        for name, w in _dequantized(gguf_path, heads, kv_heads, gemma, permuted)
     }
+    if config["architectures"][0] == "Phi3ForCausalLM":  # its ffn_up holds gate and up
+        tensors = {k.replace(".mlp.up_proj.", ".mlp.gate_up_proj."): w for k, w in tensors.items()}
     tmp = target.with_suffix(f".{os.getpid()}.tmp")
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     os.replace(tmp, target)  # concurrent loads never read half a file
@@ -170,6 +196,11 @@ def load_quantized(
     tensors parameters in `dtype`. The QuantLinears at the module paths in `skip` are left
     empty (their blocks come from elsewhere: runtime/packed_weights.py)."""
     config = model.config
+    if config.architecture == "Phi3ForCausalLM":
+        raise ValueError(
+            f"{gguf_path}: a Phi-3 GGUF's blocks are not run as they are yet (fused attn_qkv "
+            "and ffn_up); load it with quantization='none'"
+        )
     gemma = _is_gemma(config.architecture)
     # By our module paths (HF names without "model.").
     tensors = {hf_name(t.name, gemma).removeprefix("model."): t for t in read_tensors(gguf_path)}
@@ -221,7 +252,10 @@ def load_quantized(
             fills.append(("embed_tokens.table", 0, "embed_tokens.weight"))
             if config.tie_word_embeddings and not any(f[0] == "lm_head" for f in fills):
                 model.lm_head = table
+        expert_fills = quantize_experts(model, tensors, kept) if config.moe else []
     model.materialize("cpu")
+    for path, parts in expert_fills:  # a mixture of experts' stacked blocks
+        model.get_submodule(path).fill([tensors.pop(p) for p in parts], path, skip)
     for path, first, part in fills:
         t = tensors.pop(part)
         if path in skip:
@@ -254,7 +288,7 @@ def _floats(t: GGUFTensor) -> np.ndarray:
 
 def _rows_in_our_order(name: str, w: np.ndarray, config: ModelConfig) -> np.ndarray:
     """A tensor's rows put back from llama.cpp's RoPE order (a Llama's q and k projections)."""
-    if _is_gemma(config.architecture):
+    if not _rope_permuted(config.architecture):
         return w
     if name.endswith("q_proj.weight"):
         return unpermute_rope(w, config.num_heads)
@@ -284,10 +318,19 @@ def _save_config_and_tokenizer(gguf_path: Path, out_dir: Path):
             f"{', '.join(arch for arch, _ in _ARCHITECTURES.values())}"
         )
     arch, hf_arch = _ARCHITECTURES[config.model_type]
+    if arch == "llama" and any(t.name.endswith("_exps.weight") for t in read_tensors(gguf_path)):
+        raise ValueError(
+            f"{gguf_path}: a llama GGUF with experts (Mixtral) is unsupported; braid reads "
+            "Mixtral from its HF directory, and qwen2moe/qwen3moe GGUF files"
+        )
     config.architectures = [hf_arch]
     config.save_pretrained(out_dir)
-    if arch != "llama":
+    if arch in ("gemma2", "gemma3"):
         _complete_gemma_config(gguf_path, arch, out_dir)
+    elif arch == "phi3":
+        _complete_phi3_config(gguf_path, out_dir)
+    elif arch != "llama":
+        _complete_moe_config(gguf_path, arch, out_dir)
     return config
 
 
@@ -351,15 +394,80 @@ def _complete_gemma_config(gguf_path: Path, arch: str, out_dir: Path) -> None:
     file.write_text(json.dumps(config, indent=2))
 
 
-def _dequantized(gguf_path: Path, num_heads: int, num_kv_heads: int, gemma: bool = False):
+def _complete_phi3_config(gguf_path: Path, out_dir: Path) -> None:
+    """What transformers' GGUF reader leaves out of a Phi-3 config.json, as llama.cpp's
+    converter writes it: the rotated share of a head, the original context, longrope's
+    factors (the rope_factors_long/short tensors) and attention factor, the sliding window
+    (which transformers applies; llama.cpp turns Phi's off)."""
+    meta = _metadata(gguf_path)
+    file = out_dir / "config.json"
+    config = json.loads(file.read_text())
+    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    rotated = int(meta.get("phi3.rope.dimension_count", head_dim))
+    rope = {
+        "rope_type": "default",
+        "rope_theta": float(meta.get("phi3.rope.freq_base", 10_000.0)),
+        "partial_rotary_factor": rotated / head_dim,
+    }
+    factors = {
+        t.name: _floats(t).tolist()
+        for t in read_tensors(gguf_path)
+        if t.name.startswith("rope_factors_")
+    }
+    if factors:
+        rope |= {
+            "rope_type": "longrope",
+            "long_factor": factors["rope_factors_long.weight"],
+            "short_factor": factors["rope_factors_short.weight"],
+        }
+        if "phi3.rope.scaling.attn_factor" in meta:
+            rope["attention_factor"] = float(meta["phi3.rope.scaling.attn_factor"])
+    original = meta.get("phi3.rope.scaling.original_context_length")
+    if original:
+        config["original_max_position_embeddings"] = int(original)
+        rope["original_max_position_embeddings"] = int(original)
+    config["rope_parameters"] = rope
+    config["sliding_window"] = int(meta.get("phi3.attention.sliding_window", 0)) or None
+    file.write_text(json.dumps(config, indent=2))
+
+
+def _complete_moe_config(gguf_path: Path, arch: str, out_dir: Path) -> None:
+    """What transformers' GGUF reader leaves out of a Qwen2/3-MoE config.json, as llama.cpp
+    reads the file: the experts' and the shared expert's sizes, every layer sparse, Qwen3-MoE's
+    top-k renormalised (Qwen2-MoE's not), Qwen2's q/k/v biases."""
+    meta = _metadata(gguf_path)
+    file = out_dir / "config.json"
+    config = json.loads(file.read_text())
+    config["moe_intermediate_size"] = int(meta[f"{arch}.expert_feed_forward_length"])
+    if f"{arch}.expert_shared_feed_forward_length" in meta:
+        config["shared_expert_intermediate_size"] = int(
+            meta[f"{arch}.expert_shared_feed_forward_length"]
+        )
+    config |= {"decoder_sparse_step": 1, "mlp_only_layers": []}
+    config["norm_topk_prob"] = arch == "qwen3moe"
+    if arch == "qwen2moe":
+        config["qkv_bias"] = True
+    file.write_text(json.dumps(config, indent=2))
+
+
+def _rope_permuted(architecture: str) -> bool:
+    """Whether llama.cpp's converter permuted q/k rows for its RoPE layout (a Llama's only)."""
+    return architecture in ("LlamaForCausalLM", "MistralForCausalLM")
+
+
+def _dequantized(
+    gguf_path: Path, num_heads: int, num_kv_heads: int, gemma: bool = False, permuted: bool = True
+):
     """(HF name, float32 weight) of every tensor, q/k rows back in the half-split layout
-    (a Llama's), norms back to w (a Gemma's)."""
+    (a Llama's, `permuted`), norms back to w (a Gemma's)."""
     for t in read_tensors(gguf_path):
         name = hf_name(t.name, gemma)
         w = _floats(t)
         if gemma:
             if name.endswith("norm.weight"):
                 w = w - 1
+        elif not permuted:
+            pass
         elif name.endswith("q_proj.weight"):
             w = unpermute_rope(w, num_heads)
         elif name.endswith("k_proj.weight"):
@@ -370,7 +478,7 @@ def _dequantized(gguf_path: Path, num_heads: int, num_kv_heads: int, gemma: bool
 def hf_name(gguf_name: str, gemma: bool = False) -> str:
     if gguf_name in _TOP_NAMES:
         return _TOP_NAMES[gguf_name]
-    names = _GEMMA_LAYER_NAMES if gemma else _LAYER_NAMES
+    names = _GEMMA_LAYER_NAMES if gemma else _MOE_LAYER_NAMES
     blk, layer, part, kind = gguf_name.split(".")
     if blk != "blk" or part not in names:
         raise ValueError(f"unexpected GGUF tensor {gguf_name!r}")

@@ -16,6 +16,7 @@ from braid.runtime.default_model import INSTALL_HINT, default_model_dir
 from braid.runtime.models import LlamaForCausalLM, ModelConfig, build_model
 from braid.runtime.models.batch_invariant import BatchInvariantLinear
 from braid.runtime.models.config import missing_keys
+from braid.runtime.models.llama import split_fused
 from braid.runtime.models.ops import layer_ops
 from braid.runtime.models.quant_decoder import QuantDecoder
 from braid.runtime.models.quantized import QuantLinear
@@ -77,6 +78,17 @@ def load_model(
     `shard`: only a tensor-parallel rank's share of the heads and MLP features (runtime/tp)."""
     if quantization != "none" and device.type != "cpu":
         raise ValueError(f"quantization={quantization!r}: quantized weights run on the CPU")
+    if quantization in QUANTIZED_FORMATS and config.moe is not None:
+        raise ValueError(
+            f"quantization={quantization!r}: {config.architecture} (mixture of experts) keeps "
+            "quantized experts only as a GGUF file stores them (quantization='gguf')"
+        )
+    if config.moe is not None and (deterministic or shard is not None):
+        raise ValueError(
+            f"{config.architecture} (mixture of experts): deterministic mode and tensor "
+            "parallelism are not implemented for experts"
+        )
+    full_config = config
     if shard is not None:
         config = shard.model_config(config)
     linear = BatchInvariantLinear if deterministic else torch.nn.Linear
@@ -103,7 +115,7 @@ def load_model(
         model = model.materialize(device).to(dtype)
         # Rope tables are computed, not loaded, and stay fp32 whatever the weights' dtype.
         model.rotary.float().reset()
-        weights = _read_safetensors(path)
+        weights = split_fused(_read_safetensors(path), full_config)
         if shard is not None:
             weights = shard.slice_weights(weights, config.head_dim)
         model.load_hf_weights(weights)
@@ -116,7 +128,7 @@ def load_model(
                 module.pack()
     if quantization == "gguf" and packed and not mapped:
         packed_weights.write(model, packed)
-    model.decoder = QuantDecoder.of(model)
+    model.decoder = QuantDecoder.of(model) if config.moe is None else None  # dense layers'
     return model.eval().requires_grad_(False)
 
 

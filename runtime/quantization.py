@@ -11,6 +11,7 @@ over ranks), without the C++ kernels, or for a file holding a block type with no
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from braid.runtime import gguf_file
@@ -24,6 +25,8 @@ def resolve_quantization(config: EngineConfig, model_dir: Path) -> tuple[str, st
     source = gguf_file.source(model_dir)
     if source is None:
         return "none", "auto: not a GGUF model, its weights run as stored"
+    if _architectures(model_dir) == ["Phi3ForCausalLM"]:
+        return "none", "auto: a Phi-3 GGUF's fused blocks are not run as they are yet"
     if config.torch_device.type != "cpu":
         return "none", "auto: GGUF blocks run in the CPU kernels only"
     if config.deterministic:
@@ -36,6 +39,11 @@ def resolve_quantization(config: EngineConfig, model_dir: Path) -> tuple[str, st
     if missing := gguf_file.without_kernel(types):
         return "none", f"auto: {source.name} holds {', '.join(missing)}, which no kernel reads"
     return "gguf", f"auto: {source.name}'s own blocks ({', '.join(types)})"
+
+
+def _architectures(model_dir: Path) -> list[str] | None:
+    file = model_dir / "config.json"
+    return json.loads(file.read_text()).get("architectures") if file.is_file() else None
 
 
 def _cpu_kernels():

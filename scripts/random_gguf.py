@@ -368,6 +368,196 @@ def write_gemma3_gguf(path: str | Path, model_dir: str | Path, type: str = "F32"
     return path
 
 
+# A Qwen2/3-MoE layer's tensors: llama.cpp's name -> transformers' (experts stacked apart).
+_MOE_LAYER = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+}
+_MOE_EXPERTS = {
+    "ffn_gate_exps": "gate_proj",
+    "ffn_up_exps": "up_proj",
+    "ffn_down_exps": "down_proj",
+}
+
+
+def write_moe_gguf(path: str | Path, model_dir: str | Path, type: str = "F32") -> Path:
+    """Write a transformers Qwen3MoeForCausalLM or Qwen2MoeForCausalLM directory (every layer
+    sparse, as llama.cpp has them; the default model's tokenizer) as a "qwen3moe" or
+    "qwen2moe" GGUF laid out as llama.cpp's convert_hf_to_gguf.py does: the experts stacked
+    per projection ([n_expert, rows, row length]), the routers and every 1-D tensor in F32
+    (llama-quantize keeps them so), the other matrices in `type` (F32, F16 or Q8_0)."""
+    import json
+
+    from safetensors.numpy import load_file
+
+    path, model_dir = Path(path), Path(model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    arch = {"Qwen3MoeForCausalLM": "qwen3moe", "Qwen2MoeForCausalLM": "qwen2moe"}[
+        config["architectures"][0]
+    ]
+    weights: dict[str, np.ndarray] = {}
+    for file in sorted(model_dir.glob("*.safetensors")):
+        weights |= load_file(file)
+    tokenizer = _tokenizer_fields()
+    vocab = len(next(value for key, value, *_ in tokenizer if key == "tokenizer.ggml.tokens"))
+    if config["vocab_size"] != vocab:
+        raise ValueError(f"{model_dir}: vocab_size {config['vocab_size']}, tokenizer {vocab}")
+    qtype = {"F32": Q.F32, "F16": Q.F16, "Q8_0": Q.Q8_0}[type]
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    num_experts = config.get("num_local_experts") or config["num_experts"]
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_type("model")
+    writer.add_name(f"random-{arch}")
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    rope = config.get("rope_parameters") or {}
+    writer.add_rope_freq_base(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
+    writer.add_expert_count(num_experts)
+    writer.add_expert_used_count(config["num_experts_per_tok"])
+    writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+    if arch == "qwen2moe":
+        writer.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
+    writer.add_file_type(
+        {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
+         "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[type]
+    )  # fmt: skip
+    for key, value, vtype, sub_type in tokenizer:
+        writer.add_key_value(key, value, vtype, sub_type)
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+    def add(name: str, w: np.ndarray) -> None:
+        w = w.astype(np.float32)
+        if qtype == Q.F32 or w.ndim == 1 or "gate_inp" in name:
+            writer.add_tensor(name, w)
+        elif qtype == Q.F16:
+            writer.add_tensor(name, w.astype(np.float16))
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
+
+    add("token_embd.weight", weights["model.embed_tokens.weight"])
+    for i in range(config["num_hidden_layers"]):
+        hf = f"model.layers.{i}."
+        for name, ours in _MOE_LAYER.items():
+            for kind in ("weight", "bias"):
+                w = weights.get(f"{hf}{ours}.{kind}")
+                if w is not None:
+                    add(f"blk.{i}.{name}.{kind}", w[0] if name == "ffn_gate_inp_shexp" else w)
+        for name, proj in _MOE_EXPERTS.items():
+            experts = [weights[f"{hf}mlp.experts.{e}.{proj}.weight"] for e in range(num_experts)]
+            add(f"blk.{i}.{name}.weight", np.stack(experts))
+    add("output_norm.weight", weights["model.norm.weight"])
+    if not config.get("tie_word_embeddings", False):
+        add("output.weight", weights["lm_head.weight"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+# Tokens llama.cpp's loader of a "phi3" vocabulary looks up (Phi-3's SentencePiece ones), in
+# the place of special tokens of the default model that the tests never use.
+_PHI3_TOKENS = {"<repo_name>": "<s>", "<reponame>": "</s>", "<file_sep>": "<unk>"}
+
+
+def write_phi3_gguf(path: str | Path, model_dir: str | Path, type: str = "F32") -> Path:
+    """Write a transformers Phi3ForCausalLM directory (float weights, the default model's
+    tokenizer, longrope) as a "phi3" GGUF the way llama.cpp's convert_hf_to_gguf.py lays one
+    out: fused attn_qkv, ffn_up holding gate and up, q/k rows as they are, the rotated
+    dimensions, the original context, the attention factor and the rope factor tensors;
+    matrices in `type` (F32, F16 or Q8_0), norms and factors in F32."""
+    import json
+    import math
+
+    from safetensors.numpy import load_file
+
+    path, model_dir = Path(path), Path(model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    weights: dict[str, np.ndarray] = {}
+    for file in sorted(model_dir.glob("*.safetensors")):
+        weights |= load_file(file)
+    rope = config["rope_parameters"]
+    if rope.get("rope_type") != "longrope":
+        raise ValueError(f"{model_dir}: a longrope Phi-3 is written here, not {rope}")
+    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    original = config["original_max_position_embeddings"]
+    scale = config["max_position_embeddings"] / original
+    qtype = {"F32": Q.F32, "F16": Q.F16, "Q8_0": Q.Q8_0}[type]
+    writer = gguf.GGUFWriter(path, "phi3")
+    writer.add_type("model")
+    writer.add_name("random-phi3")
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_rope_scaling_orig_ctx_len(original)
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
+    writer.add_rope_freq_base(rope["rope_theta"])
+    writer.add_sliding_window(config.get("sliding_window") or 0)
+    attn = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0
+    writer.add_rope_scaling_attn_factors(attn)
+    writer.add_file_type(
+        {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
+         "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[type]
+    )  # fmt: skip
+    for key, value, vtype, sub_type in _tokenizer_fields():
+        if key == "tokenizer.ggml.tokens":  # llama.cpp's phi3 vocabulary looks these up
+            value = [_PHI3_TOKENS.get(t, t) for t in value]
+        writer.add_key_value(key, value, vtype, sub_type)
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+    def add(name: str, w: np.ndarray) -> None:
+        w = w.astype(np.float32)
+        if w.ndim == 1 or qtype == Q.F32:
+            writer.add_tensor(name, w)
+        elif qtype == Q.F16:
+            writer.add_tensor(name, w.astype(np.float16))
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
+
+    add("token_embd.weight", weights["model.embed_tokens.weight"])
+    add("rope_factors_long.weight", np.asarray(rope["long_factor"], dtype=np.float32))
+    add("rope_factors_short.weight", np.asarray(rope["short_factor"], dtype=np.float32))
+    for i in range(config["num_hidden_layers"]):
+        hf = f"model.layers.{i}."
+        add(f"blk.{i}.attn_norm.weight", weights[hf + "input_layernorm.weight"])
+        add(f"blk.{i}.attn_qkv.weight", weights[hf + "self_attn.qkv_proj.weight"])
+        add(f"blk.{i}.attn_output.weight", weights[hf + "self_attn.o_proj.weight"])
+        add(f"blk.{i}.ffn_norm.weight", weights[hf + "post_attention_layernorm.weight"])
+        add(f"blk.{i}.ffn_up.weight", weights[hf + "mlp.gate_up_proj.weight"])
+        add(f"blk.{i}.ffn_down.weight", weights[hf + "mlp.down_proj.weight"])
+    add("output_norm.weight", weights["model.norm.weight"])
+    if not config.get("tie_word_embeddings", False):
+        add("output.weight", weights["lm_head.weight"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 @functools.cache
 def _tokenizer_fields() -> tuple[tuple[str, Any, gguf.GGUFValueType, Any], ...]:
     """Every tokenizer.* field of the default model: (key, value, type, array item type)."""

@@ -6,12 +6,14 @@ from braid.runtime.models.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from braid.runtime.models.config_families import GEMMA_ARCHITECTURES
 from braid.runtime.models.gemma import GemmaForCausalLM
 from braid.runtime.models.llama import LlamaForCausalLM
+from braid.runtime.models.moe import MoeForCausalLM
 
 __all__ = [
     "SUPPORTED_ARCHITECTURES",
     "GemmaForCausalLM",
     "LlamaForCausalLM",
     "ModelConfig",
+    "MoeForCausalLM",
     "build_model",
 ]
 
@@ -19,4 +21,6 @@ __all__ = [
 def build_model(config: ModelConfig, linear: type[nn.Linear] = nn.Linear) -> LlamaForCausalLM:
     """The model class for `config.architecture`, built (on the current default device)."""
     cls = GemmaForCausalLM if config.architecture in GEMMA_ARCHITECTURES else LlamaForCausalLM
+    if config.moe is not None:
+        cls = MoeForCausalLM
     return cls(config, linear)

@@ -7,13 +7,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from braid.runtime.models import config_families, rope
+from braid.runtime.models import config_families, moe_config, rope
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-# HF `architectures` names we implement: variations of one Llama-shaped decoder (llama.py),
-# and Gemma 2/3 (gemma.py; a multimodal Gemma 3's language model alone).
+# HF `architectures` names we implement: variations of one Llama-shaped decoder (llama.py;
+# Phi-3's partial rotary and longrope, SmolLM3's NoPE layers among them), and Gemma 2/3
+# (gemma.py; a multimodal Gemma 3's language model alone).
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
@@ -22,6 +23,9 @@ SUPPORTED_ARCHITECTURES = (
     "Gemma2ForCausalLM",
     "Gemma3ForCausalLM",
     "Gemma3ForConditionalGeneration",
+    "Phi3ForCausalLM",
+    "SmolLM3ForCausalLM",
+    *moe_config.MOE_ARCHITECTURES,
 )
 # Keys read straight from config.json. transformers' defaults for the others differ by
 # architecture (key/value heads, head size, eos), so a config.json without one of these is
@@ -79,6 +83,10 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None
     attn_logit_softcapping: float | None = None
     final_logit_softcapping: float | None = None
+    # SmolLM3: the layers that do not rotate q and k (NoPE).
+    nope_layers: tuple[int, ...] = ()
+    # Mixture of experts (moe.py): the experts, the router's top k, which layers are sparse.
+    moe: moe_config.MoeConfig | None = None
 
     @classmethod
     def from_dict(cls, config: dict) -> ModelConfig:
@@ -92,6 +100,8 @@ class ModelConfig:
             )
         config = config_families.text_config(config)
         extra = config_families.extra_fields(config, arch)
+        if arch in moe_config.MOE_ARCHITECTURES:
+            extra |= moe_config.extra_fields(config, arch)
         eos = config["eos_token_id"]
         eos_ids = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
         heads = config["num_attention_heads"]
@@ -107,10 +117,10 @@ class ModelConfig:
             rms_norm_eps=config["rms_norm_eps"],
             max_position_embeddings=config["max_position_embeddings"],
             tie_word_embeddings=bool(config["tie_word_embeddings"]),
-            attention_bias=arch == "Qwen2ForCausalLM" or bool(config.get("attention_bias")),
             eos_token_ids=eos_ids,
             **{
                 "qk_norm": arch == "Qwen3ForCausalLM",
+                "attention_bias": arch == "Qwen2ForCausalLM" or bool(config.get("attention_bias")),
                 "rope_parameters": extra.get("rope_parameters") or rope.rope_parameters(config),
             }
             | extra,

@@ -1,5 +1,6 @@
-"""What a config.json says beyond the Llama shape: sliding windows (Mistral, Qwen2/3, Gemma)
-and Gemma's own settings (query scaling, soft-caps, the local layers' rope).
+"""What a config.json says beyond the Llama shape: sliding windows (Mistral, Qwen2/3, Gemma,
+Phi-3), Gemma's own settings (query scaling, soft-caps, the local layers' rope), Phi-3's rope
+(longrope, partial rotary) and SmolLM3's layers without rope.
 
 ModelConfig.from_dict takes these fields from `extra_fields`; the names and conventions are
 transformers' (configuration_gemma2.py, configuration_gemma3.py, masking_utils.py).
@@ -10,6 +11,8 @@ from __future__ import annotations
 from braid.runtime.models import rope
 
 GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
+# Families whose config class defaults sliding_window to None (no window).
+_NO_DEFAULT_WINDOW = ("LlamaForCausalLM", "Phi3ForCausalLM", "SmolLM3ForCausalLM")
 # Gemma 3's default rope bases (transformers' Gemma3TextConfig.default_theta).
 _GEMMA3_THETA = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}
 
@@ -38,6 +41,10 @@ def layer_types(config: dict, arch: str) -> list[str]:
     if arch.startswith("Gemma3"):
         pattern = config.get("sliding_window_pattern") or 6
         return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+    if arch == "SmolLM3ForCausalLM":  # NoPE layers slide when use_sliding_window is set
+        slide = config.get("use_sliding_window") and config.get("sliding_window") is not None
+        nope = set(nope_layers(config))
+        return ["sliding_attention" if slide and i in nope else "full_attention" for i in range(n)]
     if arch.startswith("Qwen"):
         first = config.get("max_window_layers", n)
         return ["sliding_attention" if i >= first else "full_attention" for i in range(n)]
@@ -48,8 +55,9 @@ def layer_windows(config: dict, arch: str) -> tuple[int | None, ...]:
     """Each layer's sliding window (a token sees the `window` latest positions, itself
     included: transformers' `kv_idx > q_idx - sliding_window`), None for a full layer; ()
     when no layer slides."""
-    # A config.json without the key gets transformers' default, 4096 for these families.
-    window = config.get("sliding_window", 4096)
+    # A config.json without the key gets transformers' default, 4096 for these families
+    # (None for Phi-3 and SmolLM3).
+    window = config.get("sliding_window", None if arch in _NO_DEFAULT_WINDOW else 4096)
     if arch.startswith("Qwen") and not config.get("use_sliding_window"):
         window = None  # transformers ignores Qwen's sliding_window unless this is set
     if arch == "LlamaForCausalLM" or not window:
@@ -59,6 +67,32 @@ def layer_windows(config: dict, arch: str) -> tuple[int | None, ...]:
         raise ValueError(f"layer_types has {len(types)} entries, not num_hidden_layers")
     windows = tuple(int(window) if t == "sliding_attention" else None for t in types)
     return windows if any(windows) else ()
+
+
+def nope_layers(config: dict) -> tuple[int, ...]:
+    """SmolLM3's layers without rope: `no_rope_layers` holds 1 for a layer that rotates, 0 for
+    one that does not; without it, every `no_rope_layer_interval`-th layer (the 4th, 8th, ...)
+    is NoPE (transformers' SmolLM3Config)."""
+    n = config["num_hidden_layers"]
+    flags = config.get("no_rope_layers")
+    if flags is None:
+        interval = config.get("no_rope_layer_interval") or 4
+        flags = [int((i + 1) % interval != 0) for i in range(n)]
+    if len(flags) != n:
+        raise ValueError(f"no_rope_layers has {len(flags)} entries, not num_hidden_layers")
+    return tuple(i for i, rotates in enumerate(flags) if not rotates)
+
+
+def _phi3_rope(config: dict) -> dict:
+    """Phi-3's rope: its old rope_scaling types "su" and "yarn" are longrope (transformers'
+    Phi3Config), the original context beside them at the top level."""
+    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    kind = params.pop("type", None) or params.get("rope_type")
+    if kind in ("su", "yarn"):
+        kind = "longrope"
+    if kind is not None:
+        params["rope_type"] = kind
+    return rope.rope_parameters({**config, "rope_parameters": params, "rope_scaling": None})
 
 
 def _gemma3_rope(config: dict) -> tuple[dict, dict]:
@@ -85,6 +119,10 @@ def _gemma3_rope(config: dict) -> tuple[dict, dict]:
 def extra_fields(config: dict, arch: str) -> dict:
     """ModelConfig's fields beyond the Llama shape, from a config.json of architecture `arch`."""
     fields: dict = {"layer_windows": layer_windows(config, arch)}
+    if arch == "Phi3ForCausalLM":
+        fields["rope_parameters"] = _phi3_rope(config)
+    if arch == "SmolLM3ForCausalLM":
+        fields["nope_layers"] = nope_layers(config)
     if arch not in GEMMA_ARCHITECTURES:
         return fields
     if config.get("use_bidirectional_attention"):

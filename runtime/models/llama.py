@@ -14,6 +14,7 @@ from torch import nn
 
 from braid.runtime.forward_batch import ForwardBatch
 from braid.runtime.kv_cache import KVPool
+from braid.runtime.models import rope
 from braid.runtime.models.config import ModelConfig
 from braid.runtime.models.ops import TORCH_OPS, LayerOps
 
@@ -51,6 +52,10 @@ class Rotary(nn.Module):
         self.register_buffer(
             "sin", torch.empty(config.max_position_embeddings, half), persistent=False
         )
+        if config.nope_layers:  # the tables of layers without rope (SmolLM3): cos 1, sin 0
+            shape = (config.max_position_embeddings, half)
+            self.register_buffer("nope_cos", torch.empty(shape), persistent=False)
+            self.register_buffer("nope_sin", torch.empty(shape), persistent=False)
         self.reset()
 
     def reset(self) -> Rotary:
@@ -58,11 +63,19 @@ class Rotary(nn.Module):
         with torch.device("cpu"):  # also when the model is being built on the meta device
             inv_freq, scale = self.config.rope_inv_freq()
             t = torch.arange(self.config.max_position_embeddings, dtype=torch.float32)
-            freqs = torch.outer(t, inv_freq)  # (max_pos, D/2)
+            freqs = torch.outer(t, inv_freq)  # (max_pos, R/2), R the rotated dims
             # cos and sin on the CPU: on the meta device they import torch's compiler stack.
             cos, sin = freqs.cos() * scale, freqs.sin() * scale
-        self.cos.copy_(cos)
-        self.sin.copy_(sin)
+        # A partial rotary (R < D): the other pairs pass unrotated (the loader moved q/k's
+        # dimensions so that pairs are (i, i + D/2): partial_rotary_rows).
+        rotated = inv_freq.numel()
+        self.cos[:, rotated:] = 1.0
+        self.sin[:, rotated:] = 0.0
+        self.cos[:, :rotated].copy_(cos)
+        self.sin[:, :rotated].copy_(sin)
+        if self.config.nope_layers:
+            self.nope_cos.fill_(1.0)
+            self.nope_sin.fill_(0.0)
         return self
 
 
@@ -84,6 +97,7 @@ class Attention(nn.Module):
         self.qk_norm = config.qk_norm
         self.scale = self.head_dim**-0.5
         self.window = config.layer_windows[layer] if config.layer_windows else None  # Mistral
+        self.rope = layer not in config.nope_layers  # SmolLM3's NoPE layers do not rotate
 
     def forward(
         self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool, rotary: Rotary, ops: LayerOps
@@ -96,8 +110,9 @@ class Attention(nn.Module):
             q, k = heads[:, : self.num_heads], heads[:, self.num_heads : -self.num_kv_heads]
             q.copy_(self.q_norm(q, TORCH_OPS))
             k.copy_(self.k_norm(k, TORCH_OPS))
+        cos, sin = (rotary.cos, rotary.sin) if self.rope else (rotary.nope_cos, rotary.nope_sin)
         out = ops.attention.forward(
-            qkv, self.num_heads, self.num_kv_heads, rotary.cos, rotary.sin, kv, self.layer,
+            qkv, self.num_heads, self.num_kv_heads, cos, sin, kv, self.layer,
             batch, self.scale, window=self.window,
         )  # fmt: skip
         y = self.o_proj(out)
@@ -201,8 +216,10 @@ class LlamaForCausalLM(nn.Module):
         the head (a self-draft). With `hidden_states`, those rows' final normed hidden states
         [N, hidden] instead of logits (what embeddings are pooled from)."""
         residual = self.embed_tokens(batch.input_ids)  # (T, hidden)
-        # The one-call decoder has no sliding window: a windowed model runs layer by layer.
-        decoder = None if self.config.layer_windows else self.decoder
+        # The one-call decoder has no sliding window and one rope table: a windowed model, or
+        # one with NoPE layers, runs layer by layer.
+        plain = not (self.config.layer_windows or self.config.nope_layers)
+        decoder = self.decoder if plain else None
         if decoder is not None and decoder.serves(batch):
             x = decoder(residual, batch, kv, num_layers or len(self.layers))
         else:
@@ -237,13 +254,65 @@ class LlamaForCausalLM(nn.Module):
                 raise ValueError(f"checkpoint is missing weight {name!r}")
             return weights[name]
 
+        rows = partial_rotary_rows(self.config)  # q/k rows moved, for a partial rotary
         for name in sorted(expected):
             hf = "model." + name if not name.startswith("lm_head") else name
             if ".qkv_proj." in name:
                 parts = [hf.replace("qkv_proj", p) for p in ("q_proj", "k_proj", "v_proj")]
-                put(name, torch.cat([take(p) for p in parts]))
+                qkv = torch.cat([take(p) for p in parts])
+                put(name, qkv if rows is None else qkv[rows])
             elif ".gate_up_proj." in name:
                 parts = [hf.replace("gate_up_proj", p) for p in ("gate_proj", "up_proj")]
                 put(name, torch.cat([take(p) for p in parts]))
             else:
                 put(name, take(hf))
+
+
+def partial_rotary_rows(config: ModelConfig) -> torch.Tensor | None:
+    """The qkv projection's rows in our order for a partial rotary (R of D dimensions), None
+    when whole heads rotate. transformers rotates pairs (i, i + R/2) of each q/k head and
+    passes the last D - R dimensions; our attention rotates pairs (i, i + D/2), the pairs past
+    R/2 with cos 1 and sin 0 (Rotary). q and k move alike, so their dot products, and the
+    outputs, are the same."""
+    d = config.head_dim
+    r = rope.rotary_dim(config.rope_parameters, d)
+    if r == d:
+        return None
+    if r % 2 or (d - r) % 2:
+        raise ValueError(f"a partial rotary of {r} of {d} dimensions is unsupported")
+    p = (d - r) // 2
+    # Head position -> transformers' dimension: first halves of rotated pairs, half the
+    # passed dimensions, second halves, the other passed half.
+    head = torch.cat([
+        torch.arange(r // 2), torch.arange(r, r + p), torch.arange(r // 2, r),
+        torch.arange(r + p, d),
+    ])  # fmt: skip
+    qk_heads = config.num_heads + config.num_kv_heads
+    rows = (torch.arange(qk_heads)[:, None] * d + head).flatten()  # q and k heads
+    v = torch.arange(qk_heads * d, (qk_heads + config.num_kv_heads) * d)
+    return torch.cat([rows, v])
+
+
+def split_fused(weights: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """A checkpoint's fused q/k/v and gate/up (Phi-3's qkv_proj and gate_up_proj) as views
+    named as the Llama's separate projections (which load_hf_weights and tensor-parallel
+    slicing read)."""
+    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    out = {}
+    for name, w in weights.items():
+        if ".self_attn.qkv_proj." in name:
+            if w.shape[0] != q + 2 * kv:
+                raise ValueError(
+                    f"weight {name}: checkpoint has {w.shape[0]} rows, the config implies "
+                    f"{q + 2 * kv}"
+                )
+            for part, piece in zip(
+                ("q_proj", "k_proj", "v_proj"), w.split([q, kv, kv]), strict=True
+            ):
+                out[name.replace("qkv_proj", part)] = piece
+        elif ".mlp.gate_up_proj." in name:
+            for part, piece in zip(("gate_proj", "up_proj"), w.chunk(2), strict=True):
+                out[name.replace("gate_up_proj", part)] = piece
+        else:
+            out[name] = w
+    return out

@@ -11,8 +11,9 @@ import math
 
 import torch
 
-# Rope types whose frequencies do not depend on the sequence length, so one table serves all.
-STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+# Rope types whose frequencies do not depend on the sequence length, so one table serves all
+# (longrope picks its long or short factors once, for the model's context: _longrope).
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
 def rope_parameters(config: dict) -> dict:
@@ -23,13 +24,13 @@ def rope_parameters(config: dict) -> dict:
     params.setdefault("rope_theta", config.get("rope_theta", 10000.0))
     if "partial_rotary_factor" in config:
         params.setdefault("partial_rotary_factor", config["partial_rotary_factor"])
-    if params["rope_type"] in ("llama3", "yarn"):
-        params.setdefault("original_max_position_embeddings", config["max_position_embeddings"])
-    if params.get("partial_rotary_factor", 1.0) != 1.0:
-        raise ValueError(
-            f"unsupported partial_rotary_factor {params['partial_rotary_factor']} (braid "
-            "rotates whole heads)"
+    if params["rope_type"] in ("llama3", "yarn", "longrope"):
+        params.setdefault(
+            "original_max_position_embeddings",
+            config.get("original_max_position_embeddings") or config["max_position_embeddings"],
         )
+    if not 0.0 < params.get("partial_rotary_factor", 1.0) <= 1.0:
+        raise ValueError(f"unsupported partial_rotary_factor {params['partial_rotary_factor']}")
     if params["rope_type"] not in STATIC_ROPE_TYPES:
         raise ValueError(
             f"unsupported rope_type {params['rope_type']!r}; "
@@ -38,9 +39,16 @@ def rope_parameters(config: dict) -> dict:
     return params
 
 
+def rotary_dim(params: dict, head_dim: int) -> int:
+    """How many of a head's dimensions rotate (the first ones, in transformers' layout):
+    head_dim, or its partial_rotary_factor share (Phi-4-mini's 0.75)."""
+    return int(head_dim * params.get("partial_rotary_factor", 1.0))
+
+
 def inv_freq(params: dict, head_dim: int, max_positions: int) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies [head_dim / 2] (float32) and the scale of the cos/sin tables
-    (yarn scales attention through them)."""
+    """Inverse frequencies [rotary_dim / 2] (float32) and the scale of the cos/sin tables
+    (yarn and longrope scale attention through them)."""
+    head_dim = rotary_dim(params, head_dim)
     theta = params["rope_theta"]
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
     base = 1.0 / theta**exponents
@@ -51,7 +59,32 @@ def inv_freq(params: dict, head_dim: int, max_positions: int) -> tuple[torch.Ten
         return base / params["factor"], 1.0
     if kind == "llama3":
         return _llama3(base, params), 1.0
+    if kind == "longrope":
+        return _longrope(base, params, max_positions)
     return _yarn(params, head_dim, max_positions)
+
+
+def _longrope(base: torch.Tensor, params: dict, max_positions: int) -> tuple[torch.Tensor, float]:
+    """LongRoPE (Phi-3/3.5/4-mini): each frequency divided by its own factor, the long ones
+    when the context reaches past original_max_position_embeddings, else the short ones;
+    attention scaled by sqrt(1 + ln(factor) / ln(original)).
+
+    transformers switches per sequence (short factors while a sequence's length is at most
+    the original context, then it recomputes the whole cache with the long ones); a paged KV
+    holds rotated keys, so the choice here is made once, for the model's context, as
+    llama.cpp makes it for its context size: a sequence longer than the original context gets
+    transformers' rotation exactly, a shorter one the long factors where transformers uses the
+    short."""
+    original = params["original_max_position_embeddings"]
+    factor = params.get("factor") or max_positions / original
+    scale = params.get("attention_factor")
+    if scale is None:
+        scale = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    which = "long_factor" if max_positions > original else "short_factor"
+    factors = torch.tensor(params[which], dtype=torch.float32)
+    if factors.shape != base.shape:
+        raise ValueError(f"longrope {which} has {len(factors)} entries, not {len(base)}")
+    return base / factors, float(scale)
 
 
 def _llama3(base: torch.Tensor, params: dict) -> torch.Tensor:

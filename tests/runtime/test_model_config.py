@@ -139,7 +139,7 @@ def test_keys_left_out_take_the_architectures_defaults(tmp_path):
         ),
         (
             json.dumps(
-                {**BASE, "rope_parameters": {"rope_theta": 1e4, "partial_rotary_factor": 0.5}}
+                {**BASE, "rope_parameters": {"rope_theta": 1e4, "partial_rotary_factor": 1.5}}
             ),
             "unsupported partial_rotary_factor",
         ),
@@ -152,7 +152,9 @@ def test_bad_config_is_named(tmp_path, text, match):
 
 
 def test_partial_rotary_factor_beside_the_rope_settings_counts():
-    with pytest.raises(ValueError, match="unsupported partial_rotary_factor 0.5"):
-        rope.rope_parameters({"rope_theta": 1e4, "partial_rotary_factor": 0.5})
+    with pytest.raises(ValueError, match="unsupported partial_rotary_factor 1.5"):
+        rope.rope_parameters({"rope_theta": 1e4, "partial_rotary_factor": 1.5})
+    half = rope.rope_parameters({"rope_theta": 1e4, "partial_rotary_factor": 0.5})
+    assert rope.inv_freq(half, 64, 128)[0].shape == (16,)  # half the pairs
     params = rope.rope_parameters({"rope_theta": 1e4, "partial_rotary_factor": 1.0})
     assert params == {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 1.0}
