@@ -10,6 +10,16 @@ import json
 import pytest
 import torch
 import transformers
+from family_models import (
+    OPS,
+    assert_matches_llama_cpp,
+    ours,
+    prompt_logits,
+    random_ids,
+    reference,
+    reference_logits,
+    tiny_model,
+)
 
 from braid.runtime.forward_batch import ForwardBatch
 from braid.runtime.kv_cache import KVPool
@@ -17,7 +27,6 @@ from braid.runtime.model_loader import load_model, load_model_config
 from braid.runtime.models.config import ModelConfig
 
 WINDOW = 8
-OPS = pytest.mark.parametrize("cpu_kernels", [True, False], ids=["cpu-kernels", "torch"])
 TINY = dict(
     hidden_size=64,
     intermediate_size=128,
@@ -87,6 +96,11 @@ VARIANTS = {
 }
 
 
+def _random_norms(name: str, p: torch.nn.Parameter) -> None:
+    if "norm" in name:
+        p.normal_(0.0, 0.5)
+
+
 @pytest.fixture(scope="session")
 def make_model(tmp_path_factory, default_model_path):
     """Build (once per variant) a tiny random model as an HF directory, norms random too (so
@@ -96,56 +110,14 @@ def make_model(tmp_path_factory, default_model_path):
     def make(variant: str):
         if variant not in built:
             config_cls, extra = VARIANTS[variant]
-            tokenizer = transformers.AutoTokenizer.from_pretrained(default_model_path)
-            config = config_cls(
-                vocab_size=len(tokenizer),
-                eos_token_id=tokenizer.eos_token_id,
-                bos_token_id=tokenizer.bos_token_id,
-                pad_token_id=tokenizer.eos_token_id,
-                **TINY,
-                **extra,
+            template = GEMMA_TEMPLATE if variant.startswith("gemma") else None
+            directory = tmp_path_factory.mktemp(f"tiny-{variant}")
+            built[variant] = tiny_model(
+                directory, default_model_path, config_cls, TINY | extra, _random_norms, template
             )
-            torch.manual_seed(0)
-            model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-            with torch.no_grad():
-                for name, p in model.named_parameters():
-                    if "norm" in name:
-                        p.normal_(0.0, 0.5)
-                model.lm_head.weight.mul_(8.0)  # decisive greedy picks
-            path = tmp_path_factory.mktemp(f"tiny-{variant}")
-            model.save_pretrained(path)
-            if variant.startswith("gemma"):
-                tokenizer.chat_template = GEMMA_TEMPLATE
-            tokenizer.save_pretrained(path)
-            built[variant] = path
         return built[variant]
 
     return make
-
-
-def reference(path, dtype=torch.float32):
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype, attn_implementation="eager"
-    ).eval()
-
-
-def reference_logits(ref, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return ref(torch.tensor([ids])).logits[0].float()
-
-
-def ours(path, cpu_kernels: bool, dtype=torch.float32):
-    config = load_model_config(path)
-    model = load_model(path, config, dtype, torch.device("cpu"), cpu_kernels)
-    kv = KVPool(config.num_layers, 512, config.num_kv_heads, config.head_dim, dtype, "cpu")
-    for cache in kv.k + kv.v:  # no path may read an unwritten slot
-        cache[: kv.scratch_slot].fill_(float("nan"))
-    return config, model, kv
-
-
-def random_ids(config, n: int, seed: int) -> list[int]:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, config.vocab_size, (n,), generator=gen).tolist()
 
 
 def test_config_reads_windows_and_gemma_settings(make_model):
@@ -206,7 +178,7 @@ def test_unsupported_architecture_names_the_supported_ones():
 def test_prefill_and_decode_past_the_window_match_transformers(make_model, variant, cpu_kernels):
     """A prompt four windows long in two chunks, then decode steps: every row's logits."""
     path = make_model(variant)
-    config, model, kv = ours(path, cpu_kernels)
+    config, model, kv = ours(path, cpu_kernels, poison_unwritten=True)
     ref = reference(path)
     ids = random_ids(config, 4 * WINDOW + 4, seed=1)
     expected = reference_logits(ref, ids)
@@ -243,7 +215,7 @@ def test_greedy_tokens_match_transformers(make_model, variant, cpu_kernels):
 @pytest.mark.parametrize("variant", ["gemma3", "gemma2"])
 def test_bfloat16_logits_close_to_transformers(make_model, variant):
     path = make_model(variant)
-    config, model, kv = ours(path, cpu_kernels=True, dtype=torch.bfloat16)
+    config, model, kv = ours(path, cpu_kernels=True, dtype=torch.bfloat16, poison_unwritten=True)
     ref = reference(path, torch.bfloat16)
     ids = random_ids(config, 3 * WINDOW, seed=3)
     batch = ForwardBatch.build([ids], [kv.allocate(len(ids))], logits_rows=[list(range(len(ids)))])
@@ -259,7 +231,7 @@ def test_ragged_batch_and_shared_prefix_past_the_window(make_model, variant, cpu
     """Decodes sharing a prefix longer than the window (the padded shared-prefix path), a chunk
     over a cached prefix and a fresh prefill in one forward, each as transformers alone."""
     path = make_model(variant)
-    config, model, kv = ours(path, cpu_kernels)
+    config, model, kv = ours(path, cpu_kernels, poison_unwritten=True)
     ref = reference(path)
     prefix = random_ids(config, 3 * WINDOW, seed=4)
     prefix_slots = kv.allocate(len(prefix))
@@ -286,7 +258,7 @@ def test_tree_extend_past_the_window_matches_chains(make_model, variant):
     """A draft tree (speculative verification) over a prefix longer than the window: each
     node's logits as transformers' over its own chain."""
     path = make_model(variant)
-    config, model, kv = ours(path, cpu_kernels=True)
+    config, model, kv = ours(path, cpu_kernels=True, poison_unwritten=True)
     ref = reference(path)
     prefix = random_ids(config, 2 * WINDOW + 2, seed=11)
     prefix_slots = kv.allocate(len(prefix))
@@ -413,7 +385,7 @@ def test_gguf_gives_the_hf_config_and_logits(make_model, gemma3_gguf, tmp_path, 
     want = load_model_config(hf)
     got = load_model_config(converted)  # its eps went through a float32
     assert dataclasses.replace(got, rms_norm_eps=want.rms_norm_eps) == want
-    config, model, kv = ours(converted, cpu_kernels=True)
+    config, model, kv = ours(converted, cpu_kernels=True, poison_unwritten=True)
     ids = random_ids(config, 3 * WINDOW, seed=17)
     batch = ForwardBatch.build([ids], [kv.allocate(len(ids))], logits_rows=[list(range(len(ids)))])
     expected = reference_logits(reference(hf), ids)
@@ -428,43 +400,18 @@ def test_gguf_gives_the_hf_config_and_logits(make_model, gemma3_gguf, tmp_path, 
     assert (got - expected).abs().max() < 0.05 * expected.abs().max()
 
 
-LLAMA_CPP_PYTHON = "/tmp/llamacpp/bin/python"  # a venv with llama-cpp-python (not a dependency)
-_LLAMA_CPP_LOGITS = """
-import sys, numpy as np, llama_cpp
-path, ids, out = sys.argv[1], [int(t) for t in sys.argv[2].split(",")], sys.argv[3]
-llm = llama_cpp.Llama(path, n_ctx=256, logits_all=True, verbose=False, n_threads=2)
-llm.eval(ids)
-np.save(out, np.array(llm.scores[: len(ids)], dtype=np.float32))
-"""
-
-
 @pytest.mark.slow
 def test_gguf_logits_match_llama_cpp(gemma3_gguf, tmp_path, monkeypatch):
     """Our forward over the GGUF against llama.cpp's (llama-cpp-python) on the same file,
     every position of a prompt three windows long."""
-    import os
-    import subprocess
-
-    import numpy as np
-
     from braid.runtime.model_loader import resolve_model_dir
 
-    if not os.path.exists(LLAMA_CPP_PYTHON):
-        pytest.skip(f"no llama-cpp-python venv at {LLAMA_CPP_PYTHON}")
     monkeypatch.setenv("BRAID_MODEL_CACHE", str(tmp_path))
-    config, model, kv = ours(resolve_model_dir(gemma3_gguf["F32"]), cpu_kernels=True)
+    config, model, kv = ours(
+        resolve_model_dir(gemma3_gguf["F32"]), cpu_kernels=True, poison_unwritten=True
+    )
     ids = random_ids(config, 3 * WINDOW, seed=18)
-    batch = ForwardBatch.build([ids], [kv.allocate(len(ids))], logits_rows=[list(range(len(ids)))])
-    got = model(batch, kv)
-    out = tmp_path / "logits.npy"
-    subprocess.run(
-        [LLAMA_CPP_PYTHON, "-c", _LLAMA_CPP_LOGITS, str(gemma3_gguf["F32"]),
-         ",".join(map(str, ids)), str(out)],
-        check=True, timeout=240,
-    )  # fmt: skip
-    want = torch.from_numpy(np.load(out))
-    assert (got - want).abs().max() < 1e-2 * want.abs().max()
-    assert (got.argmax(-1) == want.argmax(-1)).all()
+    assert_matches_llama_cpp(gemma3_gguf["F32"], ids, prompt_logits(model, kv, ids), tmp_path)
 
 
 def test_multimodal_gemma3_directory_runs_its_language_model(tmp_path):
@@ -489,7 +436,7 @@ def test_multimodal_gemma3_directory_runs_its_language_model(tmp_path):
             if "norm" in name:
                 p.normal_(0.0, 0.5)
     model.save_pretrained(tmp_path)
-    config, ours_model, kv = ours(tmp_path, cpu_kernels=True)
+    config, ours_model, kv = ours(tmp_path, cpu_kernels=True, poison_unwritten=True)
     assert config.layer_windows == (WINDOW, None, WINDOW) and config.eos_token_ids == (1, 106)
     ids = [i % 990 for i in random_ids(config, 3 * WINDOW, seed=19)]  # no image tokens
     batch = ForwardBatch.build([ids], [kv.allocate(len(ids))], logits_rows=[list(range(len(ids)))])

@@ -7,12 +7,21 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from family_models import (
+    OPS,
+    assert_matches_llama_cpp,
+    ours,
+    prompt_logits,
+    random_ids,
+    reference,
+    reference_logits,
+    tiny_model,
+)
 
 from braid.runtime.forward_batch import ForwardBatch
 from braid.runtime.kv_cache import KVPool
 from braid.runtime.model_loader import load_model, load_model_config
 
-OPS = pytest.mark.parametrize("cpu_kernels", [True, False], ids=["cpu-kernels", "torch"])
 TINY = dict(
     hidden_size=64,
     intermediate_size=96,
@@ -62,6 +71,13 @@ VARIANTS = {
 GGUF_VARIANTS = ["qwen3_moe-gguf", "qwen2_moe-gguf"]
 
 
+def _random_norms_and_routers(name: str, p: torch.nn.Parameter) -> None:
+    if "norm" in name:
+        p.normal_(1.0, 0.3)
+    elif name.endswith("gate.weight"):  # the routers
+        p.normal_(0.0, 0.5)
+
+
 @pytest.fixture(scope="session")
 def make_model(tmp_path_factory, default_model_path):
     """Build (once per variant) a tiny random model as an HF directory with the default
@@ -71,54 +87,13 @@ def make_model(tmp_path_factory, default_model_path):
     def make(variant: str):
         if variant not in built:
             config_cls, extra = VARIANTS[variant]
-            tokenizer = transformers.AutoTokenizer.from_pretrained(default_model_path)
-            config = config_cls(
-                vocab_size=len(tokenizer),
-                eos_token_id=tokenizer.eos_token_id,
-                bos_token_id=tokenizer.bos_token_id,
-                pad_token_id=tokenizer.eos_token_id,
-                **TINY,
-                **extra,
+            directory = tmp_path_factory.mktemp(f"tiny-{variant}")
+            built[variant] = tiny_model(
+                directory, default_model_path, config_cls, TINY | extra, _random_norms_and_routers
             )
-            torch.manual_seed(0)
-            model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-            with torch.no_grad():
-                for name, p in model.named_parameters():
-                    if "norm" in name:
-                        p.normal_(1.0, 0.3)
-                    elif name.endswith("gate.weight"):  # the routers
-                        p.normal_(0.0, 0.5)
-                model.lm_head.weight.mul_(8.0)  # decisive greedy picks
-            path = tmp_path_factory.mktemp(f"tiny-{variant}")
-            model.save_pretrained(path)
-            tokenizer.save_pretrained(path)
-            built[variant] = path
         return built[variant]
 
     return make
-
-
-def reference(path, dtype=torch.float32):
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype, attn_implementation="eager"
-    ).eval()
-
-
-def reference_logits(ref, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return ref(torch.tensor([ids])).logits[0].float()
-
-
-def ours(path, cpu_kernels: bool, dtype=torch.float32):
-    config = load_model_config(path)
-    model = load_model(path, config, dtype, torch.device("cpu"), cpu_kernels)
-    kv = KVPool(config.num_layers, 512, config.num_kv_heads, config.head_dim, dtype, "cpu")
-    return config, model, kv
-
-
-def random_ids(config, n: int, seed: int) -> list[int]:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, config.vocab_size, (n,), generator=gen).tolist()
 
 
 def test_config_reads_the_experts(make_model):
@@ -286,43 +261,17 @@ def test_quantized_gguf_experts_through_the_engine(moe_gguf, tmp_path, monkeypat
     assert outs[0] == outs[1]
 
 
-LLAMA_CPP_PYTHON = "/tmp/llamacpp/bin/python"  # a venv with llama-cpp-python (not a dependency)
-_LLAMA_CPP_LOGITS = """
-import sys, numpy as np, llama_cpp
-path, ids, out = sys.argv[1], [int(t) for t in sys.argv[2].split(",")], sys.argv[3]
-llm = llama_cpp.Llama(path, n_ctx=256, logits_all=True, verbose=False, n_threads=2)
-llm.eval(ids)
-np.save(out, np.array(llm.scores[: len(ids)], dtype=np.float32))
-"""
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", GGUF_VARIANTS)
 def test_gguf_logits_match_llama_cpp(moe_gguf, variant, tmp_path, monkeypatch):
     """Our forward over the F32 GGUF against llama.cpp's (llama-cpp-python) on the same file."""
-    import os
-    import subprocess
-
-    import numpy as np
-
     from braid.runtime.model_loader import resolve_model_dir
 
-    if not os.path.exists(LLAMA_CPP_PYTHON):
-        pytest.skip(f"no llama-cpp-python venv at {LLAMA_CPP_PYTHON}")
     monkeypatch.setenv("BRAID_MODEL_CACHE", str(tmp_path))
     file = moe_gguf[variant, "F32"]
     config, model, kv = ours(resolve_model_dir(file), cpu_kernels=True)
     ids = random_ids(config, 24, seed=18)
-    batch = ForwardBatch.build([ids], [kv.allocate(len(ids))], logits_rows=[list(range(len(ids)))])
-    got = model(batch, kv)
-    out = tmp_path / "logits.npy"
-    subprocess.run(
-        [LLAMA_CPP_PYTHON, "-c", _LLAMA_CPP_LOGITS, str(file), ",".join(map(str, ids)), str(out)],
-        check=True, timeout=240,
-    )  # fmt: skip
-    want = torch.from_numpy(np.load(out))
-    assert (got - want).abs().max() < 1e-2 * want.abs().max()
-    assert (got.argmax(-1) == want.argmax(-1)).all()
+    assert_matches_llama_cpp(file, ids, prompt_logits(model, kv, ids), tmp_path)
 
 
 def test_llama_gguf_with_experts_is_refused_clearly(tmp_path, monkeypatch):

@@ -9,6 +9,16 @@ import math
 import pytest
 import torch
 import transformers
+from family_models import (
+    OPS,
+    assert_matches_llama_cpp,
+    ours,
+    prompt_logits,
+    random_ids,
+    reference,
+    reference_logits,
+    tiny_model,
+)
 
 from braid.runtime.forward_batch import ForwardBatch
 from braid.runtime.kv_cache import KVPool
@@ -17,7 +27,6 @@ from braid.runtime.models.config import ModelConfig
 
 ORIGINAL = 16  # longrope's original context: the prompts run past it
 WINDOW = 8
-OPS = pytest.mark.parametrize("cpu_kernels", [True, False], ids=["cpu-kernels", "torch"])
 TINY = dict(
     hidden_size=64,
     intermediate_size=128,
@@ -90,6 +99,11 @@ VARIANTS = {
 }
 
 
+def _random_norms(name: str, p: torch.nn.Parameter) -> None:
+    if "norm" in name:
+        p.normal_(1.0, 0.5)
+
+
 @pytest.fixture(scope="session")
 def make_model(tmp_path_factory, default_model_path):
     """Build (once per variant) a tiny random model as an HF directory, with the default
@@ -99,55 +113,13 @@ def make_model(tmp_path_factory, default_model_path):
     def make(variant: str):
         if variant not in built:
             config_cls, extra, template = VARIANTS[variant]
-            tokenizer = transformers.AutoTokenizer.from_pretrained(default_model_path)
-            config = config_cls(
-                vocab_size=len(tokenizer),
-                eos_token_id=tokenizer.eos_token_id,
-                bos_token_id=tokenizer.bos_token_id,
-                pad_token_id=tokenizer.eos_token_id,
-                **TINY,
-                **extra,
+            directory = tmp_path_factory.mktemp(f"tiny-{variant}")
+            built[variant] = tiny_model(
+                directory, default_model_path, config_cls, TINY | extra, _random_norms, template
             )
-            torch.manual_seed(0)
-            model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-            with torch.no_grad():
-                for name, p in model.named_parameters():
-                    if "norm" in name:
-                        p.normal_(1.0, 0.5)
-                model.lm_head.weight.mul_(8.0)  # decisive greedy picks
-            path = tmp_path_factory.mktemp(f"tiny-{variant}")
-            model.save_pretrained(path)
-            tokenizer.chat_template = template
-            tokenizer.save_pretrained(path)
-            built[variant] = path
         return built[variant]
 
     return make
-
-
-def reference(path, dtype=torch.float32):
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype, attn_implementation="eager"
-    ).eval()
-
-
-def reference_logits(ref, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return ref(torch.tensor([ids])).logits[0].float()
-
-
-def ours(path, cpu_kernels: bool, dtype=torch.float32):
-    config = load_model_config(path)
-    model = load_model(path, config, dtype, torch.device("cpu"), cpu_kernels)
-    kv = KVPool(config.num_layers, 512, config.num_kv_heads, config.head_dim, dtype, "cpu")
-    for cache in kv.k + kv.v:  # no path may read an unwritten slot
-        cache[: kv.scratch_slot].fill_(float("nan"))
-    return config, model, kv
-
-
-def random_ids(config, n: int, seed: int) -> list[int]:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, config.vocab_size, (n,), generator=gen).tolist()
 
 
 def test_config_reads_phi3_and_smollm3_settings(make_model):
@@ -402,44 +374,17 @@ def test_engine_on_a_phi3_gguf_runs_its_floats(make_model, phi3_gguf, tmp_path, 
     assert outs[0] == outs[1]
 
 
-LLAMA_CPP_PYTHON = "/tmp/llamacpp/bin/python"  # a venv with llama-cpp-python (not a dependency)
-_LLAMA_CPP_LOGITS = """
-import sys, numpy as np, llama_cpp
-path, ids, out = sys.argv[1], [int(t) for t in sys.argv[2].split(",")], sys.argv[3]
-llm = llama_cpp.Llama(path, n_ctx=256, logits_all=True, verbose=False, n_threads=2)
-llm.eval(ids)
-np.save(out, np.array(llm.scores[: len(ids)], dtype=np.float32))
-"""
-
-
 @pytest.mark.slow
 def test_phi3_gguf_logits_match_llama_cpp(phi3_gguf, tmp_path, monkeypatch):
     """Our forward over the Phi-4-mini-shaped GGUF (partial rotary, longrope's long factors:
     llama.cpp's context of 256 is past the original 16) against llama.cpp's on the same file.
     (The windowed phi3 is left out: llama.cpp turns Phi's sliding window off.)"""
-    import os
-    import subprocess
-
-    import numpy as np
-
     from braid.runtime.model_loader import resolve_model_dir
 
-    if not os.path.exists(LLAMA_CPP_PYTHON):
-        pytest.skip(f"no llama-cpp-python venv at {LLAMA_CPP_PYTHON}")
     monkeypatch.setenv("BRAID_MODEL_CACHE", str(tmp_path))
     config, model, kv = ours(resolve_model_dir(phi3_gguf["phi4-mini"]), cpu_kernels=True)
     ids = random_ids(config, 2 * ORIGINAL, seed=7)
-    batch = ForwardBatch.build([ids], [kv.allocate(len(ids))], logits_rows=[list(range(len(ids)))])
-    got = model(batch, kv)
-    out = tmp_path / "logits.npy"
-    subprocess.run(
-        [LLAMA_CPP_PYTHON, "-c", _LLAMA_CPP_LOGITS, str(phi3_gguf["phi4-mini"]),
-         ",".join(map(str, ids)), str(out)],
-        check=True, timeout=240,
-    )  # fmt: skip
-    want = torch.from_numpy(np.load(out))
-    assert (got - want).abs().max() < 1e-2 * want.abs().max()
-    assert (got.argmax(-1) == want.argmax(-1)).all()
+    assert_matches_llama_cpp(phi3_gguf["phi4-mini"], ids, prompt_logits(model, kv, ids), tmp_path)
 
 
 @pytest.mark.parametrize("variant", ["phi3", "smollm3"])
