@@ -39,12 +39,13 @@ _ARGTYPES = {
     "add_rms_norm": [_P, _P, _P, _P, _I64, _I64, ctypes.c_float, _INT],
     "silu_mul": [_P, _P, _I64, _I64, _INT],
     "rope_store_kv": [_P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _INT],
+    # ..., scale, softcap (0: none), sinks (null: none), threads
     "decode_attention": [_P, _I64, _P, _P, _P, _P, _P, _P, _P]
-    + [_I64, _I64, _I64, _I64, ctypes.c_float, _INT],
+    + [_I64, _I64, _I64, _I64, ctypes.c_float, ctypes.c_float, _P, _INT],
     "argmax_rows": [_P, _I64, _I64, _I64, _P, _INT],
-    # rope_store_kv's arguments, then decode_attention's from out to scale
+    # rope_store_kv's arguments, then decode_attention's from out to sinks
     "rope_store_attend": [_P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64]
-    + [_P, _P, _P, _P, _P, _I64, ctypes.c_float, _INT],
+    + [_P, _P, _P, _P, _P, _I64, ctypes.c_float, ctypes.c_float, _P, _INT],
 }
 # Every entry point comes in one variant per dtype, named with its suffix...
 _SIGNATURES = {
@@ -54,7 +55,7 @@ _SIGNATURES = {
 }
 # ...but the quantized linears (float32 activations), which take a format id: the index in
 # QUANT_FORMATS (kernels/cpu_quant.cpp's FormatId).
-QUANT_FORMATS = ("q4", "q5", "q8", "iq4", "q6")
+QUANT_FORMATS = ("q4", "q5", "q8", "iq4", "q6", "mxfp4")
 _SIGNATURES["quant_matmul"] = ([_I64, _P, _I64, _I64, _P, _I64, _P, _I64, _INT], None)
 _SIGNATURES["dequantize_rows"] = ([_I64, _P, _I64, _P, _I64, _P, _INT], None)
 _SIGNATURES["quant_rounds_inputs"] = ([], _I64)
@@ -262,6 +263,8 @@ class CpuKernels:
         kv_lens: torch.Tensor,
         kv_indices: torch.Tensor,
         scale: float,
+        softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> None:
         """rope_store_kv, then decode_attention of the q heads of qkv for `rows`, in one call
         and one parallel region (every token is stored before any row attends)."""
@@ -271,8 +274,9 @@ class CpuKernels:
         _check(qkv.dtype, data=[out])
         rows_args = _rows_args(rows, kv_starts, kv_lens, kv_indices)
         self._fn("rope_store_attend", qkv.dtype)(
-            *args, out.data_ptr(), *rows_args, scale, _threads()
-        )
+            *args, out.data_ptr(), *rows_args, scale, *_options(softcap, sinks, num_heads),
+            _threads(),
+        )  # fmt: skip
 
     def decode_attention(
         self,
@@ -285,11 +289,15 @@ class CpuKernels:
         kv_lens: torch.Tensor,
         kv_indices: torch.Tensor,
         scale: float,
+        softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> None:
         """Attention of one query token per row: q[rows[i]] ([T, H, D]; tokens may be strided,
         heads packed) over the slots kv_indices[kv_starts[i]:kv_starts[i] + kv_lens[i]] of the
         pool [S, Hkv, D], written into out[rows[i]] ([T, H, D], contiguous); other rows of out
-        are left alone. As kernels.reference.decode_attention on those rows."""
+        are left alone. `softcap`: scores become softcap * tanh(score / softcap); `sinks`
+        (float32 [H]): each head's logit joins the softmax's denominator with no value. As
+        kernels.reference.decode_attention on those rows."""
         _check(q.dtype, data=[k_cache, v_cache, out])
         tokens, num_heads, head_dim = q.shape
         if q.device.type != "cpu" or q.stride(2) != 1 or q.stride(1) != head_dim:
@@ -305,6 +313,7 @@ class CpuKernels:
             k_cache.shape[1],
             head_dim,
             scale,
+            *_options(softcap, sinks, num_heads),
             _threads(),
         )
 
@@ -446,6 +455,17 @@ def _rope_args(qkv, num_heads, num_kv_heads, positions, cos, sin, k_cache, v_cac
     _check(torch.float32, data=[cos, sin])
     ptrs = [t.data_ptr() for t in (qkv, positions, cos, sin, k_cache, v_cache, slots)]
     return (*ptrs, qkv.shape[0], num_heads, num_kv_heads, k_cache.shape[-1])
+
+
+def _options(softcap: float | None, sinks: torch.Tensor | None, num_heads: int) -> tuple:
+    """The attention options as the C entry points take them (0 and null: none), checked."""
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"attention softcap must be positive, got {softcap}")
+    if sinks is not None:
+        _check(torch.float32, data=[sinks])
+        if sinks.shape != (num_heads,):
+            raise ValueError(f"attention sinks: one a head ({num_heads}), not {tuple(sinks.shape)}")
+    return (softcap or 0.0, None if sinks is None else sinks.data_ptr())
 
 
 def _rows_args(rows, kv_starts, kv_lens, kv_indices):

@@ -11,6 +11,11 @@
 // past that length (portable). Its scores are kept whole (a context fits in cache); softmax
 // and sums are float32. A sequence's slots are scattered over the pool, where the
 // hardware cannot guess them, so the rows about to be read are prefetched.
+//
+// Two options change the softmax: `softcap` > 0 caps each scaled score as
+// softcap * tanh(score / softcap) first (Gemma 2), and `sinks`, when not null, holds a logit
+// per query head that joins the denominator with no value (GPT-OSS):
+// out = sum_l e^s_l v_l / (sum_l e^s_l + e^sink).
 
 #include <omp.h>
 
@@ -25,20 +30,31 @@ namespace {
 
 using namespace braid;
 
-// Softmax numerators exp(s - max s) of s[0, len), in place (-inf scores, padding, give 0);
-// returns 1 / their sum, and the max in *max_out if given.
-inline float softmax_numerators(float* s, int64_t len, float* max_out = nullptr) {
-  float top = -INFINITY;
+// Softmax numerators exp(s - top) of s[0, len), in place (-inf scores, padding, give 0), top
+// the max of s and `sink`; returns 1 / (their sum + exp(sink - top)), and top in *max_out if
+// given. A sink of -inf is none.
+inline float softmax_numerators(float* s, int64_t len, float* max_out = nullptr,
+                                float sink = -INFINITY) {
+  float top = sink;
 #pragma omp simd reduction(max : top)
   for (int64_t l = 0; l < len; ++l) top = s[l] > top ? s[l] : top;
   if (max_out != nullptr) *max_out = top;
-  float total = 0.0f;
+  float total = sink == -INFINITY ? 0.0f : exp_approx(sink - top);
 #pragma omp simd reduction(+ : total)
   for (int64_t l = 0; l < len; ++l) {
     s[l] = s[l] == -INFINITY ? 0.0f : exp_approx(s[l] - top);
     total += s[l];
   }
   return 1.0f / total;
+}
+
+// Scores capped in place as cap * tanh(s / cap); -inf (padding) stays -inf.
+inline void soft_cap(float* s, int64_t len, float cap) {
+  const float inv = 1.0f / cap;
+#pragma omp simd
+  for (int64_t l = 0; l < len; ++l) {
+    s[l] = s[l] == -INFINITY ? s[l] : cap * tanh_approx(s[l] * inv);
+  }
 }
 
 template <typename T>
@@ -84,7 +100,11 @@ struct DecodeRows {
   const int64_t* kv_indices;
   int64_t num_rows, heads, kv_heads, head_dim;
   float scale;
-  RowChunks* chunks;  // the portable path's plan (below)
+  float softcap;       // > 0: scores capped (the options above)
+  const float* sinks;  // [heads] float32, or null
+  RowChunks* chunks;   // the portable path's plan (below)
+
+  float sink(int64_t head) const { return sinks == nullptr ? -INFINITY : sinks[head]; }
 };
 
 // The portable path cuts contexts longer than this into chunks, one work item each, and
@@ -188,6 +208,7 @@ inline float dot_fixed(const float* a, const float* b) {
 inline float dot(const float* a, const float* b, int64_t n) {
   if (n == 64) return dot_fixed<64>(a, b);
   if (n == 128) return dot_fixed<128>(a, b);
+  if (n == 256) return dot_fixed<256>(a, b);
   float s = 0.0f;
 #pragma omp simd reduction(+ : s)
   for (int64_t d = 0; d < n; ++d) s += a[d] * b[d];
@@ -203,6 +224,7 @@ inline void axpy_fixed(float w, const float* x, float* y) {
 inline void axpy(float w, const float* x, float* y, int64_t n) {
   if (n == 64) return axpy_fixed<64>(w, x, y);
   if (n == 128) return axpy_fixed<128>(w, x, y);
+  if (n == 256) return axpy_fixed<256>(w, x, y);
 #pragma omp simd
   for (int64_t d = 0; d < n; ++d) y[d] += w * x[d];
 }
@@ -253,8 +275,11 @@ void attend_rows_portable(const DecodeRows<T>& a) {
     float* partial = chunks > 1 ? partials + (split[i] + local) * partial_size : nullptr;
     for (int64_t g = 0; g < group; ++g) {
       float* s = scores.data() + g * n;
+      if (a.softcap > 0.0f) soft_cap(s, n, a.softcap);
       float top;
-      const float inv = softmax_numerators(s, n, &top);
+      // A long row's sink joins once, where its chunks are merged.
+      const float sink = partial == nullptr ? a.sink(kvh * group + g) : -INFINITY;
+      const float inv = softmax_numerators(s, n, &top, sink);
       if (partial == nullptr) {  // the whole row: normalise now
         for (int64_t l = 0; l < n; ++l) s[l] *= inv;
       } else {
@@ -286,10 +311,12 @@ void attend_rows_portable(const DecodeRows<T>& a) {
     const float* base = partials + split[i] * partial_size;
     T* o = a.out + (a.rows[i] * a.heads + kvh * group) * head_dim;
     for (int64_t g = 0; g < group; ++g) {
-      float top = -INFINITY, total = 0.0f;
+      const float sink = a.sink(kvh * group + g);
+      float top = sink, total = 0.0f;
       for (int64_t c = 0; c < chunks; ++c) {
         top = std::max(top, base[(c * kv_heads + kvh) * partial_size + g]);
       }
+      if (sink != -INFINITY) total = exp_approx(sink - top);
       std::fill(acc.begin(), acc.begin() + head_dim, 0.0f);
       for (int64_t c = 0; c < chunks; ++c) {
         const float* p = base + (c * kv_heads + kvh) * partial_size;
@@ -476,7 +503,9 @@ void attend_rows_avx512(const DecodeRows<T>& a) {
       }
     }
     for (int64_t h = 0; h < heads; ++h) {
-      inv[h] = softmax_numerators(scores.data() + h * padded, padded);
+      float* s = scores.data() + h * padded;
+      if (a.softcap > 0.0f) soft_cap(s, padded, a.softcap);
+      inv[h] = softmax_numerators(s, padded, nullptr, a.sink(h));
     }
     for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
       for (int64_t h = kvh * group; h < (kvh + 1) * group; h += kChunk) {
@@ -511,7 +540,7 @@ void attend_rows(const DecodeRows<T>& a) {
 // C entry points, one per storage type: _f32 (float) and _bf16 (bfloat16 as uint16_t). With
 // the last two groups of arguments of rope_store_attend: RoPE and the store of every token
 // first, then (past the barrier that ends the first loop) the decode rows' attention, which
-// reads the slots just stored.
+// reads the slots just stored. softcap 0 and sinks null: neither option.
 #define BRAID_ROPE_ARGS(T)                                                                    \
   T *qkv, const int64_t *positions, const float *cos, const float *sin, T *k_cache,          \
       T *v_cache, const int64_t *slots, int64_t tokens, int64_t heads, int64_t kv_heads,     \
@@ -530,21 +559,22 @@ void attend_rows(const DecodeRows<T>& a) {
   extern "C" void decode_attention_##SUFFIX(                                                   \
       const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, T* out,                \
       BRAID_ROWS_ARGS, int64_t heads, int64_t kv_heads, int64_t head_dim, float scale,         \
-      int threads) {                                                                           \
+      float softcap, const float* sinks, int threads) {                                        \
     RowChunks chunks(kv_lens, num_rows, heads, kv_heads, head_dim);                            \
     const DecodeRows<T> a{q,         q_stride,   k_cache, v_cache, out,      rows,             \
                           kv_starts, kv_lens,    kv_indices, num_rows, heads, kv_heads,        \
-                          head_dim,  scale,      &chunks};                                     \
+                          head_dim,  scale,      softcap, sinks,   &chunks};                   \
     _Pragma("omp parallel num_threads(threads)") attend_rows(a);                              \
   }                                                                                            \
   extern "C" void rope_store_attend_##SUFFIX(BRAID_ROPE_ARGS(T), T* out, BRAID_ROWS_ARGS,     \
-                                             float scale, int threads) {                      \
+                                             float scale, float softcap, const float* sinks,  \
+                                             int threads) {                                   \
     const RopeStore<T> r{qkv,    positions, cos,      sin,     k_cache, v_cache,              \
                          slots,  tokens,    heads,    kv_heads, head_dim};                     \
     RowChunks chunks(kv_lens, num_rows, heads, kv_heads, head_dim);                            \
     const DecodeRows<T> a{qkv,       (heads + 2 * kv_heads) * head_dim, k_cache, v_cache,     \
                           out,       rows, kv_starts, kv_lens, kv_indices, num_rows, heads,    \
-                          kv_heads,  head_dim, scale, &chunks};                                \
+                          kv_heads,  head_dim, scale, softcap, sinks, &chunks};                \
     _Pragma("omp parallel num_threads(threads)") {                                            \
       rope_store_rows(r);                                                                      \
       attend_rows(a);                                                                          \

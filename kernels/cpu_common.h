@@ -75,6 +75,22 @@ inline float exp_approx(float x) {
   return p * scale;
 }
 
+// tanh(x) to a few ulp, plain arithmetic like exp_approx (std::tanh does not vectorize): an odd
+// polynomial below |x| = 0.625, where 1 - 2 / (e^2|x| + 1) would lose the low bits to
+// cancellation, that form above it (Cephes' tanhf split and coefficients).
+inline float tanh_approx(float x) {
+  const float a = x < 0.0f ? -x : x;
+  const float z = x * x;
+  float p = -5.70498872745e-3f;
+  p = p * z + 2.06390887954e-2f;
+  p = p * z - 5.37397155531e-2f;
+  p = p * z + 1.33314422036e-1f;
+  p = p * z - 3.33332819422e-1f;
+  const float small = p * z * x + x;
+  const float large = 1.0f - 2.0f / (exp_approx(2.0f * a) + 1.0f);
+  return a <= 0.625f ? small : (x < 0.0f ? -large : large);
+}
+
 #if defined(__AVX512F__)
 // 16 lanes of float32 from float32 or bfloat16 storage.
 inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }

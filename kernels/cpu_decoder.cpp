@@ -23,7 +23,7 @@ void rope_store_attend_f32(float* qkv, const int64_t* positions, const float* co
                            int64_t head_dim, float* out, const int64_t* rows,
                            const int64_t* kv_starts, const int64_t* kv_lens,
                            const int64_t* kv_indices, int64_t num_rows, float scale,
-                           int threads);
+                           float softcap, const float* sinks, int threads);
 void quant_matmul(int64_t format, const float* x, int64_t M, int64_t K, const void* w, int64_t N,
                   float* out, int64_t ldo, int threads);
 void lora_add_f32(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t tokens, int64_t in,
@@ -134,7 +134,8 @@ extern "C" void quant_decode_layers(const QuantDecoderLayer* layers, int64_t num
     rope_store_attend_f32(qkv.data(), batch->positions, batch->cos, batch->sin, L.k_cache,
                           L.v_cache, batch->slots, M, s.heads, s.kv_heads, D, attn.data(),
                           batch->rows, batch->kv_starts, batch->kv_lens, batch->kv_indices,
-                          batch->num_rows, s.scale, threads);
+                          batch->num_rows, s.scale, /*softcap=*/0.0f, /*sinks=*/nullptr,
+                          threads);
     matmul(attn.data(), M, q_size, L.o, s.hidden, o.data(), threads);
     add_lora(*batch, l, kLoraO, attn.data(), q_size, o.data(), s.hidden, threads);
     add_rms_norm_f32(o.data(), residual, L.post_attention_norm, h.data(), M, s.hidden, s.eps,

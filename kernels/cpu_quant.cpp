@@ -13,6 +13,8 @@
 //   q8:  16 weights, w = q * scale, q in -128..127. 18 bytes.
 //   iq4: 32 weights, w = kIq4Values[q] * scale, q a nibble as in q4 (GGUF's IQ4_NL block: a
 //        non-uniform grid of 16 int8 levels). 18 bytes.
+//   mxfp4: 32 weights, w = kMxfp4Values[q] * 2^(e - 128), q a nibble as in q4, e one E8M0
+//        exponent byte in place of the float16 scale (GGUF's MXFP4 block, as stored). 17 bytes.
 //
 // The kernels read them interleaved (kernels/quant.py's `interleave`): the rows in groups of
 // kGroup (16 with AVX-512, else 8), and for each group and block column the group's blocks
@@ -74,9 +76,13 @@ struct GroupIQ4 {
   uint16_t scale[kGroup];
   uint8_t qs[4][kGroup][4];
 };
+struct GroupMXFP4 {
+  uint8_t e[kGroup];  // E8M0 exponents: the block's scale is 2^(e - 128)
+  uint8_t qs[4][kGroup][4];
+};
 static_assert(sizeof(GroupQ4) == kGroup * 20 && sizeof(GroupQ5) == kGroup * 24 &&
                   sizeof(GroupQ6) == kGroup * 14 && sizeof(GroupQ8) == kGroup * 18 &&
-                  sizeof(GroupIQ4) == kGroup * 18,
+                  sizeof(GroupIQ4) == kGroup * 18 && sizeof(GroupMXFP4) == kGroup * 17,
               "interleaved groups hold kGroup blocks each");
 
 // GGUF's IQ4_NL / IQ4_XS levels, and them again in every 128-bit lane of a vector (byte
@@ -91,6 +97,18 @@ alignas(64) constexpr int8_t kIq4Tables[64] = {BRAID_IQ4_VALUES, BRAID_IQ4_VALUE
 alignas(64) constexpr uint8_t kIq4BiasedTables[64] = {BRAID_IQ4_BIASED, BRAID_IQ4_BIASED,
                                                       BRAID_IQ4_BIASED, BRAID_IQ4_BIASED};
 #undef BRAID_IQ4_BIASED
+// MXFP4's E2M1 values doubled to integers (so its exponent is halved: 2^(e - 128)), the same
+// way: as int8, in every lane, and + 128.
+#define BRAID_MXFP4_VALUES 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12
+constexpr int8_t kMxfp4Values[16] = {BRAID_MXFP4_VALUES};
+alignas(64) constexpr int8_t kMxfp4Tables[64] = {BRAID_MXFP4_VALUES, BRAID_MXFP4_VALUES,
+                                                 BRAID_MXFP4_VALUES, BRAID_MXFP4_VALUES};
+#undef BRAID_MXFP4_VALUES
+#define BRAID_MXFP4_BIASED \
+  128, 129, 130, 131, 132, 134, 136, 140, 128, 127, 126, 125, 124, 122, 120, 116
+alignas(64) constexpr uint8_t kMxfp4BiasedTables[64] = {BRAID_MXFP4_BIASED, BRAID_MXFP4_BIASED,
+                                                        BRAID_MXFP4_BIASED, BRAID_MXFP4_BIASED};
+#undef BRAID_MXFP4_BIASED
 
 // What the kernels need to know of each format: weights a block; whether the weights are
 // signed bytes, have a min, or an offset the stored values are above zero by.
@@ -112,6 +130,8 @@ template <>
 struct Format<GroupQ8> : FormatTraits<16, true, false, 0> {};
 template <>
 struct Format<GroupIQ4> : FormatTraits<32, true, false, 0> {};
+template <>
+struct Format<GroupMXFP4> : FormatTraits<32, true, false, 0> {};
 
 inline float from_half(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
@@ -122,6 +142,17 @@ inline float from_half(uint16_t h) {
   }
   const uint32_t bits = sign | (exponent == 31 ? 0x7F800000u : (exponent + 112) << 23) |
                         (mantissa << 13);
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// The float bits of 2^(e - 128) for an E8M0 byte e, as GGUF reads it (255 is 2^127, not the
+// MX spec's NaN): the exponent field e - 1, or for e < 2 the denormals 2^-127 and 2^-128.
+inline uint32_t e8m0_half_bits(uint32_t e) { return e < 2 ? 0x00200000u << e : (e - 1) << 23; }
+
+inline float e8m0_half(uint8_t e) {
+  const uint32_t bits = e8m0_half_bits(e);
   float f;
   std::memcpy(&f, &bits, 4);
   return f;
@@ -163,6 +194,10 @@ inline void expand_block(const GroupIQ4& g, int r, float* out) {
   const float scale = from_half(g.scale[r]);
   for (int j = 0; j < 32; ++j) out[j] = kIq4Values[nibble(g.qs, r, j)] * scale;
 }
+inline void expand_block(const GroupMXFP4& g, int r, float* out) {
+  const float scale = e8m0_half(g.e[r]);
+  for (int j = 0; j < 32; ++j) out[j] = kMxfp4Values[nibble(g.qs, r, j)] * scale;
+}
 
 // Row r of a group (its num_blocks block columns) as K floats.
 template <typename Group>
@@ -180,6 +215,14 @@ typedef __m512i VI;
 inline VI load_units(const void* p) { return _mm512_loadu_si512(p); }
 inline VF load_halves(const uint16_t* h) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
+}
+// The scales 2^(e - 128) of kGroup E8M0 bytes (e8m0_half_bits, a lane each).
+inline VF load_exponents(const uint8_t* e) {
+  const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(e)));
+  const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(x, _mm512_set1_epi32(1)), 23);
+  const __m512i tiny = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), x);
+  const __mmask16 below_two = _mm512_cmplt_epu32_mask(x, _mm512_set1_epi32(2));
+  return _mm512_castsi512_ps(_mm512_mask_mov_epi32(normal, below_two, tiny));
 }
 inline VI splat_i32(int32_t v) { return _mm512_set1_epi32(v); }
 inline VI splat_i8(int8_t v) { return _mm512_set1_epi8(v); }
@@ -210,6 +253,14 @@ typedef __m256i VI;
 inline VI load_units(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 inline VF load_halves(const uint16_t* h) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+}
+// The scales 2^(e - 128) of kGroup E8M0 bytes (e8m0_half_bits, a lane each).
+inline VF load_exponents(const uint8_t* e) {
+  const __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(e)));
+  const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(x, _mm256_set1_epi32(1)), 23);
+  const __m256i tiny = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), x);
+  const __m256i below_two = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), x);
+  return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, tiny, below_two));
 }
 inline VI splat_i32(int32_t v) { return _mm256_set1_epi32(v); }
 inline VI splat_i8(int8_t v) { return _mm256_set1_epi8(v); }
@@ -343,12 +394,15 @@ inline void unpack(const GroupQ6& g, VI* units) {
 inline void unpack(const GroupQ8& g, VI* units) {
   for (int c = 0; c < 4; ++c) units[c] = load_units(g.qs[c]);
 }
-inline void unpack(const GroupIQ4& g, VI* units) {
-  unpack_nibbles(g.qs, units);
+// The 16-level formats: the nibbles looked up in a table of int8 levels.
+inline void unpack_levels(const uint8_t (*qs)[kGroup][4], const void* tables, VI* units) {
+  unpack_nibbles(qs, units);
   VI table;
-  std::memcpy(&table, kIq4Tables, sizeof(VI));
+  std::memcpy(&table, tables, sizeof(VI));
   for (int u = 0; u < 8; ++u) units[u] = lookup(table, units[u]);
 }
+inline void unpack(const GroupIQ4& g, VI* units) { unpack_levels(g.qs, kIq4Tables, units); }
+inline void unpack(const GroupMXFP4& g, VI* units) { unpack_levels(g.qs, kMxfp4Tables, units); }
 
 // The signed formats' weights + 128, as unsigned bytes (see int8_group).
 inline void unpack_biased(const GroupQ8& g, VI* units) {
@@ -356,11 +410,18 @@ inline void unpack_biased(const GroupQ8& g, VI* units) {
   for (int c = 0; c < 4; ++c) units[c] = xor_i(load_units(g.qs[c]), flip);
 }
 inline void unpack_biased(const GroupIQ4& g, VI* units) {
-  unpack_nibbles(g.qs, units);
-  VI table;
-  std::memcpy(&table, kIq4BiasedTables, sizeof(VI));
-  for (int u = 0; u < 8; ++u) units[u] = lookup(table, units[u]);
+  unpack_levels(g.qs, kIq4BiasedTables, units);
 }
+inline void unpack_biased(const GroupMXFP4& g, VI* units) {
+  unpack_levels(g.qs, kMxfp4BiasedTables, units);
+}
+
+// A block column's kGroup scales: float16, or MXFP4's exponents.
+template <typename Group>
+inline VF block_scales(const Group& g) {
+  return load_halves(g.scale);
+}
+inline VF block_scales(const GroupMXFP4& g) { return load_exponents(g.e); }
 
 // ---- the inputs, rounded to int8 blocks ----------------------------------------------------
 // q = round(x * 127 / amax) (to nearest even, as the twin), scale = amax / 127, qsum = sum(q)
@@ -461,8 +522,10 @@ void int8_group(const RoundedInputs& x, int64_t num_blocks, const Group* group, 
   constexpr int kUnits = F::kBlock / 4;
   constexpr bool kBiased = F::kSigned && kVnni, kSignFix = F::kSigned && !kVnni;
   constexpr int kOffset = kBiased ? 128 : F::kOffset;
-  // Without VNNI only q4's pair sums fit 16 bits for a whole block.
-  constexpr bool kWide16 = std::is_same<Group, GroupQ4>::value;
+  // Without VNNI only q4's and mxfp4's pair sums (at most 2 * 15 * 127, 2 * 12 * 127) fit 16
+  // bits for a whole block.
+  constexpr bool kWide16 =
+      std::is_same<Group, GroupQ4>::value || std::is_same<Group, GroupMXFP4>::value;
   VF mins[R];
   for (int r = 0; r < R; ++r) sums[r] = mins[r] = zero_f();
   for (int64_t b = 0; b < num_blocks; ++b) {
@@ -476,7 +539,7 @@ void int8_group(const RoundedInputs& x, int64_t num_blocks, const Group* group, 
     if constexpr (kSignFix) {
       for (int u = 0; u < kUnits; ++u) magnitudes[u] = magnitude(units[u]);
     }
-    const VF scale = load_halves(g.scale);
+    const VF scale = block_scales(g);
     VF min = zero_f();
     if constexpr (F::kHasMin) min = load_halves(g.min);
     for (int r = 0; r < R; ++r) {
@@ -607,7 +670,7 @@ void qexpand_rows(const Group* w, int64_t K, const int64_t* ids, int64_t count, 
 }
 
 // Format ids, in kernels/cpu.py's order.
-enum FormatId : int64_t { kQ4 = 0, kQ5 = 1, kQ8 = 2, kIQ4 = 3, kQ6 = 4 };
+enum FormatId : int64_t { kQ4 = 0, kQ5 = 1, kQ8 = 2, kIQ4 = 3, kQ6 = 4, kMXFP4 = 5 };
 
 template <typename Fn>
 void with_format(int64_t format, Fn&& fn) {
@@ -617,6 +680,7 @@ void with_format(int64_t format, Fn&& fn) {
     case kQ8: fn(static_cast<const GroupQ8*>(nullptr)); break;
     case kIQ4: fn(static_cast<const GroupIQ4*>(nullptr)); break;
     case kQ6: fn(static_cast<const GroupQ6*>(nullptr)); break;
+    case kMXFP4: fn(static_cast<const GroupMXFP4*>(nullptr)); break;
   }
 }
 

@@ -5,8 +5,10 @@ Stage 1 splits each sequence's context into `num_splits` chunks; a program takes
 row is read once per group. It writes the chunk's normalised output and its log-sum-exp.
 Stage 2 merges a sequence's chunks by their log-sum-exp weights.
 
-Options: a sliding window (only the `window` latest slots are read) and soft-capped scores
-(cap * tanh(score / cap), Gemma 2).
+Options: a sliding window (only the `window` latest slots are read), soft-capped scores
+(cap * tanh(score / cap), Gemma 2) and attention sinks (a per-head logit in the softmax's
+denominator without a value, GPT-OSS: the first chunk counts it, as a key scored `sink` whose
+value is zero, so the merge needs nothing of its own).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ def _decode_split_kernel(
     scale,
     window,  # read when HAS_WINDOW: the latest slots a token sees, itself included
     softcap,  # read when HAS_SOFTCAP
+    sinks_ptr,  # [H] fp32, read when HAS_SINKS
     stride_qb,
     stride_qh,
     stride_ks,
@@ -39,6 +42,7 @@ def _decode_split_kernel(
     NUM_SPLITS: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -74,6 +78,10 @@ def _decode_split_kernel(
     m = tl.zeros([BLOCK_G], tl.float32) + float("-inf")
     denom = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    if HAS_SINKS:  # the first split (never empty: every sequence has a token) counts it
+        first = g_ok & (split == 0)
+        m = tl.where(first, tl.load(sinks_ptr + heads, mask=g_ok, other=0.0), m)
+        denom = tl.where(first, 1.0, denom)
     for start in range(lo, hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         n_ok = n < hi
@@ -121,6 +129,13 @@ def soft_cap(s, cap):
     return cap * tl.where(x >= 0, t, -t)
 
 
+def check_sinks(sinks: torch.Tensor | None, num_heads: int) -> None:
+    if sinks is not None and (sinks.dtype != torch.float32 or sinks.shape != (num_heads,)):
+        raise ValueError(
+            f"attention sinks must be float32 [{num_heads}], got {sinks.dtype} {list(sinks.shape)}"
+        )
+
+
 @triton.jit
 def _decode_merge_kernel(
     part_out_ptr,  # [B, H, NUM_SPLITS, D] fp32
@@ -160,6 +175,7 @@ def decode_attention(
     num_splits: int | None = None,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one query token per sequence over its slots in the KV pool.
 
@@ -167,13 +183,15 @@ def decode_attention(
     lives in slots kv_indices[kv_indptr[b]:kv_indptr[b + 1]] (at least one), its new token's
     K/V already stored. Returns [B, H, D] in q's dtype. `num_splits` chunks per sequence
     (default: from the mean context length) only change the speed. `window`: only the last
-    `window` slots are seen; `softcap`: scores become softcap * tanh(score / softcap).
+    `window` slots are seen; `softcap`: scores become softcap * tanh(score / softcap);
+    `sinks` (float32 [H]): each head's logit added to the softmax's denominator as e^sink.
     """
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("attention kernels need unit stride along head_dim")
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group = num_heads // num_kv_heads
+    check_sinks(sinks, num_heads)
     if num_splits is None:
         # Chunks of >= 256 tokens amortise a chunk's fixed cost; 16 are enough to fill a GPU
         # at batch 1 with 8 KV heads. Shapes only: no wait for the device.
@@ -197,6 +215,7 @@ def decode_attention(
         scale,
         window or 0,
         softcap or 0.0,
+        part_lse if sinks is None else sinks,  # a placeholder, never read, without sinks
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -208,6 +227,7 @@ def decode_attention(
         NUM_SPLITS=num_splits,
         HAS_WINDOW=window is not None,
         HAS_SOFTCAP=softcap is not None,
+        HAS_SINKS=sinks is not None,
         BLOCK_G=max(16, triton.next_power_of_2(group)),  # tl.dot needs 16 rows
         BLOCK_D=block_d,
         BLOCK_N=64 if block_d <= 128 else 32,

@@ -6,7 +6,9 @@ The K/V of the new tokens are read from the pool like the prefix's (store them f
 decode row is an extend of length 1 and a hybrid batch is one launch.
 
 Options: a sliding window over positions (a key is seen when the query's position minus the
-key's is below `window`; keys wholly before it are skipped) and soft-capped scores.
+key's is below `window`; keys wholly before it are skipped), soft-capped scores and attention
+sinks (a per-head logit in the softmax's denominator without a value, GPT-OSS: each row's
+online softmax starts from it, as from a key scored `sink` whose value is zero).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from braid.kernels.decode import soft_cap
+from braid.kernels.decode import check_sinks, soft_cap
 
 
 @triton.jit
@@ -33,6 +35,7 @@ def _extend_kernel(
     scale,
     window,  # read when HAS_WINDOW
     softcap,  # read when HAS_SOFTCAP
+    sinks_ptr,  # [H] fp32, read when HAS_SINKS
     stride_qt,
     stride_qh,
     stride_ks,
@@ -46,6 +49,7 @@ def _extend_kernel(
     HAS_MASK: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -91,6 +95,9 @@ def _extend_kernel(
     m = tl.zeros([BLOCK_M * BLOCK_G], tl.float32) + float("-inf")
     denom = tl.zeros([BLOCK_M * BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_M * BLOCK_G, BLOCK_D], tl.float32)
+    if HAS_SINKS:
+        m = tl.load(sinks_ptr + heads, mask=row_ok, other=float("-inf"))
+        denom = tl.where(row_ok, 1.0, 0.0)
     for start in range(lo, end, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         n_ok = n < end
@@ -154,6 +161,7 @@ def extend_attention(
     window: int | None = None,
     softcap: float | None = None,
     positions: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of the new tokens of B sequences over their whole context.
 
@@ -168,13 +176,15 @@ def extend_attention(
     `max_new` (max n_b) saves a device read when the caller knows it. `window`: a new token
     at position p sees the keys at positions above p - window (a prefix key's position is its
     index; with `mask`, the new tokens' are `positions` [T], which is then required).
-    `softcap`: scores become softcap * tanh(score / softcap). Returns [T, H, D].
+    `softcap`: scores become softcap * tanh(score / softcap). `sinks` (float32 [H]): each
+    head's logit added to the softmax's denominator as e^sink. Returns [T, H, D].
     """
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("attention kernels need unit stride along head_dim")
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group = num_heads // num_kv_heads
+    check_sinks(sinks, num_heads)
     out = torch.empty_like(q)
     if num_tokens == 0:
         return out
@@ -211,6 +221,7 @@ def extend_attention(
         scale,
         window or 0,
         softcap or 0.0,
+        qo_indptr if sinks is None else sinks,  # a placeholder, never read, without sinks
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -224,6 +235,7 @@ def extend_attention(
         HAS_MASK=has_mask,
         HAS_WINDOW=window is not None,
         HAS_SOFTCAP=softcap is not None,
+        HAS_SINKS=sinks is not None,
         BLOCK_G=block_g,
         BLOCK_M=block_m,
         BLOCK_D=block_d,

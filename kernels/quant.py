@@ -13,6 +13,9 @@ q6:  16 weights, w = (q - 32) * scale, q in 0..63: nibbles and two more bits. Fr
 q8:  16 weights, w = q * scale, q in -128..127. From Q8_0 exactly.
 iq4: 32 weights, w = IQ4_VALUES[q] * scale, q in 0..15 (GGUF's IQ4_NL block). From IQ4_NL
      exactly; from IQ4_XS with d * (ls - 32) rounded to float16.
+mxfp4: 32 weights, w = MXFP4_VALUES[q] * 2^(e - 128), q in 0..15 (GGUF's MXFP4 block: E2M1
+     values, doubled to integers, and an E8M0 exponent byte e in place of a float16 scale).
+     From MXFP4 exactly, the blocks as stored.
 So a GGUF file's weights are kept within float16 rounding of a scale, never requantized.
 
 A layer's weight [N, K] is a uint8 tensor [N, K / block * block bytes]: each row's blocks in
@@ -56,11 +59,15 @@ Q5 = QuantFormat(
 Q6 = QuantFormat("q6", 16, np.dtype([("scale", "<f2"), ("qh", "u1", 4), ("qs", "u1", 8)]))
 Q8 = QuantFormat("q8", 16, np.dtype([("scale", "<f2"), ("qs", "i1", 16)]))
 IQ4 = QuantFormat("iq4", 32, np.dtype([("scale", "<f2"), ("qs", "u1", 16)]))
-FORMATS = {f.name: f for f in (Q4, Q5, Q6, Q8, IQ4)}
+MXFP4 = QuantFormat("mxfp4", 32, np.dtype([("e", "u1"), ("qs", "u1", 16)]))
+FORMATS = {f.name: f for f in (Q4, Q5, Q6, Q8, IQ4, MXFP4)}
 # GGUF's IQ4_NL / IQ4_XS levels.
 IQ4_VALUES = np.array(
     [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8
 )
+# E2M1's values (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives) doubled, as GGUF stores them;
+# the exponent's 2^(e - 127) is halved to match.
+MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int8)
 
 
 def nibbles(q: np.ndarray) -> np.ndarray:
@@ -175,6 +182,10 @@ def from_gguf(
         blocks = np.zeros(qs.shape[:2], dtype=IQ4.dtype)
         blocks["scale"], blocks["qs"] = _to_half(scale), qs
         return IQ4, _as_tensor(blocks)
+    if ggml_type == t.MXFP4:  # the same block, byte for byte
+        if raw.nbytes != n * MXFP4.row_bytes(k):  # row_bytes: whole blocks
+            raise ValueError(f"MXFP4: {n} rows of {k} weights are {n * MXFP4.row_bytes(k)} bytes")
+        return MXFP4, _as_tensor(raw.copy())
     decoders = {
         t.Q4_0: _q4_0, t.Q4_1: _q4_1, t.Q4_K: _q4_k, t.Q5_0: _q5_0, t.Q5_1: _q5_1, t.Q5_K: _q5_k
     }  # fmt: skip

@@ -92,17 +92,23 @@ def _attend(
     visible: torch.Tensor,
     scale: float,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ):
     """softmax(q k^T * scale) v in fp32 over visible keys: q [n, H, D], k/v [L, Hkv, D],
     visible bool [n, L]; each KV head serves H / Hkv consecutive query heads. `softcap`:
-    scores become softcap * tanh(score / softcap) first."""
+    scores become softcap * tanh(score / softcap) first. `sinks` [H]: each head's logit that
+    joins the softmax's denominator without a value (GPT-OSS)."""
     group = q.shape[1] // k.shape[1]
     k = k.float().repeat_interleave(group, dim=1).transpose(0, 1)  # (H, L, D)
     v = v.float().repeat_interleave(group, dim=1).transpose(0, 1)
     scores = torch.matmul(q.float().transpose(0, 1), k.transpose(1, 2)) * scale  # (H, n, L)
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
-    probs = scores.masked_fill(~visible, _NEG_INF).softmax(-1)
+    scores = scores.masked_fill(~visible, _NEG_INF)
+    if sinks is not None:  # a column per head that no value follows
+        sink = sinks.float().to(q.device)[:, None, None].expand(*scores.shape[:2], 1)
+        scores = torch.cat([scores, sink], dim=-1)  # (H, n, L + 1)
+    probs = scores.softmax(-1)[..., : k.shape[1]]
     return torch.matmul(probs, v).transpose(0, 1).to(q.dtype)  # (n, H, D)
 
 
@@ -116,13 +122,15 @@ def decode_attention(
     num_splits: int | None = None,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one query token per sequence over its slots in the KV pool.
 
     q: [B, H, D]; k_cache, v_cache: [S, Hkv, D]; sequence b's context lives in slots
     kv_indices[kv_indptr[b]:kv_indptr[b + 1]]. Returns [B, H, D]. `num_splits` is the kernel's
     speed knob; the result does not depend on it. `window`: only the last `window` slots are
-    seen; `softcap`: scores become softcap * tanh(score / softcap).
+    seen; `softcap`: scores become softcap * tanh(score / softcap); `sinks` (float32 [H]):
+    each head's logit added to the softmax's denominator as e^sink (GPT-OSS).
     """
     out = torch.empty_like(q)
     bounds = kv_indptr.tolist()
@@ -131,7 +139,9 @@ def decode_attention(
         visible = torch.ones(1, slots.numel(), dtype=torch.bool, device=q.device)
         if window is not None:
             visible[:, : max(0, slots.numel() - window)] = False
-        out[b] = _attend(q[b : b + 1], k_cache[slots], v_cache[slots], visible, scale, softcap)[0]
+        out[b] = _attend(
+            q[b : b + 1], k_cache[slots], v_cache[slots], visible, scale, softcap, sinks
+        )[0]
     return out
 
 
@@ -148,6 +158,7 @@ def extend_attention(
     window: int | None = None,
     softcap: float | None = None,
     positions: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of the new tokens of B sequences over their cached prefix and each other.
 
@@ -159,7 +170,8 @@ def extend_attention(
     `max_new` is the kernel's hint; unused here. `window`: a new token at position p sees
     the keys at positions above p - window (a prefix key's position is its index; with
     `mask`, the new tokens' are `positions` [T], else prefix + i). `softcap`: scores become
-    softcap * tanh(score / softcap). Returns [T, H, D].
+    softcap * tanh(score / softcap). `sinks` (float32 [H]): each head's logit added to the
+    softmax's denominator as e^sink (GPT-OSS). Returns [T, H, D].
     """
     out = torch.empty_like(q)
     q_bounds, kv_bounds = qo_indptr.tolist(), kv_indptr.tolist()
@@ -180,13 +192,19 @@ def extend_attention(
                 q_pos = positions[q0:q1].to(q.device)
             k_pos = torch.cat([torch.arange(prefix, device=q.device), q_pos])
             visible &= q_pos[:, None] - k_pos[None, :] < window
-        out[q0:q1] = _attend(q[q0:q1], k_cache[slots], v_cache[slots], visible, scale, softcap)
+        out[q0:q1] = _attend(
+            q[q0:q1], k_cache[slots], v_cache[slots], visible, scale, softcap, sinks
+        )
     return out
 
 
 # kernels/quant.py's formats: bytes a block, weights a block.
-_BLOCKS = {"q4": (20, 32), "q5": (24, 32), "q6": (14, 16), "q8": (18, 16), "iq4": (18, 32)}
+_BLOCKS = {
+    "q4": (20, 32), "q5": (24, 32), "q6": (14, 16), "q8": (18, 16), "iq4": (18, 32),
+    "mxfp4": (17, 32),
+}  # fmt: skip
 IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+MXFP4_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
 
 def dequantize(blocks: torch.Tensor, fmt: str, in_features: int) -> torch.Tensor:
@@ -195,6 +213,12 @@ def dequantize(blocks: torch.Tensor, fmt: str, in_features: int) -> torch.Tensor
     n = blocks.shape[0]
     size, weights = _BLOCKS[fmt]
     b = blocks.reshape(n, in_features // weights, size)
+    if fmt == "mxfp4":  # an E8M0 exponent byte e, then the nibbles: w = value * 2^(e - 128)
+        e = b[..., :1].to(torch.int32)
+        bits = torch.where(e < 2, 0x00200000 << e, (e - 1) << 23)  # 2^(e - 128), denormals too
+        qs = b[..., 1:].to(torch.int32)
+        values = torch.tensor(MXFP4_VALUES)[torch.cat([qs & 15, qs >> 4], dim=-1)].float()
+        return (values * bits.view(torch.float32)).reshape(n, in_features)
     scale = b[..., :2].view(torch.float16).float()
     if fmt == "q8":  # 16 int8
         return (b[..., 2:].view(torch.int8).float() * scale).reshape(n, in_features)

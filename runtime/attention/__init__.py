@@ -4,10 +4,12 @@ Each backend builds what it needs from a ForwardBatch once per batch (`prepare`,
 `ForwardBatch.metadata`), then per layer `forward` applies RoPE to q and k, stores the new
 tokens' K/V into the pool and attends; `attend` is the last part alone.
 
-Two per-layer options (Mistral, Gemma): `window`, a sliding window (a token sees the `window`
-latest positions, itself included, as transformers' masks), and `softcap`, scores capped as
-cap * tanh(score / cap) before the softmax (Gemma 2). A window hides old keys in the mask
-only: their K/V stay in the pool, so prefixes shared through the radix cache stay whole.
+Three per-layer options: `window`, a sliding window (a token sees the `window` latest
+positions, itself included, as transformers' masks; Mistral, Gemma, GPT-OSS), `softcap`,
+scores capped as cap * tanh(score / cap) before the softmax (Gemma 2), and `sinks`, float32
+[H], each head's learned logit that joins the softmax's denominator and has no value
+(GPT-OSS: out = sum_j e^s_j v_j / (sum_j e^s_j + e^sink)). A window hides old keys in the
+mask only: their K/V stay in the pool, so prefixes shared through the radix cache stay whole.
 
 - TorchAttention (torch_paths.py): torch ops, the CPU path without the C++ kernels.
 - CpuKernelAttention (cpu_kernels.py): the CPU path with braid.kernels.cpu.
@@ -46,6 +48,7 @@ class AttentionBackend(ABC):
         scale: float,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q [T, H, D] (tokens may be strided, heads packed) over K/V already in the pool,
         each new token seeing its sequence's context (within `window`) -> [T, H * D]."""
@@ -63,6 +66,7 @@ class AttentionBackend(ABC):
         scale: float,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """RoPE on the q and k heads of qkv [T, (H + 2 Hkv) * D] (in place), k and v stored
         into the batch's new slots of this layer's pool, then `attend`. Returns [T, H * D]."""
@@ -72,4 +76,4 @@ class AttentionBackend(ABC):
         )  # fmt: skip
         head_dim = kv.k[layer].shape[-1]
         q = qkv.view(qkv.shape[0], -1, head_dim)[:, :num_heads]  # (T, H, D), tokens strided
-        return self.attend(q, kv, layer, batch, scale, window, softcap)
+        return self.attend(q, kv, layer, batch, scale, window, softcap, sinks)

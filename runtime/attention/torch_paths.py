@@ -6,8 +6,8 @@ slots every row shares (a common few-shot prompt) scored once for all rows; tree
 (prefill chunks) one sequence at a time.
 
 A sliding window narrows each row's slot range (decodes, plain extends) or its mask (trees),
-from metadata built once per batch and window; soft-capped scores (Gemma 2) take one plain
-path, a masked matmul per sequence (`_attend_each`).
+from metadata built once per batch and window; soft-capped scores (Gemma 2) and attention
+sinks (GPT-OSS) take one plain path, a masked matmul per sequence (`_attend_each`).
 """
 
 from __future__ import annotations
@@ -126,12 +126,13 @@ class TorchAttention(AttentionBackend):
         scale: float,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attend each new token to its sequence's context, whose K/V (the new tokens'
         included) are already in the pool. q: [T, H, D] (tokens may be strided, heads
         packed). Returns [T, H * D]."""
-        if softcap is not None:
-            return _attend_each(q, kv.k[layer], kv.v[layer], batch, scale, window, softcap)
+        if softcap is not None or sinks is not None:
+            return _attend_each(q, kv.k[layer], kv.v[layer], batch, scale, window, softcap, sinks)
         meta = self._metadata(batch, window)
         out = torch.empty(q.shape, dtype=q.dtype)
         self._attend_rows(q, kv, layer, batch, meta, scale, out)
@@ -188,12 +189,15 @@ def grouped_attention(
     mask: torch.Tensor,
     scale: float,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """softmax(q k^T * scale, masked) v with each KV head's query heads grouped.
 
     q: (..., H, n, D); k, v: (..., Hkv, L, D); mask: bool, broadcastable to (..., n, L).
-    Returns (..., H, n, D). On the CPU this is faster than SDPA with a mask and enable_gqa
-    (its math path, which expands K/V per query head) and than einsum.
+    `softcap`: scores capped first; `sinks` (float32 [H]): each head's logit joins the
+    softmax's denominator without a value. Returns (..., H, n, D). On the CPU this is faster
+    than SDPA with a mask and enable_gqa (its math path, which expands K/V per query head) and
+    than einsum.
     """
     *batch, num_heads, n, head_dim = q.shape
     num_kv_heads, length = k.shape[-3], k.shape[-2]
@@ -204,7 +208,13 @@ def grouped_attention(
         scores = torch.tanh(scores / softcap) * softcap
     scores = scores.view(*batch, num_kv_heads, group, n, length)
     scores.masked_fill_(~mask, float("-inf"))
-    probs = scores.softmax(-1).to(v.dtype).view(*batch, num_kv_heads, group * n, length)
+    if sinks is not None:  # one more column per head, dropped after the softmax
+        sink = sinks.to(scores.device).view(num_kv_heads, group, 1, 1)
+        sink = sink.expand(*scores.shape[:-1], 1)  # (..., Hkv, G, n, 1)
+        probs = torch.cat([scores, sink], dim=-1).softmax(-1)[..., :length]
+    else:
+        probs = scores.softmax(-1)
+    probs = probs.to(v.dtype).reshape(*batch, num_kv_heads, group * n, length)
     return torch.matmul(probs, v).view(*batch, num_heads, n, head_dim)
 
 
@@ -357,10 +367,12 @@ def _attend_each(
     batch: ForwardBatch,
     scale: float,
     window: int | None,
-    softcap: float,
+    softcap: float | None,
+    sinks: torch.Tensor | None,
 ) -> torch.Tensor:
     """Every sequence alone, under its causal or tree mask and window, with scores
-    soft-capped (Gemma 2): one masked matmul each. q: [T, H, D] -> [T, H * D]."""
+    soft-capped (Gemma 2) or sinks in the softmax (GPT-OSS): one masked matmul each.
+    q: [T, H, D] -> [T, H * D]."""
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     row = 0
     for n, total, start, tree in zip(
@@ -375,7 +387,7 @@ def _attend_each(
         if window is not None:
             mask &= _in_window(batch, row, n, total, window)
         q_b = q[row : row + n].transpose(0, 1)  # (H, n, D)
-        o = grouped_attention(q_b, k, v, mask.to(q.device), scale, softcap)  # (H, n, D)
+        o = grouped_attention(q_b, k, v, mask.to(q.device), scale, softcap, sinks)  # (H, n, D)
         out[row : row + n] = o.transpose(0, 1)
         row += n
     return out.flatten(1)

@@ -59,18 +59,19 @@ class TritonAttention(AttentionBackend):
         scale: float,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         meta = batch.metadata(self)
         k_cache, v_cache = kv.k[layer], kv.v[layer]
         if batch.all_decodes:
             out = kernels.decode_attention(
                 q, k_cache, v_cache, meta.kv_indptr, batch.kv_indices, scale, window=window,
-                softcap=softcap,
+                softcap=softcap, sinks=sinks,
             )  # fmt: skip
         else:
             out = kernels.extend_attention(
                 q, k_cache, v_cache, meta.qo_indptr, meta.kv_indptr, batch.kv_indices, scale,
                 mask=meta.tree_mask, max_new=meta.max_new, window=window, softcap=softcap,
-                positions=batch.positions,
+                positions=batch.positions, sinks=sinks,
             )  # fmt: skip
         return out.flatten(1)

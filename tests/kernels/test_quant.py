@@ -44,6 +44,9 @@ def random_blocks(fmt: quant.QuantFormat, n: int, k: int, seed: int = 0) -> torc
     rng = np.random.default_rng(seed)
     blocks = rng.integers(0, 256, (n, k // fmt.block * fmt.block_bytes), dtype=np.uint8)
     records = blocks.view(fmt.dtype)
+    if fmt is quant.MXFP4:  # exponents: scales 2^-10 .. 2^1 (times levels up to 12)
+        records["e"] = rng.integers(118, 130, records.shape)
+        return torch.from_numpy(blocks)
     records["scale"] = rng.uniform(-0.01, 0.01, records.shape)
     if "min" in fmt.dtype.names:
         records["min"] = rng.uniform(-0.1, 0.1, records.shape)
@@ -174,6 +177,71 @@ def test_gguf_blocks_convert_into_our_formats(ggml_type):
         rounding = 2**-11 * np.abs(weight).max()  # |q * scale| and |min| below the row's max
         assert np.abs(got - weight).max() <= 2 * rounding, np.abs(got - weight).max()
         assert np.abs(got - weight).max() > 0  # the factors were rounded: the check can fail
+
+
+def mxfp4_blocks(n: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(GGUF MXFP4 blocks [n, row bytes] quantized by the gguf package from random weights
+    whose blocks' ranges differ, their float weight [n, k] as gguf dequantizes them)."""
+    rng = np.random.default_rng(seed)
+    ranges = np.exp(rng.uniform(-6, 2, (n, k // 32, 1)))
+    w = (rng.standard_normal((n, k // 32, 32)) * ranges).reshape(n, k)
+    raw = gguf.quants.quantize(w.astype(np.float32), T.MXFP4)
+    return raw, np.asarray(gguf.quants.dequantize(raw, T.MXFP4), dtype=np.float32)
+
+
+def test_mxfp4_blocks_are_kept_as_stored():
+    """GPT-OSS's experts: the format's blocks are GGUF's, byte for byte, and dequantize as the
+    gguf package does, for every exponent (denormal scales 2^-128, 2^-127 and 2^127 too)."""
+    raw, weight = mxfp4_blocks(6, 512)
+    fmt, blocks = quant.from_gguf(raw, T.MXFP4, (6, 512))
+    assert fmt is quant.MXFP4 and blocks.shape == (6, fmt.row_bytes(512))
+    np.testing.assert_array_equal(blocks.numpy(), raw)
+    np.testing.assert_array_equal(reference.dequantize(blocks, "mxfp4", 512).numpy(), weight)
+    every, weight = every_exponent(seed=1)
+    np.testing.assert_array_equal(
+        reference.dequantize(torch.from_numpy(every), "mxfp4", 512).numpy(), weight
+    )
+    with pytest.raises(ValueError, match="bytes"):  # a row cut short
+        quant.from_gguf(raw[:, :-17], T.MXFP4, (6, 512))
+
+
+def every_exponent(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """16 rows of 512 weights in random MXFP4 blocks, each of the 256 exponents once, and
+    their floats as gguf dequantizes them (2^127 times 8 or 12 overflows to infinity)."""
+    raw = np.random.default_rng(seed).integers(0, 256, (16, 17 * 16), dtype=np.uint8)
+    raw.reshape(-1, 17)[:, 0] = np.arange(256)
+    with np.errstate(over="ignore"):
+        return raw, np.asarray(gguf.quants.dequantize(raw, T.MXFP4), dtype=np.float32)
+
+
+def test_mxfp4_rows_dequantize_as_gguf_does(path_lib):
+    """Each path's expanded rows, every exponent included, exactly gguf's floats."""
+    raw, weight = every_exponent(seed=2)
+    fmt, blocks = quant.from_gguf(raw, T.MXFP4, (16, 512))
+    packed = quant.interleave(blocks, fmt, path_lib.quant_group)
+    ids = torch.tensor([15, 0, 3, 3, 9])
+    got = path_lib.dequantize_rows(packed, "mxfp4", (16, 512), ids)
+    np.testing.assert_array_equal(got.numpy(), weight[ids.numpy()])
+
+
+@pytest.mark.parametrize("m", [1, 7], ids=["decode", "prefill"])
+def test_mxfp4_matmul_equals_the_float_product(path_lib, m):
+    """quant_matmul over gguf-quantized MXFP4 blocks against x @ gguf's dequantized weight:
+    within the inputs' int8 rounding where the path rounds them, else to float error."""
+    n, k = 37, 256
+    raw, weight = mxfp4_blocks(n, k, seed=m)
+    fmt, blocks = quant.from_gguf(raw, T.MXFP4, (n, k))
+    x = torch.randn(m, k)
+    got = path_lib.quant_matmul(x, quant.interleave(blocks, fmt, path_lib.quant_group), "mxfp4", n)
+    exact = x.double() @ torch.from_numpy(weight).double().T
+    w = torch.from_numpy(weight).reshape(n, -1, 32)
+    step = x.reshape(m, -1, 32).abs().amax(-1) / 127
+    bound = torch.einsum("mb,nb->mn", step.double() / 2, w.abs().sum(-1).double())
+    if not path_lib.quant_rounds_inputs:
+        bound = 0
+    assert ((got.double() - exact).abs() <= bound + 1e-4 * (1 + exact.abs())).all()
+    # The rounding moves the product: a kernel off by one level would move it far more.
+    assert (got.double() - exact).abs().max() < 0.02 * exact.abs().max()
 
 
 def test_a_type_without_a_kernel_is_refused_by_name():
