@@ -157,6 +157,8 @@ def device() -> str:
 # name -> (config class, extra config fields)
 TINY_VARIANTS = {
     "llama": (transformers.LlamaConfig, dict(tie_word_embeddings=True)),
+    # Biases on q, k, v and o (transformers' Llama puts attention_bias on o_proj too).
+    "llama-bias": (transformers.LlamaConfig, dict(tie_word_embeddings=True, attention_bias=True)),
     "llama3-rope": (
         transformers.LlamaConfig,
         dict(
@@ -270,8 +272,12 @@ def make_tiny_model(tmp_path_factory, default_model_path):
             torch.manual_seed(0)
             model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
             # Random init gives near-uniform logits; scale the head so greedy is decisive.
+            # Biases start at zero, which would hide a bias left out: draw them.
             with torch.no_grad():
                 model.lm_head.weight.mul_(8.0)
+                for name, p in model.named_parameters():
+                    if name.endswith(".bias"):
+                        p.normal_(0.0, 0.5)
             path = tmp_path_factory.mktemp(f"tiny-{variant}")
             model.save_pretrained(path)
             tokenizer.save_pretrained(path)

@@ -46,15 +46,24 @@ REQUIRED_KEYS = (
 
 
 def missing_keys(config: dict) -> list[str]:
-    """The REQUIRED_KEYS a config.json lacks (and Qwen3's and Gemma's head size, whose
-    defaults are not hidden / heads)."""
+    """The REQUIRED_KEYS a config.json lacks (and Qwen3's, Gemma's and GPT-OSS's head size,
+    whose defaults are not hidden / heads)."""
     if not isinstance(config, dict):
         raise TypeError(f"config.json holds a {type(config).__name__}, not an object")
-    own_head = ("Qwen3ForCausalLM", *config_families.GEMMA_ARCHITECTURES)
+    own_head = ("Qwen3ForCausalLM", "GptOssForCausalLM", *config_families.GEMMA_ARCHITECTURES)
     keys = REQUIRED_KEYS + (
         ("head_dim",) if set(own_head) & set(config.get("architectures", ())) else ()
     )
     return [k for k in keys if k not in config]
+
+
+_QKV_ONLY_BIAS = (
+    "Qwen2ForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "MistralForCausalLM",
+    "MixtralForCausalLM",
+    "Phi3ForCausalLM",
+)
 
 
 @dataclass(frozen=True)
@@ -70,7 +79,7 @@ class ModelConfig:
     rms_norm_eps: float
     max_position_embeddings: int
     tie_word_embeddings: bool
-    attention_bias: bool  # Qwen2: biases on q/k/v
+    attention_bias: bool  # biases on q/k/v (Qwen2), and on o where the family has one
     qk_norm: bool  # Qwen3: RMSNorm on each head of q and k
     eos_token_ids: tuple[int, ...]
     rope_parameters: dict
@@ -125,6 +134,13 @@ class ModelConfig:
             }
             | extra,
         )
+
+    @property
+    def o_proj_bias(self) -> bool:
+        """Whether attention_bias puts a bias on o_proj too: it does in transformers' Llama,
+        Qwen3, Gemma, SmolLM3 and Qwen3-MoE; Qwen2's family, Mistral's and Phi-3 bias q/k/v
+        only."""
+        return self.attention_bias and self.architecture not in _QKV_ONLY_BIAS
 
     @classmethod
     def from_hf(cls, hf: PretrainedConfig) -> ModelConfig:

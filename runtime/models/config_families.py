@@ -1,6 +1,6 @@
 """What a config.json says beyond the Llama shape: sliding windows (Mistral, Qwen2/3, Gemma,
-Phi-3), Gemma's own settings (query scaling, soft-caps, the local layers' rope), Phi-3's rope
-(longrope, partial rotary) and SmolLM3's layers without rope.
+Phi-3, GPT-OSS), Gemma's own settings (query scaling, soft-caps, the local layers' rope),
+Phi-3's rope (longrope, partial rotary) and SmolLM3's layers without rope.
 
 ModelConfig.from_dict takes these fields from `extra_fields`; the names and conventions are
 transformers' (configuration_gemma2.py, configuration_gemma3.py, masking_utils.py).
@@ -36,7 +36,7 @@ def layer_types(config: dict, arch: str) -> list[str]:
     n = config["num_hidden_layers"]
     if config.get("layer_types"):
         return list(config["layer_types"])
-    if arch == "Gemma2ForCausalLM":
+    if arch in ("Gemma2ForCausalLM", "GptOssForCausalLM"):
         return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
     if arch.startswith("Gemma3"):
         pattern = config.get("sliding_window_pattern") or 6
@@ -56,8 +56,9 @@ def layer_windows(config: dict, arch: str) -> tuple[int | None, ...]:
     included: transformers' `kv_idx > q_idx - sliding_window`), None for a full layer; ()
     when no layer slides."""
     # A config.json without the key gets transformers' default, 4096 for these families
-    # (None for Phi-3 and SmolLM3).
-    window = config.get("sliding_window", None if arch in _NO_DEFAULT_WINDOW else 4096)
+    # (None for Phi-3 and SmolLM3, 128 for GPT-OSS).
+    default = None if arch in _NO_DEFAULT_WINDOW else 128 if arch == "GptOssForCausalLM" else 4096
+    window = config.get("sliding_window", default)
     if arch.startswith("Qwen") and not config.get("use_sliding_window"):
         window = None  # transformers ignores Qwen's sliding_window unless this is set
     if arch == "LlamaForCausalLM" or not window:

@@ -90,7 +90,7 @@ class Attention(nn.Module):
         self.qkv_proj = linear(
             config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
         )
-        self.o_proj = linear(self.q_size, config.hidden_size, bias=False)
+        self.o_proj = linear(self.q_size, config.hidden_size, bias=config.o_proj_bias)
         if config.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)

@@ -16,6 +16,7 @@ down_proj [E, hidden, I].
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -105,6 +106,31 @@ def quantize_experts(model: LlamaForCausalLM, tensors: dict, kept) -> list[tuple
     return fills
 
 
+def run_grouped(
+    x: torch.Tensor,
+    experts: torch.Tensor,
+    weights: torch.Tensor,
+    num_experts: int,
+    run: Callable[[int, torch.Tensor, LayerOps], torch.Tensor],
+    ops: LayerOps,
+) -> torch.Tensor:
+    """sum over each token's k experts of weight * expert(x): x (T, hidden), experts and
+    weights (T, k); `run(expert, rows, ops)` is one expert's MLP on its rows. The (token,
+    slot) pairs are grouped by expert, so each active expert runs once on all its tokens."""
+    flat = experts.flatten()  # (T k)
+    order = torch.argsort(flat, stable=True)  # (T k) a stable sort keeps tokens in order
+    tokens = order // experts.shape[1]  # (T k) the token of each sorted pair
+    counts = torch.bincount(flat, minlength=num_experts).tolist()
+    xs = x[tokens]  # (T k, hidden)
+    ys, start = [], 0
+    for expert, n in enumerate(counts):
+        if n:
+            ys.append(run(expert, xs[start : start + n], ops))
+            start += n
+    y = torch.cat(ys) * weights.flatten()[order, None]  # (T k, hidden)
+    return torch.zeros_like(x).index_add_(0, tokens, y.to(x.dtype))
+
+
 class SparseMoe(nn.Module):
     def __init__(self, config: ModelConfig, layer: int, linear: type[nn.Linear]) -> None:
         super().__init__()
@@ -130,19 +156,7 @@ class SparseMoe(nn.Module):
             weights = weights / weights.sum(-1, keepdim=True)
         if not self.float_weights:
             weights = weights.to(x.dtype)
-        # The (token, slot) pairs grouped by expert: a stable sort keeps tokens in order.
-        flat = experts.flatten()  # (T k)
-        order = torch.argsort(flat, stable=True)  # (T k)
-        tokens = order // self.top_k  # (T k) the token of each sorted pair
-        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
-        xs = x[tokens]  # (T k, hidden)
-        ys, start = [], 0
-        for expert, n in enumerate(counts):
-            if n:
-                ys.append(self.experts.run(expert, xs[start : start + n], ops))
-                start += n
-        y = torch.cat(ys) * weights.flatten()[order, None]  # (T k, hidden)
-        out = torch.zeros_like(x).index_add_(0, tokens, y.to(x.dtype))
+        out = run_grouped(x, experts, weights, self.num_experts, self.experts.run, ops)
         if self.shared_expert is not None:
             shared = self.shared_expert.down_proj(ops.silu_mul(self.shared_expert.gate_up_proj(x)))
             out += torch.sigmoid(self.shared_expert_gate(x)) * shared

@@ -1,17 +1,30 @@
-"""What a mixture-of-experts config.json says (Qwen2-MoE, Qwen3-MoE, Mixtral, OLMoE), read into
-MoeConfig; the names and conventions are transformers' (configuration_qwen3_moe.py,
-configuration_qwen2_moe.py, configuration_mixtral.py, configuration_olmoe.py)."""
+"""What a mixture-of-experts config.json says (Qwen2-MoE, Qwen3-MoE, Mixtral, OLMoE, GPT-OSS),
+read into MoeConfig; the names and conventions are transformers' (configuration_qwen3_moe.py,
+configuration_qwen2_moe.py, configuration_mixtral.py, configuration_olmoe.py,
+configuration_gpt_oss.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from braid.runtime.models import rope
 
 MOE_ARCHITECTURES = (
     "Qwen2MoeForCausalLM",
     "Qwen3MoeForCausalLM",
     "MixtralForCausalLM",
     "OlmoeForCausalLM",
+    "GptOssForCausalLM",
 )
+# GPT-OSS's rope when its config.json names none (transformers' GptOssConfig defaults).
+_GPT_OSS_ROPE = {
+    "rope_type": "yarn",
+    "factor": 32.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 4096,
+}
 
 
 @dataclass(frozen=True)
@@ -29,6 +42,10 @@ class MoeConfig:
     # OLMoE: q and k RMS-normalised over all heads at once, then clamped to +-clip_qkv.
     olmoe_qk_norm: bool = False
     clip_qkv: float | None = None
+    # GPT-OSS (gpt_oss.py): each expert's clamped SwiGLU, (up + 1) * gate * sigmoid(alpha *
+    # gate) with gate clamped above at `swiglu_limit` and up to +-swiglu_limit.
+    swiglu_alpha: float | None = None
+    swiglu_limit: float | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.top_k <= self.num_experts:
@@ -40,6 +57,8 @@ class MoeConfig:
 def extra_fields(config: dict, arch: str) -> dict:
     """ModelConfig's fields for a mixture-of-experts config.json of architecture `arch`."""
     n = config["num_hidden_layers"]
+    if arch == "GptOssForCausalLM":
+        return _gpt_oss_fields(config)
     if config.get("hidden_act", "silu") != "silu":
         raise ValueError(f"{arch} with hidden_act {config['hidden_act']!r} is unsupported")
     # transformers v5 writes num_local_experts for every family; the hubs' Qwen and OLMoE
@@ -84,3 +103,38 @@ def extra_fields(config: dict, arch: str) -> dict:
         clip_qkv=config.get("clip_qkv") if arch == "OlmoeForCausalLM" else None,
     )
     return fields
+
+
+def _gpt_oss_fields(config: dict) -> dict:
+    """GPT-OSS: every layer's MLP is the experts (softmax over the top k router logits, so
+    the k weights sum to 1), biases on q/k/v/o (attention_bias, on by default), YaRN rope with
+    transformers' defaults where the config.json names none. Its hidden_act is not read (the
+    experts' activation is the clamped SwiGLU, whatever it says), as transformers does."""
+    quantized = config.get("quantization_config") or {}
+    if quantized and quantized.get("quant_method") != "mxfp4":
+        raise ValueError(
+            f"GptOssForCausalLM quantized as {quantized.get('quant_method')!r} is unsupported "
+            "(braid reads float or mxfp4 checkpoints)"
+        )
+    num_experts = config.get("num_local_experts") or config.get("num_experts")
+    if not num_experts:
+        raise ValueError("GptOssForCausalLM config.json names no num_local_experts")
+    if not (config.get("rope_parameters") or config.get("rope_scaling")):
+        config = {**config, "rope_parameters": _GPT_OSS_ROPE}
+    moe = MoeConfig(
+        num_experts=num_experts,
+        top_k=config["num_experts_per_tok"],
+        intermediate_size=config["intermediate_size"],
+        norm_topk_prob=True,
+        shared_intermediate_size=0,
+        sparse_layers=(True,) * config["num_hidden_layers"],
+        swiglu_alpha=float(config.get("swiglu_alpha", 1.702)),
+        swiglu_limit=float(config.get("swiglu_limit", 7.0)),
+    )
+    return {
+        "moe": moe,
+        "attention_bias": bool(config.get("attention_bias", True)),
+        "rope_parameters": rope.rope_parameters(
+            {**config, "rope_theta": config.get("rope_theta", 150000.0)}
+        ),
+    }

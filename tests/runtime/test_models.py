@@ -11,7 +11,7 @@ from braid.runtime.forward_batch import ForwardBatch
 from braid.runtime.kv_cache import KVPool
 from braid.runtime.model_loader import load_model, load_model_config
 
-VARIANTS = ["llama", "llama3-rope", "mistral", "qwen2", "qwen3"]
+VARIANTS = ["llama", "llama-bias", "llama3-rope", "mistral", "qwen2", "qwen3"]
 TOL = 1e-4
 OPS = pytest.mark.parametrize("cpu_kernels", [True, False], ids=["cpu-kernels", "torch"])
 
