@@ -1,11 +1,13 @@
 """GGUF files (llama.cpp's format, how the default model ships): their config, tokenizer and
 weights, converted once into an HF directory, or loaded with their quantization kept.
 
-transformers reads a GGUF's config and tokenizer; the weights are read here with the `gguf`
-package. llama.cpp stores a Llama's q/k projection rows permuted for its RoPE layout; they are
-put back in the half-split layout our forward uses. Gemma 2/3 files (llama.cpp's "gemma2" and
-"gemma3") keep q/k as they are, store every norm weight as 1 + w (ours are w, as
-transformers'), and leave some settings to llama.cpp's defaults for the family (_GEMMA_CONFIG).
+transformers reads a GGUF's tokenizer, and the config of the architectures it knows;
+runtime/gguf_configs.py completes or builds the config as llama.cpp reads the file. The
+weights are read here with the `gguf` package. llama.cpp stores the q/k projection rows of
+its Llama-style families (Llama, Mixtral, SmolLM3) permuted for its RoPE layout; they are put
+back in the half-split layout our forward uses. Gemma 2/3 files keep q/k as they are and
+store every norm weight as 1 + w (ours are w, as transformers'). Phi-3's fused attn_qkv and
+ffn_up (gate's rows, then up's) load into our fused linears as they are.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ import torch
 from torch import nn
 
 from braid.kernels.quant import from_gguf
+from braid.runtime import gguf_configs
 from braid.runtime.gguf_tensors import GGUFTensor, read_tensors
 from braid.runtime.models import LlamaForCausalLM, ModelConfig
+from braid.runtime.models.llama import partial_rotary_rows, split_fused
 from braid.runtime.models.moe import quantize_experts
 from braid.runtime.models.quantized import QuantEmbedding, QuantLinear, QuantStack
 
@@ -57,15 +61,6 @@ _GEMMA_LAYER_NAMES = _LAYER_NAMES | {
     "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm",
 }
-# transformers' model_type of a GGUF's config -> (llama.cpp's architecture, HF architecture).
-_ARCHITECTURES = {
-    "llama": ("llama", "LlamaForCausalLM"),
-    "gemma2": ("gemma2", "Gemma2ForCausalLM"),
-    "gemma3_text": ("gemma3", "Gemma3ForCausalLM"),
-    "phi3": ("phi3", "Phi3ForCausalLM"),
-    "qwen2_moe": ("qwen2moe", "Qwen2MoeForCausalLM"),
-    "qwen3_moe": ("qwen3moe", "Qwen3MoeForCausalLM"),
-}
 # Mixture-of-experts layers (runtime/models/moe.py): the router, the experts' stacked
 # [n_expert, rows, row length] tensors (kept stacked, under our Experts' names without the
 # fusion), Qwen2-MoE's shared expert and its gate, Qwen3's q/k norms.
@@ -85,11 +80,12 @@ _TOP_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
-    # Phi-3's longrope factors: read into config.json (_complete_phi3_config), no weight.
+    # Phi-3's longrope factors: read into config.json (gguf_configs.py), no weight.
     "rope_factors_long.weight": "rope_factors_long.weight",
     "rope_factors_short.weight": "rope_factors_short.weight",
 }
 _FLOAT_TYPES = ("F32", "F16", "BF16")
+_PERMUTED = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "SmolLM3ForCausalLM")
 
 
 def cache_root() -> Path:
@@ -126,8 +122,8 @@ def model_dir(gguf_path: Path, name: str | None = None) -> Path:
 
 
 def convert(gguf_path: Path, out_dir: Path) -> None:
-    """Write config.json and the tokenizer files for a Llama GGUF, and a link to the file
-    itself (its weights are read from there)."""
+    """Write config.json and the tokenizer files for a GGUF, and a link to the file itself
+    (its weights are read from there)."""
     _save_config_and_tokenizer(gguf_path, out_dir)
     (out_dir / SOURCE_LINK).symlink_to(gguf_path.resolve())
 
@@ -145,15 +141,14 @@ def float_weights(model_dir: Path) -> Path:
         raise FileNotFoundError(f"{model_dir} has no {FLOAT_WEIGHTS} and no GGUF file to make it")
     config = json.loads((model_dir / "config.json").read_text())
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-    gemma = _is_gemma(config["architectures"][0])
-    permuted = _rope_permuted(config["architectures"][0])
+    architecture = config["architectures"][0]
+    gemma = _is_gemma(architecture)
+    permuted = _rope_permuted(architecture)
     log.info("dequantizing %s to float32 into %s (once)", gguf_path, target)
     tensors = {
-        name: torch.tensor(w)  # a copy: w may view the read-only file
+        _our_name(name, architecture): torch.tensor(w)  # a copy: w may view the read-only file
         for name, w in _dequantized(gguf_path, heads, kv_heads, gemma, permuted)
     }
-    if config["architectures"][0] == "Phi3ForCausalLM":  # its ffn_up holds gate and up
-        tensors = {k.replace(".mlp.up_proj.", ".mlp.gate_up_proj."): w for k, w in tensors.items()}
     tmp = target.with_suffix(f".{os.getpid()}.tmp")
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     os.replace(tmp, target)  # concurrent loads never read half a file
@@ -196,14 +191,12 @@ def load_quantized(
     tensors parameters in `dtype`. The QuantLinears at the module paths in `skip` are left
     empty (their blocks come from elsewhere: runtime/packed_weights.py)."""
     config = model.config
-    if config.architecture == "Phi3ForCausalLM":
-        raise ValueError(
-            f"{gguf_path}: a Phi-3 GGUF's blocks are not run as they are yet (fused attn_qkv "
-            "and ffn_up); load it with quantization='none'"
-        )
     gemma = _is_gemma(config.architecture)
     # By our module paths (HF names without "model.").
-    tensors = {hf_name(t.name, gemma).removeprefix("model."): t for t in read_tensors(gguf_path)}
+    tensors = {
+        _our_name(hf_name(t.name, gemma), config.architecture).removeprefix("model."): t
+        for t in _model_tensors(gguf_path)
+    }
 
     def kept(name: str) -> str | None:
         t = tensors.get(name)
@@ -224,7 +217,9 @@ def load_quantized(
                 continue
             parent, _, child = path.rpartition(".")
             prefix = parent + "." if parent else ""
-            parts = [prefix + p + ".weight" for p in _FUSED.get(child, (child,))]
+            parts = [f"{path}.weight"]  # one tensor (Phi-3's are fused in the file too)
+            if parts[0] not in tensors:
+                parts = [prefix + p + ".weight" for p in _FUSED.get(child, (child,))]
             if not all(p in tensors for p in parts):
                 continue
             formats = [kept(p) for p in parts]
@@ -262,9 +257,45 @@ def load_quantized(
             continue
         _, blocks = from_gguf(t.data, t.type, (t.rows, t.shape[0]))
         ordered = _rows_in_our_order(part, blocks.numpy(), config)
+        if part.endswith("qkv_proj.weight") and (rows := partial_rotary_rows(config)) is not None:
+            ordered = ordered[rows.numpy()]  # a fused qkv's rows, as load_hf_weights moves them
         model.get_submodule(path).blocks[first : first + t.rows] = torch.from_numpy(ordered)
-    model.load_hf_weights({_hf(name): _float(t, name, config) for name, t in tensors.items()})
+    floats = {_hf(name): _float(t, name, config) for name, t in tensors.items()}
+    model.load_hf_weights(split_fused(floats, config))
     model.rotary.float().reset()
+
+
+def _our_name(hf: str, architecture: str) -> str:
+    """A tensor's HF name as our model holds it: Phi-3's ffn_up holds gate and up."""
+    if architecture == "Phi3ForCausalLM":
+        return hf.replace(".mlp.up_proj.", ".mlp.gate_up_proj.")
+    return hf
+
+
+def _model_tensors(gguf_path: Path) -> list[GGUFTensor]:
+    """The file's tensors, an old Mixtral file's per-expert ones (blk.N.ffn_gate.E.weight)
+    stacked per layer and projection as newer files store them (blk.N.ffn_gate_exps.weight,
+    [n_expert, rows, row length]): a copy of their bytes, which loading copies anyway."""
+    tensors, experts = [], {}
+    for t in read_tensors(gguf_path):
+        match = gguf_configs.OLD_EXPERT.fullmatch(t.name)
+        if match is None:
+            tensors.append(t)
+            continue
+        layer, proj, expert = match.groups()
+        experts.setdefault((int(layer), proj), {})[int(expert)] = t
+    for (layer, proj), parts in sorted(experts.items()):
+        name = f"blk.{layer}.ffn_{proj}_exps.weight"
+        ordered = [parts.get(e) for e in range(len(parts))]
+        first = ordered[0]
+        if None in ordered or any((t.type, t.shape) != (first.type, first.shape) for t in ordered):
+            raise ValueError(
+                f"{gguf_path}: the per-expert tensors of {name} are not experts 0..N-1 of one "
+                "type and shape"
+            )
+        data = np.concatenate([t.data for t in ordered])  # (E rows, row bytes)
+        tensors.append(GGUFTensor(name, first.type, (*first.shape[:2], len(ordered)), data))
+    return tensors
 
 
 def _hf(name: str) -> str:
@@ -297,162 +328,46 @@ def _rows_in_our_order(name: str, w: np.ndarray, config: ModelConfig) -> np.ndar
     return w
 
 
-def _save_config_and_tokenizer(gguf_path: Path, out_dir: Path):
-    from transformers import AutoConfig, AutoTokenizer
+def _save_config_and_tokenizer(gguf_path: Path, out_dir: Path) -> None:
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     # transformers reads the file with the gguf package, which meets a malformed file with
     # struct.error, numpy's errors or gigabytes of arrays: our reader checks it first, and
     # what transformers still refuses (a value of the wrong kind) is said to be the file's.
-    read_tensors(gguf_path)
+    tensors = read_tensors(gguf_path)
+    names = [t.name for t in tensors]
+    try:
+        meta = gguf_configs.metadata(gguf_path)
+    except Exception as e:
+        raise ValueError(f"{gguf_path}: transformers cannot read its metadata: {e}") from e
+    arch = meta.get("general.architecture")
+    if arch not in gguf_configs.ARCHITECTURES:
+        raise ValueError(
+            f"{gguf_path}: GGUF files of {arch} are unsupported; braid reads "
+            f"{', '.join(gguf_configs.ARCHITECTURES)} (llama with experts: Mixtral)"
+        )
+    # The tokenizer as transformers builds it from the file: through its model class where
+    # it knows the architecture, else by the file's tokenizer model alone.
+    builder = PreTrainedTokenizerFast if gguf_configs.built_here(arch, names) else AutoTokenizer
     folder, name = str(gguf_path.parent), gguf_path.name
     try:
-        AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out_dir)
-        config = AutoConfig.from_pretrained(folder, gguf_file=name)
+        builder.from_pretrained(folder, gguf_file=name).save_pretrained(out_dir)
     except Exception as e:
-        raise ValueError(
-            f"{gguf_path}: transformers cannot read its config and tokenizer: {e}"
-        ) from e
-    if config.model_type not in _ARCHITECTURES:
-        raise ValueError(
-            f"{gguf_path}: GGUF files of {config.model_type} are unsupported; braid reads "
-            f"{', '.join(arch for arch, _ in _ARCHITECTURES.values())}"
-        )
-    arch, hf_arch = _ARCHITECTURES[config.model_type]
-    if arch == "llama" and any(t.name.endswith("_exps.weight") for t in read_tensors(gguf_path)):
-        raise ValueError(
-            f"{gguf_path}: a llama GGUF with experts (Mixtral) is unsupported; braid reads "
-            "Mixtral from its HF directory, and qwen2moe/qwen3moe GGUF files"
-        )
-    config.architectures = [hf_arch]
-    config.save_pretrained(out_dir)
-    if arch in ("gemma2", "gemma3"):
-        _complete_gemma_config(gguf_path, arch, out_dir)
-    elif arch == "phi3":
-        _complete_phi3_config(gguf_path, out_dir)
-    elif arch != "llama":
-        _complete_moe_config(gguf_path, arch, out_dir)
-    return config
-
-
-def _metadata(gguf_path: Path) -> dict:
-    """The file's key/value metadata (tokenizer arrays left out; the reader parses them all,
-    seconds for a large vocabulary: read once, at conversion)."""
-    import gguf
-
-    reader = gguf.GGUFReader(gguf_path)
-    return {
-        name: field.contents()
-        for name, field in reader.fields.items()
-        if not name.startswith("tokenizer.ggml.") and not name.startswith("GGUF.")
-    }
+        raise ValueError(f"{gguf_path}: transformers cannot read its tokenizer: {e}") from e
+    embedding = next((t for t in tensors if t.name == "token_embd.weight"), None)
+    if embedding is None:
+        raise ValueError(f"{gguf_path}: the file has no token_embd.weight")
+    gguf_configs.write_config(gguf_path, meta, names, embedding.rows, out_dir)
 
 
 def _is_gemma(architecture: str) -> bool:
     return architecture.startswith("Gemma")
 
 
-def _complete_gemma_config(gguf_path: Path, arch: str, out_dir: Path) -> None:
-    """What transformers' GGUF reader leaves out of a Gemma config.json, as llama.cpp reads
-    the file (src/llama-model.cpp): query scaling by the head size (by hidden / heads for
-    Gemma 3 27B, 62 layers), the soft-caps, Gemma 3's sliding-window pattern (every sixth
-    layer global, unless the file says), the local rope base 10,000 and the global layers'
-    rope scaling; <end_of_turn> ends generation as it does there."""
-    meta = _metadata(gguf_path)
-    file = out_dir / "config.json"
-    config = json.loads(file.read_text())
-    layers, hidden = config["num_hidden_layers"], config["hidden_size"]
-    head_dim = meta.get(f"{arch}.attention.key_length") or config["head_dim"]
-    config["head_dim"] = head_dim
-    big = arch == "gemma3" and layers == 62
-    config["query_pre_attn_scalar"] = hidden // config["num_attention_heads"] if big else head_dim
-    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
-        if f"{arch}.{key}" in meta:
-            config[key] = float(meta[f"{arch}.{key}"])
-        elif arch == "gemma3":
-            config[key] = None
-    if f"{arch}.attention.sliding_window" in meta:
-        config["sliding_window"] = int(meta[f"{arch}.attention.sliding_window"])
-    if arch == "gemma3":
-        pattern = int(meta.get(f"{arch}.attention.sliding_window_pattern", 6))
-        config["layer_types"] = [
-            "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)
-        ]
-        theta = float(meta.get(f"{arch}.rope.freq_base", 1e6))
-        full = {"rope_type": "default", "rope_theta": theta}
-        if meta.get(f"{arch}.rope.scaling.type") == "linear":
-            full |= {"rope_type": "linear", "factor": float(meta[f"{arch}.rope.scaling.factor"])}
-        config["rope_parameters"] = {
-            "full_attention": full,
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
-        }
-    tokens = json.loads((out_dir / "tokenizer.json").read_text())["model"]["vocab"]
-    end_of_turn = tokens.get("<end_of_turn>") if isinstance(tokens, dict) else None
-    eos = config.get("eos_token_id")
-    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-    if end_of_turn is not None and end_of_turn not in eos:
-        config["eos_token_id"] = [*eos, end_of_turn]
-    file.write_text(json.dumps(config, indent=2))
-
-
-def _complete_phi3_config(gguf_path: Path, out_dir: Path) -> None:
-    """What transformers' GGUF reader leaves out of a Phi-3 config.json, as llama.cpp's
-    converter writes it: the rotated share of a head, the original context, longrope's
-    factors (the rope_factors_long/short tensors) and attention factor, the sliding window
-    (which transformers applies; llama.cpp turns Phi's off)."""
-    meta = _metadata(gguf_path)
-    file = out_dir / "config.json"
-    config = json.loads(file.read_text())
-    head_dim = config["hidden_size"] // config["num_attention_heads"]
-    rotated = int(meta.get("phi3.rope.dimension_count", head_dim))
-    rope = {
-        "rope_type": "default",
-        "rope_theta": float(meta.get("phi3.rope.freq_base", 10_000.0)),
-        "partial_rotary_factor": rotated / head_dim,
-    }
-    factors = {
-        t.name: _floats(t).tolist()
-        for t in read_tensors(gguf_path)
-        if t.name.startswith("rope_factors_")
-    }
-    if factors:
-        rope |= {
-            "rope_type": "longrope",
-            "long_factor": factors["rope_factors_long.weight"],
-            "short_factor": factors["rope_factors_short.weight"],
-        }
-        if "phi3.rope.scaling.attn_factor" in meta:
-            rope["attention_factor"] = float(meta["phi3.rope.scaling.attn_factor"])
-    original = meta.get("phi3.rope.scaling.original_context_length")
-    if original:
-        config["original_max_position_embeddings"] = int(original)
-        rope["original_max_position_embeddings"] = int(original)
-    config["rope_parameters"] = rope
-    config["sliding_window"] = int(meta.get("phi3.attention.sliding_window", 0)) or None
-    file.write_text(json.dumps(config, indent=2))
-
-
-def _complete_moe_config(gguf_path: Path, arch: str, out_dir: Path) -> None:
-    """What transformers' GGUF reader leaves out of a Qwen2/3-MoE config.json, as llama.cpp
-    reads the file: the experts' and the shared expert's sizes, every layer sparse, Qwen3-MoE's
-    top-k renormalised (Qwen2-MoE's not), Qwen2's q/k/v biases."""
-    meta = _metadata(gguf_path)
-    file = out_dir / "config.json"
-    config = json.loads(file.read_text())
-    config["moe_intermediate_size"] = int(meta[f"{arch}.expert_feed_forward_length"])
-    if f"{arch}.expert_shared_feed_forward_length" in meta:
-        config["shared_expert_intermediate_size"] = int(
-            meta[f"{arch}.expert_shared_feed_forward_length"]
-        )
-    config |= {"decoder_sparse_step": 1, "mlp_only_layers": []}
-    config["norm_topk_prob"] = arch == "qwen3moe"
-    if arch == "qwen2moe":
-        config["qkv_bias"] = True
-    file.write_text(json.dumps(config, indent=2))
-
-
 def _rope_permuted(architecture: str) -> bool:
-    """Whether llama.cpp's converter permuted q/k rows for its RoPE layout (a Llama's only)."""
-    return architecture in ("LlamaForCausalLM", "MistralForCausalLM")
+    """Whether llama.cpp's converter permuted q/k rows for its RoPE layout (its Llama-style
+    families': Llama, Mixtral, SmolLM3)."""
+    return architecture in _PERMUTED
 
 
 def _dequantized(
@@ -460,7 +375,7 @@ def _dequantized(
 ):
     """(HF name, float32 weight) of every tensor, q/k rows back in the half-split layout
     (a Llama's, `permuted`), norms back to w (a Gemma's)."""
-    for t in read_tensors(gguf_path):
+    for t in _model_tensors(gguf_path):
         name = hf_name(t.name, gemma)
         w = _floats(t)
         if gemma:

@@ -25,8 +25,6 @@ def resolve_quantization(config: EngineConfig, model_dir: Path) -> tuple[str, st
     source = gguf_file.source(model_dir)
     if source is None:
         return "none", "auto: not a GGUF model, its weights run as stored"
-    if _architectures(model_dir) == ["Phi3ForCausalLM"]:
-        return "none", "auto: a Phi-3 GGUF's fused blocks are not run as they are yet"
     if config.torch_device.type != "cpu":
         return "none", "auto: GGUF blocks run in the CPU kernels only"
     if config.deterministic:

@@ -1,5 +1,6 @@
 """Write random-weight GGUF files of real Llama model shapes, for benchmarks and tests (and,
-from a tiny random transformers Gemma 3, a "gemma3" GGUF of its weights: write_gemma3_gguf).
+from a tiny random transformers model of another family, a GGUF of its weights laid out as
+llama.cpp's converter writes that family: write_hf_gguf).
 
     .venv/bin/python scripts/random_gguf.py --shape 1b --type Q4_K_M --out /tmp/llama-1b-q4_k_m.gguf
 
@@ -19,6 +20,7 @@ import importlib.metadata
 import math
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -277,37 +279,188 @@ def _unit_std(qtype: Q) -> float:
     return float(gguf.quants.dequantize(blocks, qtype).std())
 
 
-# A Gemma 3 layer's tensors: llama.cpp's name -> transformers' (under model.layers.{i}.).
-_GEMMA3_LAYER = {
+# Each family's layer tensors: llama.cpp's name -> transformers' (under model.layers.{i}.).
+_ATTENTION = {
     "attn_norm": "input_layernorm",
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "post_attention_norm": "post_attention_layernorm",
-    "ffn_norm": "pre_feedforward_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
+    "ffn_norm": "post_attention_layernorm",
+}
+_DENSE_MLP = {"ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+_QK_NORMS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+_GEMMA3_LAYER = (
+    _ATTENTION
+    | _QK_NORMS
+    | _DENSE_MLP
+    | {
+        "post_attention_norm": "post_attention_layernorm",
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    }
+)
+_PHI3_LAYER = {
+    "attn_norm": "input_layernorm",
+    "attn_qkv": "self_attn.qkv_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_up": "mlp.gate_up_proj",  # gate's rows, then up's
     "ffn_down": "mlp.down_proj",
-    "post_ffw_norm": "post_feedforward_layernorm",
+}
+_ROUTER = {"ffn_gate_inp": "mlp.gate"}
+_QWEN_MOE_LAYER = (
+    _ATTENTION
+    | _QK_NORMS
+    | _ROUTER
+    | {
+        "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+        "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+        "ffn_up_shexp": "mlp.shared_expert.up_proj",
+        "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    }
+)
+# The experts' projections: llama.cpp's stacked tensor (its old per-expert one is
+# blk.N.ffn_gate.E) -> transformers' per-expert name, Mixtral's.
+_EXPERTS = {
+    "ffn_gate": ("gate_proj", "w1"),
+    "ffn_up": ("up_proj", "w3"),
+    "ffn_down": ("down_proj", "w2"),
 }
 
 
-def write_gemma3_gguf(path: str | Path, model_dir: str | Path, type: str = "F32") -> Path:
-    """Write a transformers Gemma3ForCausalLM directory (float weights, the default model's
-    tokenizer) as a "gemma3" GGUF the way llama.cpp's convert_hf_to_gguf.py lays one out: its
-    metadata keys, its tensor names, norm weights stored as 1 + w, q/k rows unpermuted;
-    matrices in `type` (F32, F16 or Q8_0, which gguf-py quantizes), norms in F32. What
-    llama.cpp does not read from the file, the model must hold to its defaults: every sixth
-    layer global, a local rope base of 10,000, query_pre_attn_scalar = head_dim."""
+@dataclass(frozen=True)
+class _Family:
+    arch: str  # llama.cpp's
+    layer: dict[str, str]
+    metadata: Callable[[gguf.GGUFWriter, dict], None]  # the family's own keys
+    experts: bool = False
+    permuted: bool = False  # q/k rows in llama.cpp's rope order (its Llama-style families)
+    norm_shift: float = 0.0  # Gemma's norms are stored as 1 + w
+    tied: bool = False  # transformers' default tie_word_embeddings
+
+
+def _theta(config: dict, default: float) -> float:
+    rope = config.get("rope_parameters") or {}
+    rope = rope.get("full_attention", rope)  # Gemma 3's global layers'
+    return rope.get("rope_theta", config.get("rope_theta", default))
+
+
+def _head_dim(config: dict) -> int:
+    return config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+
+
+def _gemma3_keys(writer: gguf.GGUFWriter, config: dict) -> None:
+    writer.add_key_length(config["head_dim"])
+    writer.add_value_length(config["head_dim"])
+    writer.add_rope_freq_base(_theta(config, 1e6))
+    full = (config.get("rope_parameters") or {}).get("full_attention") or {}
+    if full.get("rope_type") == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(full["factor"])
+    writer.add_sliding_window(config["sliding_window"])
+
+
+def _phi3_keys(writer: gguf.GGUFWriter, config: dict) -> None:
+    rope = config["rope_parameters"]
+    if rope.get("rope_type") != "longrope":
+        raise ValueError(f"a longrope Phi-3 is written here, not {rope}")
+    original = config["original_max_position_embeddings"]
+    scale = config["max_position_embeddings"] / original
+    writer.add_rope_scaling_orig_ctx_len(original)
+    writer.add_rope_dimension_count(int(_head_dim(config) * rope.get("partial_rotary_factor", 1.0)))
+    writer.add_rope_freq_base(rope["rope_theta"])
+    writer.add_sliding_window(config.get("sliding_window") or 0)
+    attn = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0
+    writer.add_rope_scaling_attn_factors(attn)
+
+
+def _experts_keys(writer: gguf.GGUFWriter, config: dict) -> None:
+    writer.add_expert_count(config.get("num_local_experts") or config["num_experts"])
+    writer.add_expert_used_count(config["num_experts_per_tok"])
+
+
+def _qwen_moe_keys(writer: gguf.GGUFWriter, config: dict) -> None:
+    writer.add_key_length(_head_dim(config))
+    writer.add_value_length(_head_dim(config))
+    writer.add_rope_freq_base(_theta(config, 10000.0))
+    _experts_keys(writer, config)
+    writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+    if "shared_expert_intermediate_size" in config:
+        writer.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
+
+
+def _llama_keys(writer: gguf.GGUFWriter, config: dict) -> None:
+    """A Llama-style family's (Mixtral, SmolLM3): rotated dimensions, key/value lengths."""
+    writer.add_rope_freq_base(_theta(config, 10000.0))
+    writer.add_rope_dimension_count(_head_dim(config))
+    writer.add_key_length(_head_dim(config))
+    writer.add_value_length(_head_dim(config))
+
+
+def _mixtral_keys(writer: gguf.GGUFWriter, config: dict) -> None:
+    _llama_keys(writer, config)
+    _experts_keys(writer, config)
+
+
+def _olmoe_keys(writer: gguf.GGUFWriter, config: dict) -> None:
+    writer.add_rope_freq_base(_theta(config, 10000.0))
+    _experts_keys(writer, config)
+    if config.get("clip_qkv") is not None:
+        raise ValueError("llama.cpp's olmoe does not clamp q/k/v: clip_qkv must be null")
+
+
+def _smollm3_keys(writer: gguf.GGUFWriter, config: dict) -> None:
+    # llama.cpp has no key for the NoPE layers: every fourth is one, whatever the model says.
+    flags = config.get("no_rope_layers")
+    if flags is not None and flags != [int((i + 1) % 4 != 0) for i in range(len(flags))]:
+        raise ValueError(f"llama.cpp's smollm3 has every fourth layer NoPE, not {flags}")
+    _llama_keys(writer, config)
+
+
+# transformers' architecture -> how llama.cpp's convert_hf_to_gguf.py writes it.
+_FAMILIES = {
+    "Gemma3ForCausalLM": _Family("gemma3", _GEMMA3_LAYER, _gemma3_keys, norm_shift=1.0, tied=True),
+    "Phi3ForCausalLM": _Family("phi3", _PHI3_LAYER, _phi3_keys),
+    "Qwen3MoeForCausalLM": _Family("qwen3moe", _QWEN_MOE_LAYER, _qwen_moe_keys, experts=True),
+    "Qwen2MoeForCausalLM": _Family("qwen2moe", _QWEN_MOE_LAYER, _qwen_moe_keys, experts=True),
+    "MixtralForCausalLM": _Family(
+        "llama", _ATTENTION | _ROUTER, _mixtral_keys, experts=True, permuted=True
+    ),
+    "OlmoeForCausalLM": _Family("olmoe", _ATTENTION | _QK_NORMS | _ROUTER, _olmoe_keys, True),
+    "SmolLM3ForCausalLM": _Family("smollm3", _ATTENTION | _DENSE_MLP, _smollm3_keys, permuted=True),
+}
+# Matrix types a file from transformers' floats can hold (gguf-py quantizes Q8_0).
+_HF_TYPES = {
+    "F32": (Q.F32, gguf.LlamaFileType.ALL_F32),
+    "F16": (Q.F16, gguf.LlamaFileType.MOSTLY_F16),
+    "Q8_0": (Q.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
+}
+# Tokens llama.cpp's loader of a "phi3" vocabulary looks up (Phi-3's SentencePiece ones), in
+# the place of special tokens of the default model that the tests never use.
+_PHI3_TOKENS = {"<repo_name>": "<s>", "<reponame>": "</s>", "<file_sep>": "<unk>"}
+
+
+def write_hf_gguf(
+    path: str | Path, model_dir: str | Path, type: str = "F32", per_expert: bool = False
+) -> Path:
+    """Write a transformers directory (float weights, the default model's tokenizer) of one
+    of _FAMILIES as a GGUF laid out the way llama.cpp's convert_hf_to_gguf.py writes it: its
+    architecture, metadata keys and tensor names; Gemma's norms as 1 + w; a Llama-style
+    family's q/k rows permuted for llama.cpp's rope; Phi-3's fused attn_qkv and ffn_up
+    (gate, then up) and its rope factor tensors; experts stacked per projection
+    ([n_expert, rows, row length]), or with `per_expert` one tensor each (blk.N.ffn_gate.E,
+    as old Mixtral files have them). Matrices in `type` (F32, F16 or Q8_0); norms, routers
+    and every 1-D tensor in F32, as llama-quantize keeps them. Where llama.cpp reads no key
+    for a setting (Gemma 3's layer pattern and local rope base, SmolLM3's NoPE layers), the
+    model must hold llama.cpp's fixed value."""
     import json
 
     from safetensors.numpy import load_file
 
     path, model_dir = Path(path), Path(model_dir)
     config = json.loads((model_dir / "config.json").read_text())
+    family = _FAMILIES[config["architectures"][0]]
     weights: dict[str, np.ndarray] = {}
     for file in sorted(model_dir.glob("*.safetensors")):
         weights |= load_file(file)
@@ -315,10 +468,11 @@ def write_gemma3_gguf(path: str | Path, model_dir: str | Path, type: str = "F32"
     vocab = len(next(value for key, value, *_ in tokenizer if key == "tokenizer.ggml.tokens"))
     if config["vocab_size"] != vocab:
         raise ValueError(f"{model_dir}: vocab_size {config['vocab_size']}, tokenizer {vocab}")
-    qtype = {"F32": Q.F32, "F16": Q.F16, "Q8_0": Q.Q8_0}[type]
-    writer = gguf.GGUFWriter(path, "gemma3")
+    qtype, file_type = _HF_TYPES[type]
+
+    writer = gguf.GGUFWriter(path, family.arch)
     writer.add_type("model")
-    writer.add_name("random-gemma3")
+    writer.add_name(f"random-{family.arch}")
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
     writer.add_block_count(config["num_hidden_layers"])
@@ -326,125 +480,15 @@ def write_gemma3_gguf(path: str | Path, model_dir: str | Path, type: str = "F32"
     writer.add_head_count(config["num_attention_heads"])
     writer.add_head_count_kv(config["num_key_value_heads"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    writer.add_key_length(config["head_dim"])
-    writer.add_value_length(config["head_dim"])
-    rope = config.get("rope_parameters") or {}
-    full = rope.get("full_attention") or {}
-    writer.add_rope_freq_base(full.get("rope_theta", config.get("rope_theta", 1e6)))
-    if full.get("rope_type") == "linear":
-        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        writer.add_rope_scaling_factor(full["factor"])
-    writer.add_sliding_window(config["sliding_window"])
-    writer.add_file_type(
-        {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
-         "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[type]
-    )  # fmt: skip
+    family.metadata(writer, config)
+    writer.add_file_type(file_type)
     for key, value, vtype, sub_type in tokenizer:
+        if key == "tokenizer.ggml.tokens" and family.arch == "phi3":
+            value = [_PHI3_TOKENS.get(t, t) for t in value]
         writer.add_key_value(key, value, vtype, sub_type)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
-    def add(name: str, hf: str) -> None:
-        w = weights[hf].astype(np.float32)
-        if hf.endswith("norm.weight"):
-            writer.add_tensor(name, w + 1)  # llama.cpp's norm_shift
-        elif qtype == Q.F32:
-            writer.add_tensor(name, w)
-        elif qtype == Q.F16:
-            writer.add_tensor(name, w.astype(np.float16))
-        else:
-            writer.add_tensor(name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
-
-    add("token_embd.weight", "model.embed_tokens.weight")
-    for i in range(config["num_hidden_layers"]):
-        for name, hf in _GEMMA3_LAYER.items():
-            add(f"blk.{i}.{name}.weight", f"model.layers.{i}.{hf}.weight")
-    add("output_norm.weight", "model.norm.weight")
-    if not config.get("tie_word_embeddings", True):
-        add("output.weight", "lm_head.weight")
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
-# A Qwen2/3-MoE layer's tensors: llama.cpp's name -> transformers' (experts stacked apart).
-_MOE_LAYER = {
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate_inp": "mlp.gate",
-    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
-    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
-    "ffn_up_shexp": "mlp.shared_expert.up_proj",
-    "ffn_down_shexp": "mlp.shared_expert.down_proj",
-}
-_MOE_EXPERTS = {
-    "ffn_gate_exps": "gate_proj",
-    "ffn_up_exps": "up_proj",
-    "ffn_down_exps": "down_proj",
-}
-
-
-def write_moe_gguf(path: str | Path, model_dir: str | Path, type: str = "F32") -> Path:
-    """Write a transformers Qwen3MoeForCausalLM or Qwen2MoeForCausalLM directory (every layer
-    sparse, as llama.cpp has them; the default model's tokenizer) as a "qwen3moe" or
-    "qwen2moe" GGUF laid out as llama.cpp's convert_hf_to_gguf.py does: the experts stacked
-    per projection ([n_expert, rows, row length]), the routers and every 1-D tensor in F32
-    (llama-quantize keeps them so), the other matrices in `type` (F32, F16 or Q8_0)."""
-    import json
-
-    from safetensors.numpy import load_file
-
-    path, model_dir = Path(path), Path(model_dir)
-    config = json.loads((model_dir / "config.json").read_text())
-    arch = {"Qwen3MoeForCausalLM": "qwen3moe", "Qwen2MoeForCausalLM": "qwen2moe"}[
-        config["architectures"][0]
-    ]
-    weights: dict[str, np.ndarray] = {}
-    for file in sorted(model_dir.glob("*.safetensors")):
-        weights |= load_file(file)
-    tokenizer = _tokenizer_fields()
-    vocab = len(next(value for key, value, *_ in tokenizer if key == "tokenizer.ggml.tokens"))
-    if config["vocab_size"] != vocab:
-        raise ValueError(f"{model_dir}: vocab_size {config['vocab_size']}, tokenizer {vocab}")
-    qtype = {"F32": Q.F32, "F16": Q.F16, "Q8_0": Q.Q8_0}[type]
-    heads = config["num_attention_heads"]
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    num_experts = config.get("num_local_experts") or config["num_experts"]
-    writer = gguf.GGUFWriter(path, arch)
-    writer.add_type("model")
-    writer.add_name(f"random-{arch}")
-    writer.add_context_length(config["max_position_embeddings"])
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(config["num_key_value_heads"])
-    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    rope = config.get("rope_parameters") or {}
-    writer.add_rope_freq_base(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
-    writer.add_expert_count(num_experts)
-    writer.add_expert_used_count(config["num_experts_per_tok"])
-    writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
-    if arch == "qwen2moe":
-        writer.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
-    writer.add_file_type(
-        {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
-         "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[type]
-    )  # fmt: skip
-    for key, value, vtype, sub_type in tokenizer:
-        writer.add_key_value(key, value, vtype, sub_type)
-    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-
-    def add(name: str, w: np.ndarray) -> None:
+    for name, w in _hf_tensors(family, config, weights, per_expert):
         w = w.astype(np.float32)
         if qtype == Q.F32 or w.ndim == 1 or "gate_inp" in name:
             writer.add_tensor(name, w)
@@ -452,110 +496,66 @@ def write_moe_gguf(path: str | Path, model_dir: str | Path, type: str = "F32") -
             writer.add_tensor(name, w.astype(np.float16))
         else:
             writer.add_tensor(name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
 
-    add("token_embd.weight", weights["model.embed_tokens.weight"])
+
+# The names the tests and docs/benchmarks.md call it by.
+write_gemma3_gguf = write_phi3_gguf = write_moe_gguf = write_hf_gguf
+
+
+def _hf_tensors(family: _Family, config: dict, weights: dict, per_expert: bool):
+    """(llama.cpp's name, float weight) of every tensor the family's file holds."""
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    yield "token_embd.weight", weights["model.embed_tokens.weight"]
+    if family.arch == "phi3":
+        rope = config["rope_parameters"]
+        for kind in ("long", "short"):
+            yield f"rope_factors_{kind}.weight", np.asarray(rope[f"{kind}_factor"], np.float32)
     for i in range(config["num_hidden_layers"]):
         hf = f"model.layers.{i}."
-        for name, ours in _MOE_LAYER.items():
+        for name, ours in family.layer.items():
             for kind in ("weight", "bias"):
                 w = weights.get(f"{hf}{ours}.{kind}")
-                if w is not None:
-                    add(f"blk.{i}.{name}.{kind}", w[0] if name == "ffn_gate_inp_shexp" else w)
-        for name, proj in _MOE_EXPERTS.items():
-            experts = [weights[f"{hf}mlp.experts.{e}.{proj}.weight"] for e in range(num_experts)]
-            add(f"blk.{i}.{name}.weight", np.stack(experts))
-    add("output_norm.weight", weights["model.norm.weight"])
-    if not config.get("tie_word_embeddings", False):
-        add("output.weight", weights["lm_head.weight"])
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+                if w is None:
+                    w = weights.get(f"{hf}{ours.replace('mlp.', 'block_sparse_moe.')}.{kind}")
+                if w is None:
+                    continue
+                if name.endswith("norm"):
+                    w = w + family.norm_shift
+                elif name == "ffn_gate_inp_shexp":
+                    w = w[0]  # (1, hidden) -> [hidden]
+                elif family.permuted and name in ("attn_q", "attn_k"):
+                    w = permute_rope(w, heads if name == "attn_q" else kv_heads)
+                yield f"blk.{i}.{name}.{kind}", w
+        if family.experts:
+            n = config.get("num_local_experts") or config["num_experts"]
+            for name, names in _EXPERTS.items():
+                experts = [_expert(weights, hf, e, names) for e in range(n)]
+                if per_expert:
+                    yield from ((f"blk.{i}.{name}.{e}.weight", w) for e, w in enumerate(experts))
+                else:
+                    yield f"blk.{i}.{name}_exps.weight", np.stack(experts)
+    yield "output_norm.weight", weights["model.norm.weight"] + family.norm_shift
+    if not config.get("tie_word_embeddings", family.tied):
+        yield "output.weight", weights["lm_head.weight"]
 
 
-# Tokens llama.cpp's loader of a "phi3" vocabulary looks up (Phi-3's SentencePiece ones), in
-# the place of special tokens of the default model that the tests never use.
-_PHI3_TOKENS = {"<repo_name>": "<s>", "<reponame>": "</s>", "<file_sep>": "<unk>"}
+def _expert(weights: dict, hf: str, e: int, names: tuple[str, str]) -> np.ndarray:
+    ours, mixtral = names
+    w = weights.get(f"{hf}mlp.experts.{e}.{ours}.weight")
+    return w if w is not None else weights[f"{hf}block_sparse_moe.experts.{e}.{mixtral}.weight"]
 
 
-def write_phi3_gguf(path: str | Path, model_dir: str | Path, type: str = "F32") -> Path:
-    """Write a transformers Phi3ForCausalLM directory (float weights, the default model's
-    tokenizer, longrope) as a "phi3" GGUF the way llama.cpp's convert_hf_to_gguf.py lays one
-    out: fused attn_qkv, ffn_up holding gate and up, q/k rows as they are, the rotated
-    dimensions, the original context, the attention factor and the rope factor tensors;
-    matrices in `type` (F32, F16 or Q8_0), norms and factors in F32."""
-    import json
-    import math
-
-    from safetensors.numpy import load_file
-
-    path, model_dir = Path(path), Path(model_dir)
-    config = json.loads((model_dir / "config.json").read_text())
-    weights: dict[str, np.ndarray] = {}
-    for file in sorted(model_dir.glob("*.safetensors")):
-        weights |= load_file(file)
-    rope = config["rope_parameters"]
-    if rope.get("rope_type") != "longrope":
-        raise ValueError(f"{model_dir}: a longrope Phi-3 is written here, not {rope}")
-    head_dim = config["hidden_size"] // config["num_attention_heads"]
-    original = config["original_max_position_embeddings"]
-    scale = config["max_position_embeddings"] / original
-    qtype = {"F32": Q.F32, "F16": Q.F16, "Q8_0": Q.Q8_0}[type]
-    writer = gguf.GGUFWriter(path, "phi3")
-    writer.add_type("model")
-    writer.add_name("random-phi3")
-    writer.add_context_length(config["max_position_embeddings"])
-    writer.add_rope_scaling_orig_ctx_len(original)
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_head_count(config["num_attention_heads"])
-    writer.add_head_count_kv(config["num_key_value_heads"])
-    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
-    writer.add_rope_freq_base(rope["rope_theta"])
-    writer.add_sliding_window(config.get("sliding_window") or 0)
-    attn = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0
-    writer.add_rope_scaling_attn_factors(attn)
-    writer.add_file_type(
-        {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
-         "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[type]
-    )  # fmt: skip
-    for key, value, vtype, sub_type in _tokenizer_fields():
-        if key == "tokenizer.ggml.tokens":  # llama.cpp's phi3 vocabulary looks these up
-            value = [_PHI3_TOKENS.get(t, t) for t in value]
-        writer.add_key_value(key, value, vtype, sub_type)
-    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-
-    def add(name: str, w: np.ndarray) -> None:
-        w = w.astype(np.float32)
-        if w.ndim == 1 or qtype == Q.F32:
-            writer.add_tensor(name, w)
-        elif qtype == Q.F16:
-            writer.add_tensor(name, w.astype(np.float16))
-        else:
-            writer.add_tensor(name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
-
-    add("token_embd.weight", weights["model.embed_tokens.weight"])
-    add("rope_factors_long.weight", np.asarray(rope["long_factor"], dtype=np.float32))
-    add("rope_factors_short.weight", np.asarray(rope["short_factor"], dtype=np.float32))
-    for i in range(config["num_hidden_layers"]):
-        hf = f"model.layers.{i}."
-        add(f"blk.{i}.attn_norm.weight", weights[hf + "input_layernorm.weight"])
-        add(f"blk.{i}.attn_qkv.weight", weights[hf + "self_attn.qkv_proj.weight"])
-        add(f"blk.{i}.attn_output.weight", weights[hf + "self_attn.o_proj.weight"])
-        add(f"blk.{i}.ffn_norm.weight", weights[hf + "post_attention_layernorm.weight"])
-        add(f"blk.{i}.ffn_up.weight", weights[hf + "mlp.gate_up_proj.weight"])
-        add(f"blk.{i}.ffn_down.weight", weights[hf + "mlp.down_proj.weight"])
-    add("output_norm.weight", weights["model.norm.weight"])
-    if not config.get("tie_word_embeddings", False):
-        add("output.weight", weights["lm_head.weight"])
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+def permute_rope(w: np.ndarray, num_heads: int) -> np.ndarray:
+    """q/k rows from transformers' half-split rope layout to llama.cpp's interleaved pairs
+    (what its converter does to a Llama; runtime/gguf_file.py's unpermute_rope undoes it)."""
+    half = w.shape[0] // num_heads // 2
+    # (heads, 2, half) -> (heads, half, 2)
+    return w.reshape(num_heads, 2, half, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 @functools.cache

@@ -272,33 +272,3 @@ def test_gguf_logits_match_llama_cpp(moe_gguf, variant, tmp_path, monkeypatch):
     config, model, kv = ours(resolve_model_dir(file), cpu_kernels=True)
     ids = random_ids(config, 24, seed=18)
     assert_matches_llama_cpp(file, ids, prompt_logits(model, kv, ids), tmp_path)
-
-
-def test_llama_gguf_with_experts_is_refused_clearly(tmp_path, monkeypatch):
-    """A Mixtral GGUF (llama.cpp's "llama" with stacked experts) fails naming what loads."""
-    import gguf
-    import numpy as np
-    from conftest import random_gguf
-
-    from braid.runtime.model_loader import resolve_model_dir
-
-    monkeypatch.setenv("BRAID_MODEL_CACHE", str(tmp_path / "cache"))
-    path = tmp_path / "mixtral.gguf"
-    writer = gguf.GGUFWriter(path, "llama")
-    for add, value in (
-        (writer.add_block_count, 1), (writer.add_context_length, 64),
-        (writer.add_embedding_length, 32), (writer.add_feed_forward_length, 64),
-        (writer.add_head_count, 4), (writer.add_head_count_kv, 2),
-        (writer.add_layer_norm_rms_eps, 1e-5), (writer.add_expert_count, 4),
-        (writer.add_expert_used_count, 2),
-    ):  # fmt: skip
-        add(value)
-    for key, value, vtype, sub_type in random_gguf()._tokenizer_fields():
-        writer.add_key_value(key, value, vtype, sub_type)
-    writer.add_tensor("blk.0.ffn_gate_exps.weight", np.zeros((4, 64, 32), np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    with pytest.raises(ValueError, match="Mixtral"):
-        resolve_model_dir(path)
