@@ -47,6 +47,7 @@ COMPILER_STATS = (
     "grammar_cache_entries",
     "grammar_cache_evictions",
     "grammar_workers_resident_bytes",
+    "grammar_compiles",
 )
 
 
@@ -136,6 +137,7 @@ class GrammarCompiler:
         self._workers: dict[str, _Worker] = {}  # compile thread -> its worker process
         self._lock = threading.Lock()
         self.max_queued = max_queued
+        self.num_compiles = 0  # jobs the cache did not hold, sent to compile
         self._pending: dict[Future, _Pending] = {}  # by the job's shared future
         self._jobs: queue.Queue[tuple[Job, Future[Compiled]] | None] = queue.Queue()
         self._threads = [
@@ -165,6 +167,7 @@ class GrammarCompiler:
                 self._cache.put(job, future)
                 self._pending[future] = _Pending(job)
                 self._jobs.put((job, future))
+                self.num_compiles += 1
             self._pending[future].waiters += 1
         mine: Future[Compiled] = Future()
         future.add_done_callback(functools.partial(_settle, mine))
@@ -193,9 +196,10 @@ class GrammarCompiler:
 
     def stats(self) -> dict[str, int]:
         """The cache's memory as last measured (shared structures included), its entries and
-        evictions so far, and the compile workers' resident memory."""
+        evictions so far, the compile workers' resident memory, and the compiles started."""
         workers = sum(_resident_bytes(pid) for pid in self.worker_pids())
-        values = (self._cache.memory_bytes(), len(self._cache), self._cache.evictions, workers)
+        cache = self._cache
+        values = (cache.memory_bytes(), len(cache), cache.evictions, workers, self.num_compiles)
         return dict(zip(COMPILER_STATS, values, strict=True))
 
     def worker_pids(self) -> list[int]:

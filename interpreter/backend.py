@@ -4,7 +4,10 @@ server, an OpenAI-compatible API) implement the same three members.
 
 LocalBackend and RemoteBackend also offer what SGLang's frontend asks of a backend:
 `token_texts(ids)` (for get_meta_info's logprob listings), `flush_cache()` and
-`get_server_info()`; a backend without them leaves texts out or says it cannot."""
+`get_server_info()`; a backend without them leaves texts out or says it cannot. They also
+take what the interpreter tells a runtime about a program (interpreter/executor.py): a
+state's id on its gens (`generate(..., program=id)`), `release_program(id)` when it is done,
+and `compile_ahead(params)` when a constrained gen is submitted."""
 
 from __future__ import annotations
 

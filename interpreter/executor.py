@@ -5,6 +5,12 @@ going while its gens run, and independent states (forks, a batch of programs) ha
 requests in the engine at the same time. The operations run as a task on the interpreter's
 event loop; reading a variable waits for the operation that sets it. After an operation
 fails, the rest are dropped and every read raises the failure.
+
+What the runtime learns from a state, on backends that take it (LocalBackend,
+RemoteBackend): each state has a program id on its gens' requests, so the engine keeps the
+state's prefix leased between them (runtime/leases.py), until the state is done (or failed,
+or its fork joined) and releases it; and a gen's constraint starts compiling when the gen
+is submitted, not when the operations before it have run.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import threading
+import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future
@@ -104,6 +111,10 @@ class StreamExecutor:
         self.chunks: list[tuple[str | None, str]] = []  # (variable or None, text) as appended
         self.fork_start = 0  # a fork's text before this position is its parent's
         self._scopes: dict[str, int] = {}  # open var_scope name -> where its text starts
+        # This state's name on its requests (a lease on its prefix); None on a backend
+        # that keeps no leases. `_leased`: a request may have left a lease to release.
+        self.program_id = uuid.uuid4().hex if hasattr(backend, "release_program") else None
+        self._leased = False
         if parent is not None:
             self.submit(_Inherit(parent))
 
@@ -111,6 +122,7 @@ class StreamExecutor:
 
     def submit(self, op: object) -> bool:
         """Queue an operation; False if it was dropped because the state has failed."""
+        self._prepare_ahead(op)  # outside the lock: a first compile builds the vocabulary
         with self._cond:
             if self._closed:
                 raise RuntimeError("this program has finished; its state takes no more text")
@@ -255,6 +267,27 @@ class StreamExecutor:
         if self.error is not None and name not in self.variables:
             raise ProgramError("the program failed") from self.error
 
+    def _prepare_ahead(self, op: object) -> None:
+        """Start compiling the constraints of `op`'s gens now (the compile cache hands the
+        result to the gen when it runs)."""
+        if not hasattr(self.backend, "compile_ahead"):
+            return
+        for gen in _gens(op):
+            try:
+                params = gen.params(self.sampling)
+                if params.constraint is not None:
+                    self.backend.compile_ahead(params)
+            except Exception:  # the gen raises it in its turn, as without compiling ahead
+                pass
+
+    def _release_lease(self) -> None:
+        """Tell the backend this state will not continue (once: later calls do nothing)."""
+        if self._leased:
+            self._leased = False
+            asyncio.run_coroutine_threadsafe(
+                self.backend.release_program(self.program_id, **_lora(self.lora)), self._loop
+            )
+
     # ---- bookkeeping (callers hold _cond) ---------------------------------------------
 
     def _idle(self) -> bool:
@@ -271,6 +304,7 @@ class StreamExecutor:
         for wake in self._watchers:
             wake()
         if (self._closed or self.error is not None) and self._idle() and not self.done.done():
+            self._release_lease()
             self.done.set_result(None)
 
     def _drop_pending(self) -> None:
@@ -345,8 +379,12 @@ class StreamExecutor:
     async def _(self, op: Gen) -> None:
         params = op.params(self.sampling)
         prompt = self.text
+        extra = _lora(op.lora or self.lora)
+        if self.program_id is not None and op.lora in (None, self.lora):
+            extra["program"] = self.program_id  # leased under the state's own adapter
+            self._leased = True
         out = await self.backend.generate(
-            prompt, params, lambda t: self._append(t, op.name), **_lora(op.lora or self.lora)
+            prompt, params, lambda t: self._append(t, op.name), **extra
         )
         value = out.text
         if op.decode is not None:
@@ -406,6 +444,9 @@ class StreamExecutor:
         for i, child in enumerate(op.children):
             if child.error is not None:
                 raise ProgramError(f"fork {i} failed, so it cannot be joined") from child.error
+        for child in op.children:  # their text is read here: their prefixes are not needed
+            with child._cond:
+                child._release_lease()
         if op.mode == "concate_and_append":
             self._append("".join(c.text[c.fork_start :] for c in op.children))
             return
@@ -443,6 +484,17 @@ class StreamExecutor:
             self.fork_start = len(s.text)
             self.variables.update(s.variables)
             self.metas.update(s.metas)
+
+
+def _gens(op: object) -> list[Gen]:
+    """The gens inside an operation (a Parts' or a Role's too)."""
+    if isinstance(op, Gen):
+        return [op]
+    if isinstance(op, Parts):
+        return [g for part in op.items for g in _gens(part)]
+    if isinstance(op, Role):
+        return [g for part in op.parts for g in _gens(part)]
+    return []
 
 
 def _lora(name: str | None) -> dict[str, str]:

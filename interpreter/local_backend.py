@@ -31,9 +31,10 @@ class LocalBackend:
         params: SamplingParams,
         on_text: Callable[[str], None],
         lora: str | None = None,
+        program: str | None = None,
     ) -> GenerateOutput:
         text, token_ids = [], []
-        async for chunk in self.engine.stream(prompt, params, lora=lora):
+        async for chunk in self.engine.stream(prompt, params, lora=lora, program=program):
             if chunk.text:
                 on_text(chunk.text)
             text.append(chunk.text)
@@ -45,6 +46,14 @@ class LocalBackend:
             meta["prompt_token_ids"] = self.engine.encode(prompt)[params.prompt_logprobs_from :]
         return GenerateOutput("".join(text), token_ids, chunk.finish_reason, meta)
 
+    def compile_ahead(self, params: SamplingParams) -> None:
+        """Start compiling the params' constraint (its gen finds it in the compile cache)."""
+        self.engine.prepare(params)
+
+    async def release_program(self, program: str, lora: str | None = None) -> None:
+        """Program state `program` will not continue: the engine drops its lease."""
+        self.engine.release_program(program, lora=lora)
+
     async def score(
         self, prefix: str, continuations: list[str], lora: str | None = None
     ) -> list[list[float]]:
@@ -53,6 +62,21 @@ class LocalBackend:
     def token_texts(self, token_ids: list[int]) -> list[str]:
         """Each token's own text."""
         return [self.engine.tokenizer.decode([t]) for t in token_ids]
+
+    def token_pieces(self, prompt: str, token_ids: list[int]) -> list[str]:
+        """The text each output token added after `prompt`, as the engine streamed it (a
+        token that ends inside a character adds "", the next one the character)."""
+        from braid.runtime.detokenizer import IncrementalDetokenizer  # transformers: local only
+
+        detokenizer = IncrementalDetokenizer(self.engine.tokenizer, self.engine.encode(prompt))
+        return [detokenizer.add([t]) for t in token_ids]
+
+    def prompt_chars(self, prompt: str, num_tokens: int) -> int:
+        """How many characters of `prompt` its first num_tokens tokens spell."""
+        if num_tokens <= 0:
+            return 0
+        encoded = self.engine.tokenizer(prompt, return_offsets_mapping=True)
+        return encoded["offset_mapping"][num_tokens - 1][1]
 
     def flush_cache(self) -> None:
         """Drop the engine's cached prefixes."""

@@ -8,16 +8,21 @@ with a LocalBackend on the same model.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable
 from functools import cached_property
 
 import msgspec
 
+from braid.interpreter.event_loop import interpreter_loop as loop
 from braid.interpreter.http import HttpClient
 from braid.runtime.chat_template import ChatTemplate
 from braid.runtime.outputs import GenerateOutput
 from braid.runtime.sampling_params import SamplingParams
 from braid.runtime.server.wire import SAMPLING_FIELDS
+
+log = logging.getLogger(__name__)
 
 
 class RemoteBackend:
@@ -54,6 +59,7 @@ class RemoteBackend:
         params: SamplingParams,
         on_text: Callable[[str], None],
         lora: str | None = None,
+        program: str | None = None,
     ) -> GenerateOutput:
         # What is reported goes in /generate's own fields (return_logprob, top_logprobs_num,
         # logprob_start_len).
@@ -69,6 +75,8 @@ class RemoteBackend:
             **self._salt,
             **_lora(lora),
         }
+        if program is not None:
+            body["program_id"] = program
         if prompt_from is not None:
             body["logprob_start_len"] = prompt_from
         last, seen = None, 0
@@ -98,6 +106,18 @@ class RemoteBackend:
         reason = info["finish_reason"]["type"]
         return GenerateOutput(last["text"], last["output_ids"], reason, meta)
 
+    def compile_ahead(self, params: SamplingParams) -> None:
+        """Have the server compile the params' constraint now (returns at once; a bad one
+        fails its gen when it runs, as without this)."""
+        sampling = {k: v for k, v in msgspec.to_builtins(params).items() if k in SAMPLING_FIELDS}
+        body = {"sampling_params": sampling}
+        asyncio.run_coroutine_threadsafe(_quietly(self.http.post("/braid/prepare", body)), loop())
+
+    async def release_program(self, program: str, lora: str | None = None) -> None:
+        """Program state `program` will not continue: the server drops its lease."""
+        body = {"program_id": program, **self._salt, **_lora(lora)}
+        await _quietly(self.http.post("/braid/release", body))
+
     async def score(
         self, prefix: str, continuations: list[str], lora: str | None = None
     ) -> list[list[float]]:
@@ -119,6 +139,15 @@ class RemoteBackend:
     def _learn_texts(self, *listings: list[list]) -> None:
         for listing in listings:
             self._token_texts.update((t, text) for _, t, text in listing if text is not None)
+
+
+async def _quietly(call) -> None:
+    """Await a call whose failure changes nothing the program sees (an ahead-of-time compile,
+    a lease's release: without them the server does the work later, or lets it expire)."""
+    try:
+        await call
+    except Exception:
+        log.debug("braid server call failed; going on without it", exc_info=True)
 
 
 def _lora(name: str | None) -> dict[str, str]:

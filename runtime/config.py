@@ -52,6 +52,17 @@ class EngineConfig:
     schedule_policy: str = _setting(
         "lpm", "lpm: longest cached prefix first; fcfs: arrival order (both after priority)"
     )
+    program_leases: bool = _setting(
+        True,
+        "a program state's prefix stays leased in the radix cache between its requests "
+        "(evicted after unleased prefixes)",
+    )
+    lease_ttl_s: float = _setting(
+        60.0, "a lease its program has not renewed for this long is evicted first"
+    )
+    max_leased_fraction: float = _setting(
+        0.75, "the share of the KV pool that leased prefixes may hold at most"
+    )
     # Constraints and stop regexes compile in worker processes bounded by these limits (a
     # schema that would hang or exhaust memory fails its request instead).
     grammar_compile_timeout_s: float = _setting(
@@ -176,6 +187,13 @@ class EngineConfig:
         if self.prefill_mode not in ("hybrid", "chunked"):
             raise ValueError(
                 f"EngineConfig.prefill_mode: expected hybrid or chunked, got {self.prefill_mode!r}"
+            )
+        if self.lease_ttl_s <= 0:
+            raise ValueError(f"EngineConfig.lease_ttl_s must be > 0, got {self.lease_ttl_s}")
+        if not 0 <= self.max_leased_fraction <= 1:
+            raise ValueError(
+                "EngineConfig.max_leased_fraction must be in [0, 1], got "
+                f"{self.max_leased_fraction}"
             )
         if self.schedule_policy not in ("lpm", "fcfs"):
             raise ValueError(

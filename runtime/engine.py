@@ -16,7 +16,7 @@ import logging
 import random
 import threading
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Hashable
 from concurrent.futures import Future
 
 import torch
@@ -325,11 +325,13 @@ class Engine:
         on_submit: Callable[[int], None] | None = None,
         cache_salt: str | None = None,
         lora: str | None = None,
+        program: str | None = None,
     ) -> AsyncIterator[StreamChunk]:
         """Yield chunks of new text as they are generated; leaving early aborts the request.
         `on_submit(request id)` once it is queued: a caller that aborts it by that id reads
         on to its last chunk (finish_reason "abort", with its counts). `cache_salt`, `lora`:
-        see `generate`."""
+        see `generate`. `program`: the id of the program state sending it, which is leased
+        the prefix the request computes until its next request or `release_program`."""
         params = params or SamplingParams()
         if params.n != 1:
             raise ValueError("stream() takes n=1; call it once per sample")
@@ -337,7 +339,9 @@ class Engine:
         adapter = self.adapter(lora)
         prepared = await asyncio.wrap_future(self.prepare(params))
         loop = asyncio.get_running_loop()
-        [stream] = self._enqueue(ids, params, prepared, priority, cache_salt, adapter, loop)
+        [stream] = self._enqueue(
+            ids, params, prepared, priority, cache_salt, adapter, loop, program=program
+        )
         if on_submit is not None:
             on_submit(stream.rid)
         try:
@@ -355,9 +359,10 @@ class Engine:
         priority: int = 0,
         cache_salt: str | None = None,
         lora: str | None = None,
+        program: str | None = None,
     ) -> int:
         """Queue one request (n=1); `emit` gets its chunks on the engine thread. Returns its id.
-        `cache_salt`, `lora`: see `generate`.
+        `cache_salt`, `lora`: see `generate`; `program`: see `stream`.
 
         A constrained request's grammar is compiled first (blocking this caller, not the
         engine), so a bad constraint raises here."""
@@ -367,13 +372,21 @@ class Engine:
         adapter = self.adapter(lora)
         prepared = self.prepare(params).result()
         [stream] = self._enqueue(
-            ids, params, prepared, priority, cache_salt, adapter, on_chunk=emit
+            ids, params, prepared, priority, cache_salt, adapter, on_chunk=emit, program=program
         )
         return stream.rid
 
     def abort(self, rid: int) -> None:
         """Stop a request; it ends with finish_reason "abort" and its KV is freed."""
         self._post("abort", rid)
+
+    def release_program(
+        self, program: str, cache_salt: str | None = None, lora: str | None = None
+    ) -> None:
+        """Program state `program` (under `cache_salt` and `lora`, as its requests) will not
+        continue: its leased prefix becomes an ordinary cache entry. Returns at once."""
+        key = (_namespace(self.adapter(lora), cache_salt), program)
+        self._post("release", key)
 
     def flush_cache(self) -> None:
         """Drop every prefix cached in the radix tree that no running request uses; returns
@@ -500,6 +513,8 @@ class Engine:
             kv_slots_total=self.kv.num_slots,
             kv_slots_free=self.kv.num_free_slots,
             kv_slots_cached=self.cache.num_cached_tokens,
+            kv_slots_leased=self.cache.num_leased_tokens,
+            program_leases=len(self.cache.leases),
             running_requests=running,
             waiting_requests=waiting,
             lora_adapters_loaded=self.lora_memory.num_held,
@@ -591,6 +606,7 @@ class Engine:
         adapter: LoraAdapter | None,
         loop: asyncio.AbstractEventLoop | None = None,
         on_chunk: Callable[[StreamChunk], None] | None = None,
+        program: str | None = None,
     ) -> list[RequestStream]:
         """Queue params.n requests for the engine thread; each one's chunks come back through
         its stream (to an asyncio consumer on `loop`, to `on_chunk`, or to a blocking one)."""
@@ -598,6 +614,8 @@ class Engine:
         stop_ids = set(params.stop_token_ids or ())
         if not params.ignore_eos:
             stop_ids |= self.eos_token_ids
+        namespace = _namespace(adapter, cache_salt)
+        leases = self.config.program_leases and self.config.prefix_cache
         streams = []
         for i in range(params.n):
             stream = RequestStream(next(self._rids), loop, on_chunk)
@@ -612,9 +630,9 @@ class Engine:
                 stop_ids=frozenset(stop_ids),
                 max_new_tokens=min(params.max_tokens, self.context_length - len(ids)),
                 priority=priority,
-                # An adapter changes every KV: its prefixes are its own (per load).
-                cache_namespace=cache_salt if adapter is None else (adapter.serial, cache_salt),
+                cache_namespace=namespace,
                 lora=adapter,
+                lease_key=(namespace, program) if leases and program is not None else None,
                 matcher=prepared.grammar.matcher() if prepared.grammar is not None else None,
             )
             self._post("add", r)
@@ -752,6 +770,8 @@ class Engine:
         elif op == "flush":
             self.cache.reset()
             arg.set()
+        elif op == "release":
+            self.scheduler.release_lease(arg)
         elif op == "embed":
             self._embed_turn(arg)
 
@@ -791,6 +811,12 @@ class Engine:
             self._post("embed", job)
         except RuntimeError as e:  # the engine is shutting down
             job.settle(e)
+
+
+def _namespace(adapter: LoraAdapter | None, cache_salt: str | None) -> Hashable:
+    """The radix cache namespace of a request: an adapter changes every KV, so its prefixes
+    are its own (per load)."""
+    return cache_salt if adapter is None else (adapter.serial, cache_salt)
 
 
 # Engines not shut down yet. Their thread is a daemon, so a program that never calls shutdown

@@ -8,6 +8,10 @@ leaves are evicted least-recently-used first when the KV pool runs low.
 Prefixes are shared only within a namespace (a request's cache_salt): each namespace has a
 subtree of its own, so a request never matches, and never learns of, what was computed in
 another. Locking and eviction do not care: the LRU order runs over all namespaces together.
+
+A program state between two of its requests (while a tool runs, say) holds a lease on its
+prefix (runtime/leases.py): eviction takes unleased leaves first and breaks leases only when
+they are all gone, least urgent first. Unlike a lock, a lease never stops eviction.
 """
 
 from __future__ import annotations
@@ -19,10 +23,11 @@ from collections.abc import Hashable, Iterator, Sequence
 import torch
 
 from braid.runtime.kv_cache import KVPool
+from braid.runtime.leases import Lease, Leases
 
 
 class Node:
-    __slots__ = ("children", "parent", "tokens", "slots", "lock_count", "last_used")
+    __slots__ = ("children", "parent", "tokens", "slots", "lock_count", "lease_count", "last_used")
 
     def __init__(self, parent: Node | None, tokens: tuple[int, ...], slots: torch.Tensor):
         self.children: dict[int, Node] = {}  # keyed by the first token of the child's edge
@@ -30,6 +35,7 @@ class Node:
         self.tokens = tokens
         self.slots = slots
         self.lock_count = 0
+        self.lease_count = 0  # leases on this node or below it
         self.last_used = 0
 
 
@@ -62,6 +68,8 @@ class RadixCache:
         self._clock = itertools.count(1)
         self.num_cached_tokens = 0  # slots owned by the tree
         self.num_locked_tokens = 0  # of those, slots on locked paths
+        self.leases = Leases()
+        self.num_leased_tokens = 0  # slots on leased paths
 
     def match_prefix(
         self, tokens: list[int], namespace: Hashable = None
@@ -114,15 +122,65 @@ class RadixCache:
                 self.num_locked_tokens -= len(node.tokens)
             node = node.parent
 
+    def lease(
+        self,
+        key: Hashable,
+        tokens: list[int],
+        namespace: Hashable,
+        ttl_s: float,
+        max_leased_tokens: int,
+    ) -> None:
+        """Lease the cached prefix of `tokens` to `key` (a program state) for `ttl_s` seconds,
+        in place of what `key` held. Leased slots stay within `max_leased_tokens`: the least
+        urgent other leases are broken to make the new one fit, and one that cannot fit even
+        alone is not taken."""
+        self.release(key)
+        if not self.enabled or max_leased_tokens <= 0:
+            return
+        node, i = self._descend(tokens, namespace)
+        if i == 0:
+            return
+        self._add_lease(node, +1)
+        self.leases.add(Lease(key, node, ttl_s))
+        while self.num_leased_tokens > max_leased_tokens:
+            victim = self.leases.least_urgent(exclude=key) or self.leases.get(key)
+            self.release(victim.key)
+
+    def release(self, key: Hashable) -> None:
+        """Drop `key`'s lease, if it holds one (its slots stay cached, unleased)."""
+        lease = self.leases.pop(key)
+        if lease is not None:
+            self._add_lease(lease.node, -1)
+
+    def _add_lease(self, node: Node, delta: int) -> None:
+        while node is not None and node is not self.root:
+            if node.lease_count == 0 or node.lease_count + delta == 0:
+                self.num_leased_tokens += delta * len(node.tokens)
+            node.lease_count += delta
+            node = node.parent
+
     @property
     def num_evictable_tokens(self) -> int:
         return self.num_cached_tokens - self.num_locked_tokens
 
-    def evict(self, num_tokens: int) -> int:
+    def evict(self, num_tokens: int, break_leases: bool = True) -> int:
         """Free at least `num_tokens` slots from unlocked leaves, oldest first (fewer if not
-        enough are evictable). Returns the number freed."""
+        enough are evictable): unleased ones, then, if `break_leases`, the slots of leases
+        broken least urgent first (expired leases are broken in any case). Returns the
+        number freed."""
+        for key in self.leases.expired():
+            self.release(key)
+        freed = self._evict_unleased(num_tokens)
+        while freed < num_tokens and break_leases and (victim := self.leases.least_urgent()):
+            self.release(victim.key)
+            freed += self._evict_unleased(num_tokens - freed)
+        return freed
+
+    def _evict_unleased(self, num_tokens: int) -> int:
         leaves = [
-            (n.last_used, id(n), n) for n in self._nodes() if not n.children and n.lock_count == 0
+            (n.last_used, id(n), n)
+            for n in self._nodes()
+            if not n.children and n.lock_count == 0 and n.lease_count == 0
         ]
         heapq.heapify(leaves)
         freed = 0
@@ -133,7 +191,7 @@ class RadixCache:
             self.num_cached_tokens -= len(leaf.tokens)
             parent = leaf.parent
             del parent.children[leaf.tokens[0]]
-            if parent.children or parent.lock_count:
+            if parent.children or parent.lock_count or parent.lease_count:
                 continue
             if isinstance(parent, NamespaceRoot):  # the namespace's last tokens went
                 del self._roots[parent.namespace]
@@ -142,7 +200,7 @@ class RadixCache:
         return freed
 
     def reset(self) -> None:
-        """Drop every unlocked entry (flush_cache)."""
+        """Drop every lease and every unlocked entry (flush_cache)."""
         self.evict(self.num_cached_tokens)
 
     def _descend(self, tokens: list[int], namespace: Hashable) -> tuple[Node, int]:
@@ -163,6 +221,7 @@ class RadixCache:
         """Cut child's edge after n tokens; return the new upper node."""
         upper = Node(child.parent, child.tokens[:n], child.slots[:n])
         upper.lock_count = child.lock_count
+        upper.lease_count = child.lease_count
         upper.last_used = child.last_used
         upper.children[child.tokens[n]] = child
         child.parent.children[child.tokens[0]] = upper

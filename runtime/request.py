@@ -53,6 +53,9 @@ class Request:
     # (their cache_salt, None for requests without one; with an adapter, (its serial, salt)).
     cache_namespace: Hashable = None
     lora: LoraAdapter | None = None  # the LoRA adapter the request runs under, if any
+    # (cache_namespace, program id) of the program state that sent it: its prefix is
+    # leased to that state when it finishes (runtime/leases.py); None for a plain request.
+    lease_key: Hashable = None
     matcher: Matcher | None = None  # the constraint's state, when the request has one
     grammar_error: str | None = None  # the matcher failed (MatcherError): r fails, alone
     arrival: float = field(default_factory=time.monotonic)

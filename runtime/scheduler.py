@@ -4,11 +4,20 @@ It owns every request from admission to finish. Each step it picks which request
 many tokens, within a token budget, and makes sure their KV slots exist (evicting cached
 prefixes, then preempting) before the forward; a request that cannot fit the pool even alone
 leaves with the batch (`Batch.out_of_kv`). After the forward it counts what was computed
-(`advance`), and a finished request gives its KV to the cache (`finish`).
+(`advance`), and a finished request gives its KV to the cache (`finish`), leased to its
+program state when it names one (runtime/leases.py).
+
+Under pressure, cached prefixes go in this order: unleased ones (LRU), then leases, least
+urgent first, before any running request is preempted. The first request of a program state
+waits rather than break the leases of states that will continue, unless nothing runs, and
+waits while leases hold half of what they may (the states that run need room to grow): the
+programs that run are the ones whose context fits. A plain request (no program) breaks
+leases as it needs, so leases never hold it up.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -133,19 +142,35 @@ class Scheduler:
         )
 
     def finish(self, req: Request) -> None:
-        """A finished or aborted request gives its KV to the cache and leaves."""
+        """A finished or aborted request gives its KV to the cache and leaves; the prefix it
+        computed is leased to its program state, if it names one."""
         if req in self.running:
+            computed = req.token_ids[: req.num_computed]
             self._release(req)  # before leaving `running`: see Engine.stats
             self.running.remove(req)
+            if req.lease_key is not None:
+                self.cache.lease(
+                    req.lease_key,
+                    computed,
+                    req.cache_namespace,
+                    self.config.lease_ttl_s,
+                    int(self.config.max_leased_fraction * self.kv.num_slots),
+                )
         elif req in self.waiting:
-            self.waiting.remove(req)
+            self._dequeue(req)
         self.live.pop(req.rid, None)
         req.status = Status.FINISHED
 
-    def make_room(self, n: int) -> bool:
-        """Ensure n free slots, evicting unused cached prefixes if needed."""
+    def release_lease(self, key: Hashable) -> None:
+        """Program state `key` will not continue: its prefix is an ordinary cache entry."""
+        self.cache.release(key)
+
+    def make_room(self, n: int, break_leases: bool = True) -> bool:
+        """Ensure n free slots, evicting unused cached prefixes if needed (leased ones only
+        if `break_leases`)."""
         if not self.kv.can_allocate(n):
-            self.stats.add(evicted_tokens=self.cache.evict(n - self.kv.num_free_slots))
+            need = n - self.kv.num_free_slots
+            self.stats.add(evicted_tokens=self.cache.evict(need, break_leases))
         return self.kv.can_allocate(n)
 
     def _cache_prefill_progress(self, req: Request) -> None:
@@ -195,6 +220,8 @@ class Scheduler:
         for r in self._admission_order():
             if budget <= 0 or len(self.running) >= self.config.max_running_requests:
                 return
+            if self._new_state(r) and self.running and self._leases_full():
+                continue  # the program states that run need room to grow
             cacheable = r.token_ids[: r.max_cached_prefix]
             prefix, node = self.cache.match_prefix(cacheable, r.cache_namespace)
             if self._waits_for_shared_prefix(r, prefix.numel()):
@@ -210,12 +237,14 @@ class Scheduler:
             def key(r: Request):
                 cacheable = r.token_ids[: r.max_cached_prefix]
                 cached = self.cache.match_prefix(cacheable, r.cache_namespace)[0].numel()
-                return (-r.priority, -cached, r.arrival)
+                return (-r.priority, r.lease_key not in leases, -cached, r.arrival)
         else:
 
             def key(r: Request):
-                return (-r.priority, r.arrival)
+                return (-r.priority, r.lease_key not in leases, r.arrival)
 
+        # States that will continue (they hold a lease) go before new ones.
+        leases = self.cache.leases
         return sorted(self.waiting, key=key)
 
     def _admit(
@@ -224,7 +253,10 @@ class Scheduler:
         """Start r over its cached `prefix` (ending at `node`) with a first chunk."""
         self.cache.lock(node)  # keep our prefix out of the eviction below
         n = min(r.num_tokens - prefix.numel(), budget, self.config.chunk_size)
-        while not self.make_room(n):
+        # A new program state breaks no leases unless nothing runs (which could free room);
+        # a plain request or a leased state may break them.
+        break_leases = not (self._new_state(r) and self.running)
+        while not self.make_room(n, break_leases):
             # Only requests outside this step's batch can give their slots back now.
             lower = [
                 x
@@ -244,11 +276,22 @@ class Scheduler:
             # The prefix may reach past the prompt into output a grammar forced at admission.
             r.num_cached_prompt_tokens = min(prefix.numel(), len(r.prompt_ids))
         r.status = Status.RUNNING
-        self.waiting.remove(r)
+        self._dequeue(r)
         self.running.append(r)
         batch.requests.append(r)
         batch.num_new.append(n)
         return True
+
+    def _new_state(self, r: Request) -> bool:
+        """Is r from a program state that holds no lease (its first request, or its lease
+        was broken)?"""
+        return r.lease_key is not None and r.lease_key not in self.cache.leases
+
+    def _leases_full(self) -> bool:
+        """Do leases hold more than half of what they may? New program states then wait:
+        those that run would otherwise break each other's leases as they grow."""
+        limit = self.config.max_leased_fraction / 2 * self.kv.num_slots
+        return self.cache.num_leased_tokens > limit
 
     def _waits_for_shared_prefix(self, r: Request, cached: int) -> bool:
         """Is a prefix of r that the cache lacks (past its `cached` tokens) being prefilled
@@ -280,6 +323,13 @@ class Scheduler:
     def _enqueue(self, r: Request) -> None:
         r.status = Status.WAITING
         self.waiting.append(r)
+        if r.lease_key is not None:
+            self.cache.leases.queue(r.lease_key, +1)
+
+    def _dequeue(self, r: Request) -> None:
+        self.waiting.remove(r)
+        if r.lease_key is not None:
+            self.cache.leases.queue(r.lease_key, -1)
 
     def _release(self, r: Request) -> None:
         fed = r.num_computed

@@ -11,6 +11,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     # Imported here, not above: `programs` runs @program functions, so importing it loads the
     # frontend (`braid`) that sits above the runtime.
     from braid.runtime.bench import (
+        agents,
         batch,
         chat,
         decode,
@@ -40,6 +41,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         soak,
         spec,
         programs,
+        agents,
         peers,
         scaleout,
     ):

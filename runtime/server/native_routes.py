@@ -20,6 +20,7 @@ from braid.runtime.server.limits import check_continuations, check_fields, check
 from braid.runtime.server.metrics import CONTENT_TYPE
 from braid.runtime.server.service import (
     REQUEST_LORA,
+    REQUEST_PROGRAM,
     REQUEST_SALT,
     Service,
     cache_salt,
@@ -30,6 +31,8 @@ from braid.runtime.server.wire import (
     BadRequest,
     GenerateRequest,
     LoraAdapterRequest,
+    PrepareRequest,
+    ReleaseRequest,
     ScoreRequest,
     convert,
     decode_object,
@@ -41,6 +44,7 @@ async def generate(request: Request) -> Response:
     req = convert(decode_object(await request.body()), GenerateRequest)
     REQUEST_SALT.set(req.cache_salt)
     REQUEST_LORA.set(req.lora_path)  # the engine refuses a name it has not loaded
+    REQUEST_PROGRAM.set(req.program_id)
     prompts, batch = req.prompts()
     given_rids = req.rids(len(prompts))
     fields = _sampling_fields(req)
@@ -262,6 +266,30 @@ async def score(request: Request) -> Response:
     return JSONResponse({"logprobs": logprobs})
 
 
+async def release(request: Request) -> Response:
+    """A program state will not continue: its leased prefix becomes an ordinary cache
+    entry (a lease of another salt or tenant is another key, untouched)."""
+    svc: Service = request.app.state.service
+    req = convert(decode_object(await request.body()), ReleaseRequest)
+    REQUEST_SALT.set(req.cache_salt)
+    try:
+        svc.engine.release_program(req.program_id, cache_salt(), req.lora_path)
+    except ValueError as e:  # an adapter it has not loaded
+        raise BadRequest(str(e)) from None
+    return JSONResponse({"released": req.program_id})
+
+
+async def prepare(request: Request) -> Response:
+    """Compile a constraint ahead of its request (the compile cache keeps it for /generate);
+    answers once it is compiled, with a 400 for a bad one."""
+    svc: Service = request.app.state.service
+    req = convert(decode_object(await request.body()), PrepareRequest)
+    check_fields(req.sampling_params, svc.limits, "sampling_params.")
+    params = GenerateRequest(text="", sampling_params=req.sampling_params).params(0, 0)
+    await svc.check_params(params)
+    return JSONResponse({"prepared": True})
+
+
 ROUTES = [
     Route("/generate", generate, methods=["POST"]),
     Route("/get_model_info", get_model_info, methods=["GET"]),
@@ -274,6 +302,8 @@ ROUTES = [
     Route("/health_generate", health_generate, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),
     Route("/braid/score", score, methods=["POST"]),
+    Route("/braid/release", release, methods=["POST"]),
+    Route("/braid/prepare", prepare, methods=["POST"]),
 ]
 # They load files from the server's disk: only with create_app(lora_updates=True).
 LORA_ROUTES = [

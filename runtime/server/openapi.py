@@ -29,6 +29,8 @@ from braid.runtime.server.wire import (
     CompletionRequest,
     GenerateRequest,
     LoraAdapterRequest,
+    PrepareRequest,
+    ReleaseRequest,
     ScoreRequest,
 )
 
@@ -45,6 +47,8 @@ _BODIES: dict[tuple[str, str], tuple[str, list[type]]] = {
     ("post", "/detokenize"): ("merge", [Detokenize]),
     ("post", "/generate"): ("merge", [GenerateRequest]),
     ("post", "/braid/score"): ("merge", [ScoreRequest]),
+    ("post", "/braid/release"): ("merge", [ReleaseRequest]),
+    ("post", "/braid/prepare"): ("merge", [PrepareRequest]),
     ("post", "/load_lora_adapter"): ("merge", [LoraAdapterRequest]),
     ("post", "/unload_lora_adapter"): ("merge", [LoraAdapterRequest]),
 }

@@ -43,6 +43,8 @@ REQUEST_SALT: ContextVar[str | None] = ContextVar("braid_request_salt", default=
 # The LoRA adapter the HTTP request's engine requests run under (its `model` names one, or
 # /generate's lora_path), set by its route like the salt; None: the base model.
 REQUEST_LORA: ContextVar[str | None] = ContextVar("braid_request_lora", default=None)
+# The program state /generate's engine requests come from (its program_id), set likewise.
+REQUEST_PROGRAM: ContextVar[str | None] = ContextVar("braid_request_program", default=None)
 
 
 def cache_salt() -> str | None:
@@ -275,7 +277,12 @@ class Service:
         start = time.monotonic()
         first, num_tokens = None, 0
         chunks = self.engine.stream(
-            ids, params, on_submit=on_submit, cache_salt=cache_salt(), lora=REQUEST_LORA.get()
+            ids,
+            params,
+            on_submit=on_submit,
+            cache_salt=cache_salt(),
+            lora=REQUEST_LORA.get(),
+            program=REQUEST_PROGRAM.get(),
         )
         async for chunk in chunks:
             if chunk.token_ids and first is None:

@@ -36,6 +36,9 @@ class ModelNotFound(LookupError):
 # only with requests that give the same salt, so other clients' cached token counts and
 # timing tell it nothing of their prompts. Empty is refused, as vLLM refuses it.
 CacheSalt = Annotated[str, msgspec.Meta(min_length=1)]
+# A program state's name on its requests (RemoteBackend's): the server keeps its prefix
+# leased between them (runtime/leases.py).
+ProgramId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 
 # How many logprobs a request reports is each API's own field, not a sampling field.
 _REPORTING = {"logprobs", "top_logprobs", "prompt_logprobs_from"}
@@ -417,6 +420,7 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     cache_salt: CacheSalt | None = None
     # SGLang's name: the loaded LoRA adapter every prompt of the request runs under.
     lora_path: str | None = None
+    program_id: ProgramId | None = None  # braid's: see ProgramId
     # What the SGLang router writes into every request it forwards (see _check_fixed).
     model: str | None = None  # accepted, unused: the served model
     log_metrics: bool = True
@@ -493,6 +497,21 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.logprob_start_len < 0:
             raise BadRequest("logprob_start_len must be >= 0, or -1")
         return self.logprob_start_len
+
+
+class ReleaseRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """braid's own: a program state will not continue (RemoteBackend at its end)."""
+
+    program_id: ProgramId
+    cache_salt: CacheSalt | None = None
+    lora_path: str | None = None
+
+
+class PrepareRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """braid's own: compile a gen's constraint now, before its request comes (RemoteBackend
+    when the gen is submitted); /generate's sampling_params."""
+
+    sampling_params: dict[str, Any]
 
 
 class ScoreRequest(msgspec.Struct, forbid_unknown_fields=True):
