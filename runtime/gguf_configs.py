@@ -3,8 +3,9 @@
 transformers' GGUF reader gives the config of the architectures it knows; what it leaves out
 (settings llama.cpp takes from its own defaults for the family, or from tensors) is completed
 here. For the architectures it does not know (Mixtral, which llama.cpp stores as "llama" with
-experts; "olmoe"; "smollm3"), the config is built here from the metadata keys llama.cpp's
-convert_hf_to_gguf.py writes (gguf-py's constants name them: `{arch}.block_count`, ...).
+experts; "olmoe"; "smollm3"; "gpt-oss", whose YaRN keys its reader misreads), the config is
+built here from the metadata keys llama.cpp's convert_hf_to_gguf.py writes (gguf-py's
+constants name them: `{arch}.block_count`, ...).
 """
 
 from __future__ import annotations
@@ -26,11 +27,17 @@ ARCHITECTURES = {
     "qwen3moe": "Qwen3MoeForCausalLM",
     "olmoe": "OlmoeForCausalLM",
     "smollm3": "SmolLM3ForCausalLM",
+    "gpt-oss": "GptOssForCausalLM",
 }
 # An old Mixtral file's per-expert tensor (blk.N.ffn_gate.E.weight; newer files stack them).
 OLD_EXPERT = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight")
 # llama.cpp's smollm3 has no key for its layers without rope: every fourth layer is one.
 _SMOLLM3_NOPE_INTERVAL = 4
+# llama.cpp's gpt-oss reads no key for its experts' SwiGLU: these are fixed in its graph.
+_GPT_OSS_SWIGLU = {"swiglu_alpha": 1.702, "swiglu_limit": 7.0}
+# YaRN keys llama.cpp's converter writes for GPT-OSS, with llama.cpp's defaults; others
+# (an extrapolation or attention factor, a log multiplier) are refused.
+_YARN_KEYS = {"yarn_beta_fast": ("beta_fast", 32.0), "yarn_beta_slow": ("beta_slow", 1.0)}
 
 
 def metadata(gguf_path: Path) -> dict:
@@ -49,7 +56,7 @@ def is_mixtral(arch: str, tensor_names: list[str]) -> bool:
 
 def built_here(arch: str, tensor_names: list[str]) -> bool:
     """Whether the config is built here (transformers' GGUF reader does not know the file)."""
-    return arch in ("olmoe", "smollm3") or is_mixtral(arch, tensor_names)
+    return arch in ("olmoe", "smollm3", "gpt-oss") or is_mixtral(arch, tensor_names)
 
 
 def write_config(
@@ -79,6 +86,8 @@ def write_config(
         _complete_phi3(gguf_path, meta, config)
     elif arch in ("qwen2moe", "qwen3moe"):
         _complete_qwen_moe(meta, arch, config)
+    elif arch == "gpt-oss":  # harmony's ends: of the answer, and before a tool call
+        _add_eos_tokens(config, out_dir, ("<|return|>", "<|call|>"))
     file.write_text(json.dumps(config, indent=2))
     return hf_arch
 
@@ -91,8 +100,8 @@ def _build(
     embedding_rows: int,
     out_dir: Path,
 ) -> str:
-    """The config of a Mixtral, OLMoE or SmolLM3 file, as transformers' config class holds
-    it, from the keys llama.cpp's converter writes."""
+    """The config of a Mixtral, OLMoE, SmolLM3 or GPT-OSS file, as transformers' config class
+    holds it, from the keys llama.cpp's converter writes."""
     import transformers
 
     def key(name: str, default=None):
@@ -105,9 +114,7 @@ def _build(
 
     hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
     head_dim = int(key("attention.key_length", hidden // heads))
-    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
-    if scaling != "none":
-        raise ValueError(f"{gguf_path}: {arch} with rope scaling {scaling!r} is unsupported")
+    rope = _rope(gguf_path, meta, arch, key)
     if "rope_freqs.weight" in tensor_names:
         raise ValueError(f"{gguf_path}: rope frequency factors (rope_freqs) are unsupported")
     eos = meta.get("tokenizer.ggml.eos_token_id")
@@ -120,13 +127,13 @@ def _build(
         num_key_value_heads=int(key("attention.head_count_kv", heads)),
         rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
         max_position_embeddings=int(key("context_length")),
-        rope_parameters={"rope_type": "default", "rope_theta": float(key("rope.freq_base", 1e4))},
+        rope_parameters=rope,
         tie_word_embeddings="output.weight" not in tensor_names,
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_id=eos,
         pad_token_id=meta.get("tokenizer.ggml.padding_token_id", eos),
     )
-    if arch != "llama" and head_dim != hidden // heads:
+    if arch in ("olmoe", "smollm3") and head_dim != hidden // heads:
         raise ValueError(f"{gguf_path}: {arch} with a head size of {head_dim} is unsupported")
     if arch == "llama":  # Mixtral: the experts' size is the feed-forward length
         config = transformers.MixtralConfig(
@@ -146,14 +153,54 @@ def _build(
             norm_topk_prob=False,  # llama.cpp's olmoe weighs the top k as they are
             clip_qkv=None,  # nor does it clamp q/k/v (OLMoE-1B-7B's clip_qkv is null)
         )
-    else:
+    elif arch == "smollm3":
         config = transformers.SmolLM3Config(
             **fields, no_rope_layer_interval=_SMOLLM3_NOPE_INTERVAL, use_sliding_window=False
+        )
+    else:  # GPT-OSS, as llama.cpp runs it: the even layers slide, the odd ones are full
+        fields["intermediate_size"] = int(key("expert_feed_forward_length"))
+        config = transformers.GptOssConfig(
+            **fields,
+            head_dim=head_dim,
+            num_local_experts=int(key("expert_count")),
+            num_experts_per_tok=int(key("expert_used_count")),
+            sliding_window=int(key("attention.sliding_window")),
+            layer_types=[
+                "full_attention" if i % 2 else "sliding_attention"
+                for i in range(fields["num_hidden_layers"])
+            ],
+            attention_bias=True,
+            **_GPT_OSS_SWIGLU,
         )
     hf_arch = "MixtralForCausalLM" if arch == "llama" else ARCHITECTURES[arch]
     config.architectures = [hf_arch]
     config.save_pretrained(out_dir)
     return hf_arch
+
+
+def _rope(gguf_path: Path, meta: dict, arch: str, key) -> dict:
+    """The rope of a file built here: its base, and GPT-OSS's YaRN (the ramp's ends floored
+    and ceiled, as llama.cpp computes them: transformers' `truncate`)."""
+    rope = {"rope_type": "default", "rope_theta": float(key("rope.freq_base", 1e4))}
+    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
+    if scaling == "none":
+        return rope
+    if scaling != "yarn" or arch != "gpt-oss":
+        raise ValueError(f"{gguf_path}: {arch} with rope scaling {scaling!r} is unsupported")
+    prefix = f"{arch}.rope.scaling."
+    known = {"type", "factor", "original_context_length", *_YARN_KEYS}
+    others = sorted(k for k in meta if k.startswith(prefix) and k[len(prefix) :] not in known)
+    if others:
+        raise ValueError(f"{gguf_path}: YaRN with {', '.join(others)} is unsupported")
+    rope |= {
+        "rope_type": "yarn",
+        "factor": float(key("rope.scaling.factor")),
+        "original_max_position_embeddings": int(key("rope.scaling.original_context_length")),
+        "truncate": True,
+    }
+    for name, (ours, default) in _YARN_KEYS.items():
+        rope[ours] = float(meta.get(prefix + name, default))
+    return rope
 
 
 def _complete_gemma(meta: dict, arch: str, config: dict, out_dir: Path) -> None:
@@ -187,12 +234,19 @@ def _complete_gemma(meta: dict, arch: str, config: dict, out_dir: Path) -> None:
             "full_attention": full,
             "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
         }
+    _add_eos_tokens(config, out_dir, ("<end_of_turn>",))
+
+
+def _add_eos_tokens(config: dict, out_dir: Path, texts: tuple[str, ...]) -> None:
+    """The tokens of `texts` the vocabulary has join the eos ids, as llama.cpp counts them
+    among the tokens that end generation."""
     tokens = json.loads((out_dir / "tokenizer.json").read_text())["model"]["vocab"]
-    end_of_turn = tokens.get("<end_of_turn>") if isinstance(tokens, dict) else None
     eos = config.get("eos_token_id")
     eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-    if end_of_turn is not None and end_of_turn not in eos:
-        config["eos_token_id"] = [*eos, end_of_turn]
+    ends = [tokens.get(text) for text in texts] if isinstance(tokens, dict) else []
+    ends = [t for t in ends if t is not None and t not in eos]
+    if ends:
+        config["eos_token_id"] = [*eos, *ends]
 
 
 def _complete_phi3(gguf_path: Path, meta: dict, config: dict) -> None:

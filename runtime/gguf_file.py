@@ -7,7 +7,9 @@ weights are read here with the `gguf` package. llama.cpp stores the q/k projecti
 its Llama-style families (Llama, Mixtral, SmolLM3) permuted for its RoPE layout; they are put
 back in the half-split layout our forward uses. Gemma 2/3 files keep q/k as they are and
 store every norm weight as 1 + w (ours are w, as transformers'). Phi-3's fused attn_qkv and
-ffn_up (gate's rows, then up's) load into our fused linears as they are.
+ffn_up (gate's rows, then up's) load into our fused linears as they are. GPT-OSS's experts
+(gate and up apart, each with a bias) load as our gate_up stack, their blocks kept (MXFP4,
+as its files ship them, or any type with a kernel here).
 """
 
 from __future__ import annotations
@@ -76,6 +78,17 @@ _MOE_LAYER_NAMES = _LAYER_NAMES | {
     "ffn_down_shexp": "mlp.shared_expert.down_proj",
     "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
+# GPT-OSS's layers: the norm before the experts, each head's sink logit (llama.cpp's
+# converter names it attn_sinks.weight; transformers' is self_attn.sinks), its router (with a
+# bias) and experts (each projection with a bias [n_expert, rows]).
+_GPT_OSS_LAYER_NAMES = _LAYER_NAMES | {
+    "post_attention_norm": "post_attention_layernorm",
+    "attn_sinks": "self_attn.sinks",
+    "ffn_gate_inp": "mlp.router",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
+}
 _TOP_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -142,12 +155,10 @@ def float_weights(model_dir: Path) -> Path:
     config = json.loads((model_dir / "config.json").read_text())
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     architecture = config["architectures"][0]
-    gemma = _is_gemma(architecture)
-    permuted = _rope_permuted(architecture)
     log.info("dequantizing %s to float32 into %s (once)", gguf_path, target)
     tensors = {
         _our_name(name, architecture): torch.tensor(w)  # a copy: w may view the read-only file
-        for name, w in _dequantized(gguf_path, heads, kv_heads, gemma, permuted)
+        for name, w in _dequantized(gguf_path, heads, kv_heads, architecture)
     }
     tmp = target.with_suffix(f".{os.getpid()}.tmp")
     save_file(tensors, str(tmp), metadata={"format": "pt"})
@@ -166,7 +177,7 @@ _FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_pro
 # GGUF block types with a kernel, by the format they are kept in (kernels/quant.py).
 _KEPT = {
     "Q4_0": "q4", "Q4_1": "q4", "Q4_K": "q4", "Q5_0": "q5", "Q5_1": "q5", "Q5_K": "q5",
-    "Q8_0": "q8", "Q6_K": "q6", "IQ4_NL": "iq4", "IQ4_XS": "iq4",
+    "Q8_0": "q8", "Q6_K": "q6", "IQ4_NL": "iq4", "IQ4_XS": "iq4", "MXFP4": "mxfp4",
 }  # fmt: skip
 
 
@@ -191,10 +202,10 @@ def load_quantized(
     tensors parameters in `dtype`. The QuantLinears at the module paths in `skip` are left
     empty (their blocks come from elsewhere: runtime/packed_weights.py)."""
     config = model.config
-    gemma = _is_gemma(config.architecture)
+    arch = config.architecture
     # By our module paths (HF names without "model.").
     tensors = {
-        _our_name(hf_name(t.name, gemma), config.architecture).removeprefix("model."): t
+        _our_name(hf_name(t.name, arch), arch).removeprefix("model."): t
         for t in _model_tensors(gguf_path)
     }
 
@@ -231,13 +242,15 @@ def load_quantized(
                     "quantization='none'"
                 )
             rows = [tensors[p].rows for p in parts]
+            bias = module.bias is not None  # a float parameter beside the blocks
             if len(set(formats)) == 1:  # one layer for the stack, the parts' rows in order
-                layer = QuantLinear(module.in_features, sum(rows), formats[0])
+                layer = QuantLinear(module.in_features, sum(rows), formats[0], bias)
                 firsts = [sum(rows[:i]) for i in range(len(parts))]
                 fills += [(path, first, part) for first, part in zip(firsts, parts, strict=True)]
             else:  # a layer per part (GGUF's "_M" mixes keep v at more bits than q and k)
                 shapes = zip(rows, formats, strict=True)
-                layer = QuantStack([QuantLinear(module.in_features, r, f) for r, f in shapes])
+                stack = [QuantLinear(module.in_features, r, f) for r, f in shapes]
+                layer = QuantStack(stack, bias)
                 fills += [(f"{path}.parts.{i}", 0, part) for i, part in enumerate(parts)]
             model.set_submodule(path, layer)
         table_format = kept("embed_tokens.weight")
@@ -370,13 +383,12 @@ def _rope_permuted(architecture: str) -> bool:
     return architecture in _PERMUTED
 
 
-def _dequantized(
-    gguf_path: Path, num_heads: int, num_kv_heads: int, gemma: bool = False, permuted: bool = True
-):
+def _dequantized(gguf_path: Path, num_heads: int, num_kv_heads: int, architecture: str):
     """(HF name, float32 weight) of every tensor, q/k rows back in the half-split layout
-    (a Llama's, `permuted`), norms back to w (a Gemma's)."""
+    (a Llama-style family's), norms back to w (a Gemma's)."""
+    gemma, permuted = _is_gemma(architecture), _rope_permuted(architecture)
     for t in _model_tensors(gguf_path):
-        name = hf_name(t.name, gemma)
+        name = hf_name(t.name, architecture)
         w = _floats(t)
         if gemma:
             if name.endswith("norm.weight"):
@@ -390,13 +402,27 @@ def _dequantized(
         yield name, w
 
 
-def hf_name(gguf_name: str, gemma: bool = False) -> str:
+def hf_name(gguf_name: str, architecture: str) -> str:
+    """A tensor's name in a transformers checkpoint of `architecture` (GPT-OSS's sinks have no
+    .weight there)."""
     if gguf_name in _TOP_NAMES:
         return _TOP_NAMES[gguf_name]
-    names = _GEMMA_LAYER_NAMES if gemma else _MOE_LAYER_NAMES
+    if _is_gemma(architecture):
+        names = _GEMMA_LAYER_NAMES
+    elif architecture == "GptOssForCausalLM":
+        names = _GPT_OSS_LAYER_NAMES
+    else:
+        names = _MOE_LAYER_NAMES
     blk, layer, part, kind = gguf_name.split(".")
+    if part == "ffn_gate_up_exps":
+        raise ValueError(
+            f"GGUF tensor {gguf_name!r}: experts with gate and up fused (llama.cpp's "
+            "convert_hf_to_gguf.py --fuse-gate-up-exps) are unsupported; convert without it"
+        )
     if blk != "blk" or part not in names:
         raise ValueError(f"unexpected GGUF tensor {gguf_name!r}")
+    if part == "attn_sinks":
+        return f"model.layers.{layer}.{names[part]}"
     return f"model.layers.{layer}.{names[part]}.{kind}"
 
 

@@ -335,6 +335,9 @@ class _Family:
     layer: dict[str, str]
     metadata: Callable[[gguf.GGUFWriter, dict], None]  # the family's own keys
     experts: bool = False
+    # Layer tensors laid out the family's own way: (weights, "model.layers.{i}.", i) ->
+    # (llama.cpp's name, float weight) pairs (GPT-OSS's sinks and biased experts).
+    own_tensors: Callable[[dict, str, int], Any] | None = None
     permuted: bool = False  # q/k rows in llama.cpp's rope order (its Llama-style families)
     norm_shift: float = 0.0  # Gemma's norms are stored as 1 + w
     tied: bool = False  # transformers' default tie_word_embeddings
@@ -418,6 +421,62 @@ def _smollm3_keys(writer: gguf.GGUFWriter, config: dict) -> None:
     _llama_keys(writer, config)
 
 
+def _gpt_oss_keys(writer: gguf.GGUFWriter, config: dict) -> None:
+    """GPT-OSS's keys. llama.cpp reads no key for the experts' SwiGLU (alpha 1.702, limit 7
+    in its graph), the layer pattern (sliding, full, ...), nor YaRN's truncation (it floors
+    and ceils the ramp's ends): the model must hold those."""
+    fixed = {"swiglu_alpha": 1.702, "swiglu_limit": 7.0, "attention_bias": True}
+    for key, value in fixed.items():
+        if config.get(key, value) != value:
+            raise ValueError(f"llama.cpp's gpt-oss has {key} {value}, not {config[key]}")
+    n = config["num_hidden_layers"]
+    alternating = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+    if config.get("layer_types", alternating) != alternating:
+        raise ValueError("llama.cpp's gpt-oss alternates sliding and full layers, sliding first")
+    writer.add_key_length(_head_dim(config))
+    writer.add_value_length(_head_dim(config))
+    writer.add_rope_freq_base(_theta(config, 150000.0))
+    rope = config.get("rope_parameters") or {}
+    if rope.get("rope_type", "default") not in ("default", "yarn"):
+        raise ValueError(f"a GPT-OSS with rope {rope.get('rope_type')!r} is not written here")
+    if rope.get("rope_type") == "yarn":
+        if not rope.get("truncate", True):
+            raise ValueError("llama.cpp's YaRN truncates the ramp's ends: truncate must be true")
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(rope["factor"])
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        writer.add_rope_scaling_yarn_beta_fast(rope.get("beta_fast", 32.0))
+        writer.add_rope_scaling_yarn_beta_slow(rope.get("beta_slow", 1.0))
+    _experts_keys(writer, config)
+    writer.add_expert_feed_forward_length(config["intermediate_size"])
+    writer.add_sliding_window(config["sliding_window"])
+
+
+def _gpt_oss_tensors(weights: dict, hf: str, i: int):
+    """A GPT-OSS layer's sinks and experts as llama.cpp's converter writes them: transformers'
+    gate_up_proj [E, hidden, 2 I] (gate in the even columns, up in the odd) split into gate
+    and up, each [E, I, hidden]; down_proj [E, I, hidden] as [E, hidden, I]; their biases
+    beside them."""
+    yield f"blk.{i}.attn_sinks.weight", weights[f"{hf}self_attn.sinks"]
+    experts = f"{hf}mlp.experts."
+    gate_up, bias = weights[experts + "gate_up_proj"], weights[experts + "gate_up_proj_bias"]
+    for name, first in (("ffn_gate_exps", 0), ("ffn_up_exps", 1)):
+        yield f"blk.{i}.{name}.weight", gate_up[:, :, first::2].transpose(0, 2, 1)
+        yield f"blk.{i}.{name}.bias", bias[:, first::2]
+    yield f"blk.{i}.ffn_down_exps.weight", weights[experts + "down_proj"].transpose(0, 2, 1)
+    yield f"blk.{i}.ffn_down_exps.bias", weights[experts + "down_proj_bias"]
+
+
+_GPT_OSS_LAYER = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "post_attention_norm": "post_attention_layernorm",  # the norm before the experts
+    "ffn_gate_inp": "mlp.router",
+}
+
 # transformers' architecture -> how llama.cpp's convert_hf_to_gguf.py writes it.
 _FAMILIES = {
     "Gemma3ForCausalLM": _Family("gemma3", _GEMMA3_LAYER, _gemma3_keys, norm_shift=1.0, tied=True),
@@ -429,16 +488,27 @@ _FAMILIES = {
     ),
     "OlmoeForCausalLM": _Family("olmoe", _ATTENTION | _QK_NORMS | _ROUTER, _olmoe_keys, True),
     "SmolLM3ForCausalLM": _Family("smollm3", _ATTENTION | _DENSE_MLP, _smollm3_keys, permuted=True),
+    "GptOssForCausalLM": _Family(
+        "gpt-oss", _GPT_OSS_LAYER, _gpt_oss_keys, own_tensors=_gpt_oss_tensors
+    ),
 }
-# Matrix types a file from transformers' floats can hold (gguf-py quantizes Q8_0).
+# Matrix types a file from transformers' floats can hold (gguf-py quantizes Q8_0 and MXFP4).
 _HF_TYPES = {
     "F32": (Q.F32, gguf.LlamaFileType.ALL_F32),
     "F16": (Q.F16, gguf.LlamaFileType.MOSTLY_F16),
     "Q8_0": (Q.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
+    "MXFP4": (Q.MXFP4, gguf.LlamaFileType.MOSTLY_MXFP4_MOE),
 }
-# Tokens llama.cpp's loader of a "phi3" vocabulary looks up (Phi-3's SentencePiece ones), in
-# the place of special tokens of the default model that the tests never use.
-_PHI3_TOKENS = {"<repo_name>": "<s>", "<reponame>": "</s>", "<file_sep>": "<unk>"}
+# Types for the experts alone (llama.cpp's MXFP4_MOE): the other matrices stay F32 here.
+_EXPERTS_ONLY = {Q.MXFP4}
+# Per llama.cpp architecture, tokens its files' vocabularies have, in the place of special
+# tokens of the default model that the tests never use: those llama.cpp's loader of a "phi3"
+# vocabulary looks up (Phi-3's SentencePiece ones), GPT-OSS's harmony ends (of an answer,
+# before a tool call).
+_FAMILY_TOKENS = {
+    "phi3": {"<repo_name>": "<s>", "<reponame>": "</s>", "<file_sep>": "<unk>"},
+    "gpt-oss": {"<issue_start>": "<|return|>", "<issue_comment>": "<|call|>"},
+}
 
 
 def write_hf_gguf(
@@ -450,10 +520,12 @@ def write_hf_gguf(
     family's q/k rows permuted for llama.cpp's rope; Phi-3's fused attn_qkv and ffn_up
     (gate, then up) and its rope factor tensors; experts stacked per projection
     ([n_expert, rows, row length]), or with `per_expert` one tensor each (blk.N.ffn_gate.E,
-    as old Mixtral files have them). Matrices in `type` (F32, F16 or Q8_0); norms, routers
-    and every 1-D tensor in F32, as llama-quantize keeps them. Where llama.cpp reads no key
-    for a setting (Gemma 3's layer pattern and local rope base, SmolLM3's NoPE layers), the
-    model must hold llama.cpp's fixed value."""
+    as old Mixtral files have them); GPT-OSS's sinks, and its experts' gate and up apart,
+    with their biases. Matrices in `type` (F32, F16, Q8_0, or MXFP4: the experts alone, the
+    other matrices F32, as llama.cpp's MXFP4_MOE files hold them); norms, routers, biases and
+    every 1-D tensor in F32, as llama-quantize keeps them. Where llama.cpp reads no key for a
+    setting (Gemma 3's layer pattern and local rope base, SmolLM3's NoPE layers, GPT-OSS's
+    SwiGLU limit and layer pattern), the model must hold llama.cpp's fixed value."""
     import json
 
     from safetensors.numpy import load_file
@@ -483,14 +555,15 @@ def write_hf_gguf(
     family.metadata(writer, config)
     writer.add_file_type(file_type)
     for key, value, vtype, sub_type in tokenizer:
-        if key == "tokenizer.ggml.tokens" and family.arch == "phi3":
-            value = [_PHI3_TOKENS.get(t, t) for t in value]
+        if key == "tokenizer.ggml.tokens" and family.arch in _FAMILY_TOKENS:
+            value = [_FAMILY_TOKENS[family.arch].get(t, t) for t in value]
         writer.add_key_value(key, value, vtype, sub_type)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
     for name, w in _hf_tensors(family, config, weights, per_expert):
         w = w.astype(np.float32)
-        if qtype == Q.F32 or w.ndim == 1 or "gate_inp" in name:
+        floats = w.ndim == 1 or "gate_inp" in name or not name.endswith(".weight")  # biases
+        if qtype == Q.F32 or floats or (qtype in _EXPERTS_ONLY and "_exps." not in name):
             writer.add_tensor(name, w)
         elif qtype == Q.F16:
             writer.add_tensor(name, w.astype(np.float16))
@@ -504,7 +577,7 @@ def write_hf_gguf(
 
 
 # The names the tests and docs/benchmarks.md call it by.
-write_gemma3_gguf = write_phi3_gguf = write_moe_gguf = write_hf_gguf
+write_gemma3_gguf = write_phi3_gguf = write_moe_gguf = write_gpt_oss_gguf = write_hf_gguf
 
 
 def _hf_tensors(family: _Family, config: dict, weights: dict, per_expert: bool):
@@ -531,6 +604,8 @@ def _hf_tensors(family: _Family, config: dict, weights: dict, per_expert: bool):
                 elif family.permuted and name in ("attn_q", "attn_k"):
                     w = permute_rope(w, heads if name == "attn_q" else kv_heads)
                 yield f"blk.{i}.{name}.{kind}", w
+        if family.own_tensors is not None:
+            yield from family.own_tensors(weights, hf, i)
         if family.experts:
             n = config.get("num_local_experts") or config["num_experts"]
             for name, names in _EXPERTS.items():

@@ -10,8 +10,9 @@ The Llama-shaped decoder (modeling_gpt_oss.py is the reference) with:
   experts run grouped by expert over the batch (moe.run_grouped).
 The experts are held stacked per layer: gate_up_proj [E, 2 I, hidden] (gate's I rows, then
 up's: transformers' checkpoint interleaves them, gate in the even columns, and stores the
-matrices transposed), gate_up_proj_bias [E, 2 I] in the same order, down_proj [E, hidden, I]
-and down_proj_bias [E, hidden].
+matrices transposed; a GGUF file stores gate and up apart), gate_up_proj_bias [E, 2 I] in the
+same order, down_proj [E, hidden, I] and down_proj_bias [E, hidden]; or, from a GGUF file
+with quantized experts, as their blocks (GptOssQuantExperts) beside the float biases.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from braid.runtime.forward_batch import ForwardBatch
 from braid.runtime.kv_cache import KVPool
 from braid.runtime.models.config import ModelConfig
 from braid.runtime.models.llama import Attention, LlamaForCausalLM, Rotary
-from braid.runtime.models.moe import run_grouped
+from braid.runtime.models.moe import Experts, QuantExperts, run_grouped
 from braid.runtime.models.moe_config import MoeConfig
 from braid.runtime.models.ops import LayerOps
 
@@ -64,23 +65,45 @@ class GptOssAttention(Attention):
         return y
 
 
-class GptOssExperts(nn.Module):
+def _add_biases_and_limits(experts: nn.Module, moe: MoeConfig, hidden: int) -> None:
+    """What GPT-OSS's experts add to the SwiGLU experts: a bias per projection (float, also
+    beside quantized blocks), and the clamped SwiGLU's constants."""
+    experts.gate_up_proj_bias = nn.Parameter(
+        torch.empty(moe.num_experts, 2 * moe.intermediate_size)
+    )
+    experts.down_proj_bias = nn.Parameter(torch.empty(moe.num_experts, hidden))
+    experts.alpha, experts.limit = moe.swiglu_alpha, moe.swiglu_limit
+
+
+class GptOssExperts(Experts):
     """The experts' clamped SwiGLU MLPs with their biases, stacked."""
 
     def __init__(self, moe: MoeConfig, hidden: int) -> None:
-        super().__init__()
-        size, n = moe.intermediate_size, moe.num_experts
-        self.gate_up_proj = nn.Parameter(torch.empty(n, 2 * size, hidden))
-        self.gate_up_proj_bias = nn.Parameter(torch.empty(n, 2 * size))
-        self.down_proj = nn.Parameter(torch.empty(n, hidden, size))
-        self.down_proj_bias = nn.Parameter(torch.empty(n, hidden))
-        self.alpha, self.limit = moe.swiglu_alpha, moe.swiglu_limit
+        super().__init__(moe, hidden)
+        _add_biases_and_limits(self, moe, hidden)
 
     def run(self, expert: int, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:
         """Expert `expert`'s MLP on x (n, hidden) -> (n, hidden)."""
         gate_up = F.linear(x, self.gate_up_proj[expert], self.gate_up_proj_bias[expert])
         h = clamped_swiglu(gate_up, self.alpha, self.limit)  # (n, I)
         return F.linear(h, self.down_proj[expert], self.down_proj_bias[expert])
+
+    def quantized(self, gate_up_fmt: str, down_fmt: str) -> GptOssQuantExperts:
+        return GptOssQuantExperts(self.moe, self.hidden, gate_up_fmt, down_fmt)
+
+
+class GptOssQuantExperts(QuantExperts):
+    """GptOssExperts with the matrices' GGUF blocks kept (QuantExperts), the biases floats."""
+
+    def __init__(self, moe: MoeConfig, hidden: int, gate_up_fmt: str, down_fmt: str) -> None:
+        super().__init__(moe, hidden, gate_up_fmt, down_fmt)
+        _add_biases_and_limits(self, moe, hidden)
+
+    def run(self, expert: int, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:
+        """As GptOssExperts.run, through the quantized matmul kernels."""
+        gate_up = self.gate_up[expert](x) + self.gate_up_proj_bias[expert]
+        h = clamped_swiglu(gate_up, self.alpha, self.limit)  # (n, I)
+        return self.down[expert](h) + self.down_proj_bias[expert]
 
 
 class GptOssMoe(nn.Module):
@@ -113,8 +136,10 @@ class GptOssForCausalLM(LlamaForCausalLM):
         (gate_up_proj [E, hidden, 2 I], gate and up interleaved; down_proj [E, I, hidden]),
         or as OpenAI's checkpoints store them, MXFP4 blocks and scales
         (gate_up_proj_blocks [E, 2 I, hidden / 32, 16] and gate_up_proj_scales), dequantized
-        here. The experts are converted and copied in one layer at a time (a layer's float32
-        copy at most beside the model)."""
+        here; or a GGUF file's, gate, up and down apart with their biases
+        (mlp.experts.gate_proj.weight [E, I, hidden], .bias [E, I]), the weights absent where
+        GptOssQuantExperts hold their blocks. The experts are converted and copied in one
+        layer at a time (a layer's float32 copy at most beside the model)."""
         weights = dict(weights)
         own = self.state_dict()
         for i in range(self.config.num_layers):
@@ -135,6 +160,8 @@ class GptOssForCausalLM(LlamaForCausalLM):
 def _experts_in_our_layout(weights: dict[str, torch.Tensor], prefix: str) -> dict:
     """One layer's experts (names under `prefix`, popped from `weights`) in GptOssExperts'
     layout: transposed to [E, out, in], gate's rows before up's; MXFP4 dequantized."""
+    if prefix + "gate_proj.bias" in weights:  # a GGUF file's
+        return _gguf_experts(weights, prefix)
     for name in ("gate_up_proj", "down_proj"):
         blocks, scales = prefix + name + "_blocks", prefix + name + "_scales"
         if blocks in weights and scales in weights:  # [E, out, in]: transposed already
@@ -149,6 +176,26 @@ def _experts_in_our_layout(weights: dict[str, torch.Tensor], prefix: str) -> dic
     }
     if prefix + "gate_up_proj_bias" in weights:  # else the loader names it missing
         out["gate_up_proj_bias"] = deinterleave(weights.pop(prefix + "gate_up_proj_bias"), -1)
+    return out
+
+
+def _gguf_experts(weights: dict[str, torch.Tensor], prefix: str) -> dict:
+    """A GGUF file's experts (llama.cpp's converter splits gate and up, each [E, rows, in]
+    with a bias [E, rows]) stacked as ours; only the biases where the matrices are kept as
+    blocks (not in `weights`)."""
+
+    def take(name: str) -> torch.Tensor:
+        if prefix + name not in weights:
+            raise ValueError(f"checkpoint is missing weight {prefix + name!r}")
+        return weights.pop(prefix + name)
+
+    out = {
+        "gate_up_proj_bias": torch.cat([take("gate_proj.bias"), take("up_proj.bias")], -1),
+        "down_proj_bias": take("down_proj.bias"),
+    }
+    if prefix + "gate_proj.weight" in weights:
+        out["gate_up_proj"] = torch.cat([take("gate_proj.weight"), take("up_proj.weight")], 1)
+        out["down_proj"] = take("down_proj.weight")
     return out
 
 

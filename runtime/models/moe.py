@@ -38,6 +38,7 @@ class Experts(nn.Module):
 
     def __init__(self, moe: MoeConfig, hidden: int) -> None:
         super().__init__()
+        self.moe, self.hidden = moe, hidden
         size = moe.intermediate_size
         self.gate_up_proj = nn.Parameter(torch.empty(moe.num_experts, 2 * size, hidden))
         self.down_proj = nn.Parameter(torch.empty(moe.num_experts, hidden, size))
@@ -46,6 +47,10 @@ class Experts(nn.Module):
         """Expert `expert`'s MLP on x (n, hidden) -> (n, hidden)."""
         h = ops.silu_mul(F.linear(x, self.gate_up_proj[expert]))  # (n, I)
         return F.linear(h, self.down_proj[expert])
+
+    def quantized(self, gate_up_fmt: str, down_fmt: str) -> QuantExperts:
+        """The same experts with their blocks kept in these formats (filled by its `fill`)."""
+        return QuantExperts(self.moe, self.hidden, gate_up_fmt, down_fmt)
 
 
 class QuantExperts(nn.Module):
@@ -83,8 +88,9 @@ class QuantExperts(nn.Module):
 
 def quantize_experts(model: LlamaForCausalLM, tensors: dict, kept) -> list[tuple[str, list[str]]]:
     """Replace, in `model` (on the meta device), the Experts whose GGUF tensors (`tensors`, by
-    our names) are quantized with QuantExperts; `kept(name)`: a tensor's kernel format, None
-    for floats. Returns (module path, its gate/up/down tensor names) to fill."""
+    our names) are quantized with their QuantExperts (Experts.quantized); `kept(name)`: a
+    tensor's kernel format, None for floats. Returns (module path, its gate/up/down tensor
+    names) to fill."""
     fills = []
     for path, module in list(model.named_modules()):
         if not isinstance(module, Experts):
@@ -100,8 +106,7 @@ def quantize_experts(model: LlamaForCausalLM, tensors: dict, kept) -> list[tuple
                 f"{path}: experts' gate/up/down stored as {formats} (float and quantized, or "
                 "gate and up apart) are unsupported; load with quantization='none'"
             )
-        layer = QuantExperts(model.config.moe, model.config.hidden_size, formats[0], formats[2])
-        model.set_submodule(path, layer)
+        model.set_submodule(path, module.quantized(formats[0], formats[2]))
         fills.append((path, parts))
     return fills
 

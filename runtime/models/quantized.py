@@ -3,7 +3,8 @@
 The CPU kernels read the blocks directly (kernels/cpu_quant.cpp) once `pack` has laid them
 out for them; until then, or without the kernels, the PyTorch twins dequantize on every call
 (correct, slow). Activations go in and come out in the model's dtype; the kernels compute in
-float32.
+float32. A bias (GGUF files keep theirs in floats: Qwen2's q/k/v, GPT-OSS's attention) is a
+float parameter added to the float32 product.
 """
 
 from __future__ import annotations
@@ -22,21 +23,21 @@ DENSE_CHUNK = 1 << 22
 
 
 class QuantLinear(nn.Module):
-    def __init__(self, in_features: int, out_features: int, fmt: str) -> None:
+    def __init__(self, in_features: int, out_features: int, fmt: str, bias: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features, self.fmt = in_features, out_features, fmt
         row_bytes = FORMATS[fmt].row_bytes(in_features)
         # The rows' blocks in order as loaded; after `pack`, interleaved for the kernels.
         self.register_buffer("blocks", torch.empty(out_features, row_bytes, dtype=torch.uint8))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.kernels: cpu.CpuKernels | None = None  # set by `pack`
 
     @classmethod
     def of(cls, linear: nn.Linear, fmt: str) -> QuantLinear:
-        """`linear`'s weight quantized (a linear with a bias has no quantized kernel)."""
-        if linear.bias is not None:
-            raise ValueError("quantized linears take no bias")
-        layer = cls(linear.in_features, linear.out_features, fmt)
+        """`linear`'s weight quantized, its bias (if any) kept as it is."""
+        layer = cls(linear.in_features, linear.out_features, fmt, linear.bias is not None)
         layer.blocks = quantize(linear.weight, FORMATS[fmt])
+        layer.bias = linear.bias
         return layer
 
     def pack(self) -> None:
@@ -55,8 +56,10 @@ class QuantLinear(nn.Module):
         self.blocks, self.kernels = blocks, kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float().contiguous()
-        return self.matmul(x32).to(x.dtype)
+        y = self.matmul(x.float().contiguous())
+        if self.bias is not None:
+            y += self.bias
+        return y.to(x.dtype)
 
     def matmul(self, x32: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """float32 x32 [M, K] @ W^T, into `out` (a column slice of a wider output, say) if
@@ -91,13 +94,15 @@ class QuantLinear(nn.Module):
 
 class QuantStack(nn.Module):
     """A fused linear (q/k/v, gate/up) whose parts are stored in different formats: a GGUF
-    "Q4_K_M" file keeps v at more bits than q and k. Each part's output fills its columns."""
+    "Q4_K_M" file keeps v at more bits than q and k. Each part's output fills its columns; the
+    bias, if any, is the fused one."""
 
-    def __init__(self, parts: list[QuantLinear]) -> None:
+    def __init__(self, parts: list[QuantLinear], bias: bool = False) -> None:
         super().__init__()
         self.parts = nn.ModuleList(parts)
         self.in_features = parts[0].in_features
         self.out_features = sum(p.out_features for p in parts)
+        self.bias = nn.Parameter(torch.empty(self.out_features)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float().contiguous()
@@ -106,6 +111,8 @@ class QuantStack(nn.Module):
         for part in self.parts:
             part.matmul(x32, out[:, column : column + part.out_features])
             column += part.out_features
+        if self.bias is not None:
+            out += self.bias
         return out.to(x.dtype)
 
 

@@ -99,10 +99,16 @@ def prompt_logits(model, kv: KVPool, ids: list[int]) -> torch.Tensor:
 
 
 def assert_matches_llama_cpp(
-    gguf: Path, ids: list[int], got: torch.Tensor, tmp: Path, tolerance: float = 1e-2
+    gguf: Path,
+    ids: list[int],
+    got: torch.Tensor,
+    tmp: Path,
+    tolerance: float = 1e-2,
+    same_argmax: bool = True,
 ) -> None:
     """llama.cpp's logits over the same file and prompt agree with ours, `got` (within
-    `tolerance` of the largest, the same argmax everywhere); a skip without the
+    `tolerance` of the largest, and unless `same_argmax` is False, the same argmax everywhere:
+    where a row's top two are nearer than the tolerance, they may swap); a skip without the
     llama-cpp-python venv."""
     if not os.path.exists(LLAMA_CPP_PYTHON):
         pytest.skip(f"no llama-cpp-python venv at {LLAMA_CPP_PYTHON}")
@@ -113,4 +119,5 @@ def assert_matches_llama_cpp(
     )  # fmt: skip
     want = torch.from_numpy(np.load(out))
     assert (got - want).abs().max() < tolerance * want.abs().max()
-    assert (got.argmax(-1) == want.argmax(-1)).all()
+    if same_argmax:
+        assert (got.argmax(-1) == want.argmax(-1)).all()
