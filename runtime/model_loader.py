@@ -17,6 +17,7 @@ from braid.runtime.models import LlamaForCausalLM, ModelConfig, build_model
 from braid.runtime.models.batch_invariant import BatchInvariantLinear
 from braid.runtime.models.config import missing_keys
 from braid.runtime.models.llama import split_fused
+from braid.runtime.models.moe import Experts
 from braid.runtime.models.ops import layer_ops
 from braid.runtime.models.quant_decoder import QuantDecoder
 from braid.runtime.models.quantized import QuantLinear
@@ -78,11 +79,6 @@ def load_model(
     `shard`: only a tensor-parallel rank's share of the heads and MLP features (runtime/tp)."""
     if quantization != "none" and device.type != "cpu":
         raise ValueError(f"quantization={quantization!r}: quantized weights run on the CPU")
-    if quantization in QUANTIZED_FORMATS and config.moe is not None:
-        raise ValueError(
-            f"quantization={quantization!r}: {config.architecture} (mixture of experts) keeps "
-            "quantized experts only as a GGUF file stores them (quantization='gguf')"
-        )
     if config.moe is not None and (deterministic or shard is not None):
         raise ValueError(
             f"{config.architecture} (mixture of experts): deterministic mode and tensor "
@@ -137,11 +133,17 @@ QUANTIZED_FORMATS = {"int4": "q4", "int8": "q8"}
 
 
 def _quantize_linears(model: LlamaForCausalLM, fmt: str) -> None:
-    """Every linear layer (the head included) kept as `fmt` blocks; a tied embedding table
-    stays in floats for its lookups."""
+    """Every linear layer (the head included) and every expert kept as `fmt` blocks; a tied
+    embedding table stays in floats for its lookups, and so do the experts' routers (a
+    router's rounding would change which experts run)."""
     for path, module in list(model.named_modules()):
-        if isinstance(module, torch.nn.Linear):
+        if isinstance(module, Experts):
+            model.set_submodule(path, module.to_blocks(fmt))
+        elif isinstance(module, torch.nn.Linear) and not path.endswith(_ROUTERS):
             model.set_submodule(path, QuantLinear.of(module, fmt))
+
+
+_ROUTERS = (".mlp.gate", ".mlp.router", ".mlp.shared_expert_gate")
 
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:

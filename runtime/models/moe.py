@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from braid.kernels.quant import from_gguf
+from braid.kernels.quant import FORMATS, from_gguf, quantize
 from braid.runtime.forward_batch import ForwardBatch
 from braid.runtime.gguf_tensors import GGUFTensor
 from braid.runtime.kv_cache import KVPool
@@ -51,6 +51,18 @@ class Experts(nn.Module):
     def quantized(self, gate_up_fmt: str, down_fmt: str) -> QuantExperts:
         """The same experts with their blocks kept in these formats (filled by its `fill`)."""
         return QuantExperts(self.moe, self.hidden, gate_up_fmt, down_fmt)
+
+    def to_blocks(self, fmt: str) -> QuantExperts:
+        """These experts with every expert's matrices quantized to `fmt` (int8/int4 at load);
+        their other parameters (GPT-OSS's biases) kept as they are."""
+        experts = self.quantized(fmt, fmt)
+        for e in range(self.moe.num_experts):
+            experts.gate_up[e].blocks = quantize(self.gate_up_proj[e], FORMATS[fmt])
+            experts.down[e].blocks = quantize(self.down_proj[e], FORMATS[fmt])
+        for name, p in self.named_parameters(recurse=False):
+            if name not in ("gate_up_proj", "down_proj"):
+                setattr(experts, name, p)
+        return experts
 
 
 class QuantExperts(nn.Module):

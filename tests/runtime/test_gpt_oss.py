@@ -12,7 +12,14 @@ import shutil
 import pytest
 import torch
 import transformers
-from family_models import OPS, ours, random_ids, reference, reference_logits, tiny_model
+from family_models import (
+    OPS,
+    ours,
+    random_ids,
+    reference,
+    reference_logits,
+    tiny_model,
+)
 from safetensors.torch import load_file, save_file
 
 from braid.runtime.forward_batch import ForwardBatch
@@ -324,6 +331,23 @@ def test_unsupported_variants_are_refused_clearly(model_path, tmp_path):
     (directory / "config.json").write_text(json.dumps(config_json))
     with pytest.raises(ValueError, match="GptOssForCausalLM quantized as 'bitsandbytes'"):
         load_model_config(directory)
+
+
+def test_int8_experts_keep_their_biases(model_path):
+    """quantization="int8": the experts' matrices become blocks, their biases stay floats;
+    each expert's output stays within int8's rounding of the float expert's. (The whole
+    model's logits are not compared: a rounding that flips one of this random router's
+    near-ties changes them by more.)"""
     config = load_model_config(model_path)
-    with pytest.raises(ValueError, match="mixture of experts"):
-        load_model(model_path, config, torch.float32, torch.device("cpu"), quantization="int8")
+    cpu = torch.device("cpu")
+    floats = load_model(model_path, config, torch.float32, cpu)
+    blocks = load_model(model_path, config, torch.float32, cpu, quantization="int8")
+    x = torch.randn(5, config.hidden_size, generator=torch.Generator().manual_seed(0))
+    for layer in range(config.num_layers):
+        want_experts = floats.layers[layer].mlp.experts
+        got_experts = blocks.layers[layer].mlp.experts
+        assert got_experts.gate_up[0].fmt == "q8"
+        for e in range(config.moe.num_experts):
+            want = want_experts.run(e, x, floats.ops)
+            got = got_experts.run(e, x, blocks.ops)
+            assert 0 < (got - want).abs().max() / want.abs().max() < 0.03
