@@ -22,9 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from braid.runtime.forward_batch import ForwardBatch
-from braid.runtime.kv_cache import KVPool
 from braid.runtime.models.config import ModelConfig
-from braid.runtime.models.llama import Attention, LlamaForCausalLM, Rotary
+from braid.runtime.models.llama import Attention, LlamaForCausalLM
 from braid.runtime.models.moe import Experts, QuantExperts, run_grouped
 from braid.runtime.models.moe_config import MoeConfig
 from braid.runtime.models.ops import LayerOps
@@ -48,21 +47,6 @@ class GptOssAttention(Attention):
     def __init__(self, config: ModelConfig, layer: int, linear: type[nn.Linear]) -> None:
         super().__init__(config, layer, linear)
         self.sinks = nn.Parameter(torch.empty(config.num_heads))
-
-    def forward(
-        self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool, rotary: Rotary, ops: LayerOps
-    ) -> torch.Tensor:
-        qkv = self.qkv_proj(x)  # (T, (H + 2 Hkv) * D)
-        if batch.lora is not None:
-            batch.lora.add(qkv, x, self.layer, "self_attn.qkv_proj")
-        out = ops.attention.forward(
-            qkv, self.num_heads, self.num_kv_heads, rotary.cos, rotary.sin, kv, self.layer,
-            batch, self.scale, window=self.window, sinks=self.sinks.float(),
-        )  # fmt: skip
-        y = self.o_proj(out)
-        if batch.lora is not None:
-            batch.lora.add(y, out, self.layer, "self_attn.o_proj")
-        return y
 
 
 def _add_biases_and_limits(experts: nn.Module, moe: MoeConfig, hidden: int) -> None:

@@ -98,6 +98,7 @@ class Attention(nn.Module):
         self.scale = self.head_dim**-0.5
         self.window = config.layer_windows[layer] if config.layer_windows else None  # Mistral
         self.rope = layer not in config.nope_layers  # SmolLM3's NoPE layers do not rotate
+        self.sinks: torch.Tensor | None = None  # GPT-OSS: each head's sink logit
 
     def forward(
         self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool, rotary: Rotary, ops: LayerOps
@@ -105,20 +106,26 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x)  # (T, (H + 2 Hkv) * D)
         if batch.lora is not None:
             batch.lora.add(qkv, x, self.layer, "self_attn.qkv_proj")
-        if self.qk_norm:
-            heads = qkv.view(qkv.shape[0], -1, self.head_dim)  # (T, H + 2 Hkv, D)
-            q, k = heads[:, : self.num_heads], heads[:, self.num_heads : -self.num_kv_heads]
-            q.copy_(self.q_norm(q, TORCH_OPS))
-            k.copy_(self.k_norm(k, TORCH_OPS))
+        self.normalize_qk(qkv)
         cos, sin = (rotary.cos, rotary.sin) if self.rope else (rotary.nope_cos, rotary.nope_sin)
+        sinks = None if self.sinks is None else self.sinks.float()
         out = ops.attention.forward(
             qkv, self.num_heads, self.num_kv_heads, cos, sin, kv, self.layer,
-            batch, self.scale, window=self.window,
+            batch, self.scale, window=self.window, sinks=sinks,
         )  # fmt: skip
         y = self.o_proj(out)
         if batch.lora is not None:
             batch.lora.add(y, out, self.layer, "self_attn.o_proj")
         return y
+
+    def normalize_qk(self, qkv: torch.Tensor) -> None:
+        """The family's normalisation of q and k, in place in qkv (T, (H + 2 Hkv) * D):
+        Qwen3's RMSNorm of each head."""
+        if self.qk_norm:
+            heads = qkv.view(qkv.shape[0], -1, self.head_dim)  # (T, H + 2 Hkv, D)
+            q, k = heads[:, : self.num_heads], heads[:, self.num_heads : -self.num_kv_heads]
+            q.copy_(self.q_norm(q, TORCH_OPS))
+            k.copy_(self.k_norm(k, TORCH_OPS))
 
 
 class MLP(nn.Module):

@@ -25,9 +25,8 @@ from torch import nn
 from braid.kernels.quant import FORMATS, from_gguf, quantize
 from braid.runtime.forward_batch import ForwardBatch
 from braid.runtime.gguf_tensors import GGUFTensor
-from braid.runtime.kv_cache import KVPool
 from braid.runtime.models.config import ModelConfig
-from braid.runtime.models.llama import MLP, Attention, LlamaForCausalLM, RMSNorm, Rotary
+from braid.runtime.models.llama import MLP, Attention, LlamaForCausalLM, RMSNorm
 from braid.runtime.models.moe_config import MoeConfig
 from braid.runtime.models.ops import TORCH_OPS, LayerOps
 from braid.runtime.models.quantized import QuantLinear
@@ -190,26 +189,13 @@ class OlmoeAttention(Attention):
         self.k_norm = RMSNorm(self.kv_size, config.rms_norm_eps)
         self.clip = config.moe.clip_qkv
 
-    def forward(
-        self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool, rotary: Rotary, ops: LayerOps
-    ) -> torch.Tensor:
-        qkv = self.qkv_proj(x)  # (T, (H + 2 Hkv) * D)
-        if batch.lora is not None:
-            batch.lora.add(qkv, x, self.layer, "self_attn.qkv_proj")
+    def normalize_qk(self, qkv: torch.Tensor) -> None:
         q = qkv[:, : self.q_size]  # (T, H D)
         k = qkv[:, self.q_size : self.q_size + self.kv_size]  # (T, Hkv D)
         q.copy_(self.q_norm(q.contiguous(), TORCH_OPS))
         k.copy_(self.k_norm(k.contiguous(), TORCH_OPS))
         if self.clip is not None:
             qkv.clamp_(-self.clip, self.clip)
-        out = ops.attention.forward(
-            qkv, self.num_heads, self.num_kv_heads, rotary.cos, rotary.sin, kv, self.layer,
-            batch, self.scale, window=self.window,
-        )  # fmt: skip
-        y = self.o_proj(out)
-        if batch.lora is not None:
-            batch.lora.add(y, out, self.layer, "self_attn.o_proj")
-        return y
 
 
 class MoeForCausalLM(LlamaForCausalLM):
