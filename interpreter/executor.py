@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -25,6 +26,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import singledispatchmethod
 from typing import Any
+
+import msgspec
 
 from braid.interpreter.backend import Backend
 from braid.interpreter.choices import METHODS, needs_unconditional
@@ -55,6 +58,7 @@ class _ForkPoint:
     """Hands the parent's state, as it is when reached, to the children of a fork."""
 
     children: list[Future]
+    states: list[StreamExecutor]
 
 
 @dataclass
@@ -86,6 +90,7 @@ class StreamExecutor:
         *,
         keep_undecodable_text: bool = False,
         lora: str | None = None,
+        trace: bool = False,
     ) -> None:
         self.backend = backend
         self.sampling = sampling  # the program's SamplingParams defaults for every gen
@@ -111,6 +116,9 @@ class StreamExecutor:
         self.chunks: list[tuple[str | None, str]] = []  # (variable or None, text) as appended
         self.fork_start = 0  # a fork's text before this position is its parent's
         self._scopes: dict[str, int] = {}  # open var_scope name -> where its text starts
+        # With tracing, what each gen, select, fork and join did, in order (lang/trace.py
+        # reads them); None otherwise, and nothing is recorded.
+        self.events: list[dict] | None = [] if trace else None
         # This state's name on its requests (a lease on its prefix); None on a backend
         # that keeps no leases. `_leased`: a request may have left a lease to release.
         self.program_id = uuid.uuid4().hex if hasattr(backend, "release_program") else None
@@ -144,11 +152,12 @@ class StreamExecutor:
                 parent=f,
                 keep_undecodable_text=self.keep_undecodable_text,
                 lora=self.lora,
+                trace=self.events is not None,
             )
             for f in parents
         ]
         self.children += children
-        if not self.submit(_ForkPoint(parents)):
+        if not self.submit(_ForkPoint(parents, children)):
             for f in parents:
                 f.set_exception(ProgramError("the parent state failed before the fork"))
         return children
@@ -345,6 +354,11 @@ class StreamExecutor:
             self.metas[name] = meta
             self._settle()
 
+    def _record(self, kind: str, name: str | None, start: int, submitted: float, **facts) -> None:
+        """A trace event: what ran, over which text (start to the text's end now), when."""
+        event = {"kind": kind, "name": name, "start": start, "end": len(self.text)}
+        self.events.append({**event, "submitted": submitted, "returned": time.monotonic(), **facts})
+
     @singledispatchmethod
     async def _run(self, op: object) -> None:
         raise TypeError(f"cannot append {type(op).__name__} to a program state")
@@ -378,7 +392,10 @@ class StreamExecutor:
     @_run.register
     async def _(self, op: Gen) -> None:
         params = op.params(self.sampling)
-        prompt = self.text
+        if self.events is not None:  # the trace shows each token's logprob and alternatives
+            top = max(params.top_logprobs, 5)
+            params = msgspec.structs.replace(params, trace=True, top_logprobs=top)
+        prompt, submitted = self.text, time.monotonic()
         extra = _lora(op.lora or self.lora)
         if self.program_id is not None and op.lora in (None, self.lora):
             extra["program"] = self.program_id  # leased under the state's own adapter
@@ -398,11 +415,15 @@ class StreamExecutor:
                         f"(finish reason {out.finish_reason}): {e}"
                     ) from None
         meta = {"text": out.text, "finish_reason": out.finish_reason, "token_ids": out.token_ids}
-        self._set(op.name, value, {**meta, **out.meta})
+        meta.update(out.meta)
+        if self.events is not None:
+            self._record("gen", op.name, len(prompt), submitted, meta=meta, params=params)
+        self._set(op.name, value, meta)
 
     @_run.register
     async def _(self, op: Select) -> None:
         choices = list(op.choices)
+        start, submitted = len(self.text), time.monotonic()
         lora = _lora(self.lora)
         scoring = [self.backend.score(self.text, choices, **lora)]
         if needs_unconditional(op.method):
@@ -418,6 +439,8 @@ class StreamExecutor:
         meta = {"choices": choices, "scores": scores, "logprobs": logprobs}
         if unconditional is not None:
             meta["unconditional_logprobs"] = unconditional
+        if self.events is not None:
+            self._record("select", op.name, start, submitted, meta=meta, method=op.method)
         self._set(op.name, choices[best], meta)
 
     @_run.register
@@ -447,8 +470,12 @@ class StreamExecutor:
         for child in op.children:  # their text is read here: their prefixes are not needed
             with child._cond:
                 child._release_lease()
+        if self.events is not None:
+            self._record("join", None, len(self.text), time.monotonic(), **vars(op))
         if op.mode == "concate_and_append":
             self._append("".join(c.text[c.fork_start :] for c in op.children))
+            if self.events is not None:
+                self.events[-1]["end"] = len(self.text)
             return
         with self._cond:
             parents = set(self.variables)  # the forks inherited these: only new ones gather
@@ -461,6 +488,8 @@ class StreamExecutor:
 
     @_run.register
     async def _(self, op: _ForkPoint) -> None:
+        if self.events is not None:
+            self._record("fork", None, len(self.text), time.monotonic(), children=op.states)
         with self._cond:
             snapshot = _Snapshot(
                 self.text,

@@ -16,6 +16,7 @@ from braid.api import SAMPLING_KEYWORDS, check_sampling, sampling_fields
 from braid.interpreter.backend import Backend, default_backend
 from braid.interpreter.executor import StreamExecutor
 from braid.state import ProgramState
+from braid.trace import tracing_default
 
 # Program bodies of `arun` calls run here: a body blocks its thread while it reads a
 # variable, and the event loop that awaits it must not be that thread.
@@ -65,6 +66,7 @@ class Program:
         sampling: dict[str, Any] | None = None,
         lora: str | None = None,
         use_thread: bool = True,
+        trace: bool | None = None,
         **kwargs: Any,
     ) -> ProgramState:
         """Run the program and return its finished state; raises what the program raised.
@@ -75,10 +77,11 @@ class Program:
         SGLang's name (`temperature=0`, `max_new_tokens=16`), is one of those defaults too,
         as in SGLang. With `stream=True` it returns at once: iterate `state.text_iter()` for
         the text. `use_thread` is SGLang's and has no effect: braid runs the operations on
-        its event loop either way.
+        its event loop either way. `trace=True` (default: BRAID_TRACE=1) records the run for
+        `state.trace()`; its gens then also report logprobs with 5 alternatives.
         """
         kwargs, sampling = self._split_sampling(kwargs, sampling, "run")
-        state = self._new_state(backend, sampling, lora)
+        state = self._new_state(backend, sampling, lora, trace)
         if stream:
             threading.Thread(
                 target=self._execute, args=(state, args, kwargs), name="braid-program", daemon=True
@@ -102,6 +105,7 @@ class Program:
         num_threads: int | str | None = None,
         progress_bar: bool = False,
         generator_style: bool = False,
+        trace: bool | None = None,
         **sampling_kwargs: Any,
     ) -> list[ProgramState] | Iterator[ProgramState]:
         """Run the program once per kwargs dict (or tuple of positional arguments), up to
@@ -113,7 +117,7 @@ class Program:
         `concurrency`, `progress_bar` is `progress`, sampling keywords (`temperature=0`,
         `max_new_tokens=16`) are defaults for every gen, like `sampling`, and
         `generator_style=True` returns an iterator that yields each state, in order, once it
-        has finished (the runs start when it is first advanced).
+        has finished (the runs start when it is first advanced). `trace`: as in `run`.
         """
         if num_threads is not None and num_threads != "auto":
             concurrency = num_threads
@@ -124,7 +128,7 @@ class Program:
         backend = backend or default_backend()
 
         def run_one(arguments: dict[str, Any] | tuple | list) -> ProgramState:
-            state = self._new_state(backend, sampling, lora)
+            state = self._new_state(backend, sampling, lora, trace)
             if isinstance(arguments, dict):
                 self._execute(state, (), arguments)
             else:
@@ -162,11 +166,12 @@ class Program:
         backend: Backend | None = None,
         sampling: dict[str, Any] | None = None,
         lora: str | None = None,
+        trace: bool | None = None,
         **kwargs: Any,
     ) -> ProgramState:
         """`run` for asyncio: awaits the program without blocking the event loop."""
         kwargs, sampling = self._split_sampling(kwargs, sampling, "arun")
-        state = self._new_state(backend, sampling, lora)
+        state = self._new_state(backend, sampling, lora, trace)
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(_ARUN_THREADS, self._execute, state, args, kwargs)
         await asyncio.gather(*(asyncio.wrap_future(f) for f in state._executor.all_done()))
@@ -187,7 +192,11 @@ class Program:
         return arguments, {**(sampling or {}), **sampling_fields(direct, f"{self.name}.{where}")}
 
     def _new_state(
-        self, backend: Backend | None, sampling: dict[str, Any] | None, lora: str | None
+        self,
+        backend: Backend | None,
+        sampling: dict[str, Any] | None,
+        lora: str | None,
+        trace: bool | None = None,
     ) -> ProgramState:
         sampling = dict(sampling or {})
         where = f"{self.name}.run(sampling=...)"
@@ -199,8 +208,9 @@ class Program:
             sampling,
             keep_undecodable_text=self.keep_undecodable_text,
             lora=lora,
+            trace=tracing_default() if trace is None else trace,
         )
-        return ProgramState(executor)
+        return ProgramState(executor, self.name)
 
     def _execute(self, state: ProgramState, args: tuple, kwargs: dict[str, Any]) -> None:
         """Call the function on the state (it returns once it has appended everything),

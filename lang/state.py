@@ -11,6 +11,7 @@ from braid.api import role_message
 from braid.interpreter.executor import StreamExecutor
 from braid.interpreter.ir import Op, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd
 from braid.meta_info import sglang_meta_info
+from braid.trace import Trace, build_trace
 
 
 class ProgramState:
@@ -21,8 +22,9 @@ class ProgramState:
     set_var, get_meta_info, var_scope, sync, copy, ret_value.
     """
 
-    def __init__(self, executor: StreamExecutor) -> None:
+    def __init__(self, executor: StreamExecutor, program: str = "program") -> None:
         self._executor = executor
+        self._program = program  # the name its trace shows
         self.ret_value: Any = None  # what the program function returned (SGLang's name)
 
     def __iadd__(self, other: Any) -> ProgramState:
@@ -86,6 +88,12 @@ class ProgramState:
         """Wait until what was appended so far has run (or the state has failed)."""
         self._executor.sync()
 
+    def trace(self) -> Trace:
+        """The record of this run, once it and its forks have finished: `trace.to_html(path)`
+        writes the page. Only a traced run keeps one (run(..., trace=True) or BRAID_TRACE=1)."""
+        self._executor.wait()
+        return build_trace(self._executor, self._program)
+
     @property
     def error(self) -> BaseException | None:
         """Why the program failed, or None."""
@@ -96,7 +104,8 @@ class ProgramState:
         to each runs concurrently, and the shared prefix is computed once."""
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"fork(n): n must be an int >= 1, got {n!r}")
-        return ForkList((ProgramState(e) for e in self._executor.fork(n)), self._executor)
+        states = (ProgramState(e, self._program) for e in self._executor.fork(n))
+        return ForkList(states, self._executor)
 
     @contextmanager
     def copy(self) -> Iterator[ProgramState]:

@@ -8,7 +8,7 @@ import logging
 import sys
 import time
 
-from braid.runtime import bench
+from braid.runtime import bench, trace_command
 from braid.runtime.server import serve
 
 
@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.set_defaults(run=_generate)
     serve.add_parser(commands)
     bench.add_parser(commands)
+    trace_command.add_parser(commands)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")

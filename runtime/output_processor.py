@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 
 from braid.grammars.matcher import MatcherError
 from braid.runtime.grammar_service import GrammarService
@@ -30,6 +31,10 @@ class OutputProcessor:
     def __init__(self, grammars: GrammarService, stats: EngineStats) -> None:
         self.grammars = grammars
         self.stats = stats  # token, request and latency counters are counted here
+        # A summary of each request that ends, newest last, kept only while a dashboard
+        # asks for them (it sets a bounded deque here; None: nothing is kept).
+        self.recent: deque[dict] | None = None
+        self._step_end = time.monotonic()  # when the last step's forward ended
 
     def admit(self, r: Request) -> list[Update]:
         """A new request: text its grammar forces at the start is appended now, to be fed
@@ -53,6 +58,10 @@ class OutputProcessor:
         now = time.monotonic()
         updates: list[Update] = []
         for r, res in zip(batch.requests, results, strict=True):
+            if r.trace is not None and r.trace.started is None:
+                # This step ran r first; it began where the step before it ended (or when r
+                # arrived, if the engine was idle then).
+                r.trace.started = max(r.arrival, self._step_end)
             try:
                 r.prompt_logprobs.extend(res.prompt_logprobs)
                 r.prompt_top_logprobs.extend(res.prompt_top_logprobs)
@@ -66,6 +75,7 @@ class OutputProcessor:
                 log.exception("request %d: processing its step failed", r.rid)
                 if r.finish_reason is None:
                     updates.append(self.end(r, "abort", error=f"engine step failed: {e!r}"))
+        self._step_end = now
         return updates
 
     def _add_in_turn(self, r: Request, steps, now: float, updates: list[Update]) -> None:
@@ -123,6 +133,8 @@ class OutputProcessor:
         if len(tokens) > len(logprobs):
             self.stats.add(jump_forward_tokens=len(tokens) - len(logprobs))
         r.output_ids.extend(tokens)
+        if r.trace is not None:
+            r.trace.add_tokens(len(tokens), num_sampled=len(logprobs))
         if r.params.wants_logprobs:
             forced = [(0.0, {})] * (len(tokens) - len(logprobs))
             for lp, top in logprobs + forced:
@@ -173,6 +185,11 @@ class OutputProcessor:
             meta["prompt_logprobs"] = r.prompt_logprobs
             if r.params.top_logprobs:
                 meta["prompt_top_logprobs"] = r.prompt_top_logprobs
+        if r.trace is not None:
+            r.trace.finished = now
+            meta["trace"] = r.trace.to_meta(r.arrival, r.first_token_time)
+        if self.recent is not None:
+            self.recent.append(_summary(r, reason, now, meta))
         last = dict(finish_reason=reason, error=error, request_error=request_error, meta=meta)
         return r, _chunk(r, text, tokens or [], **last)
 
@@ -184,6 +201,25 @@ def _chunk(r: Request, text: str, tokens: list[int], **fields) -> StreamChunk:
         n = len(tokens)
         fields.update(logprobs=r.output_logprobs[-n:], top_logprobs=r.output_top_logprobs[-n:])
     return StreamChunk(text, tokens, **fields)
+
+
+def _summary(r: Request, reason: str, now: float, meta: dict) -> dict:
+    """What a dashboard shows of a request that ended: its times and counts, and its output
+    tokens with their trace when it asked for one."""
+    summary = {
+        "rid": r.rid,
+        "finish_reason": reason,
+        "arrival": r.arrival,
+        "first_token": r.first_token_time,
+        "finished": now,
+        "prompt_tokens": meta["prompt_tokens"],
+        "cached_tokens": meta["cached_tokens"],
+        "completion_tokens": meta["completion_tokens"],
+    }
+    if r.trace is not None:
+        summary.update(trace=meta["trace"], token_ids=list(r.output_ids))
+        summary["logprobs"] = meta.get("logprobs")
+    return summary
 
 
 def _no_token_error(r: Request) -> str:

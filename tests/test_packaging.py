@@ -49,7 +49,9 @@ def wheel(tmp_path_factory) -> Path:
 def test_the_wheel_installs_braid_alone_with_every_source(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"braid", wheel.name.split("-py")[0] + ".dist-info"}
-    suffixes = (".py", ".cpp", ".h")  # the C++ sources are compiled where braid runs
+    # The C++ sources are compiled where braid runs; the HTML templates are the trace page's
+    # and the dashboard's.
+    suffixes = (".py", ".cpp", ".h", ".html")
     sources = [p for d in LAYERS for p in (ROOT / d).rglob("*") if p.suffix in suffixes]
     assert any(p.suffix == ".cpp" for p in sources)  # the CPU kernels, the lazy automaton
     for source in sources:

@@ -18,6 +18,7 @@ from braid.runtime.config import RequestLimits
 from braid.runtime.engine import Engine
 from braid.runtime.server import (
     anthropic_routes,
+    dashboard,
     embedding_routes,
     guards,
     native_routes,
@@ -88,6 +89,7 @@ def create_app(
         + embedding_routes.ROUTES
         + token_routes.ROUTES
         + native_routes.ROUTES
+        + dashboard.ROUTES
         + (native_routes.LORA_ROUTES if lora_updates else [])
         + openapi.ROUTES,
         middleware=guards.middleware(allowed_hosts, allowed_origins)
@@ -108,6 +110,7 @@ def create_app(
     app.state.service = Service(
         engine, model_name, max_queued_requests, limits, aliases, accept_any_model
     )
+    app.state.dashboard = dashboard.Dashboard(engine)
     return app
 
 
@@ -197,6 +200,7 @@ class ApiKey:
             return
         headers = dict(scope["headers"])
         bearer, given = headers.get(b"authorization", b""), headers.get(b"x-api-key", b"")
+        given = given or dashboard.key_in_query(scope)  # a browser opening the dashboard
         # Every key compared in constant time, whichever header is given (`|` does not
         # short-circuit): the time taken tells nothing of which key matched, or how nearly.
         matches = [

@@ -61,6 +61,7 @@ def _requests(vocab, temperature: float) -> list[SimpleNamespace]:
             token_ids=[1, 2, 3, 7 * i],
             output_ids=[7 * i],
             stop_ids={min(vocab.eos_token_ids)},
+            trace=None,
         )
         for i, (matcher, params) in enumerate(rows)
     ]
