@@ -496,10 +496,11 @@ def test_the_front_refuses_a_body_over_the_limit_before_reading_it(front):
     head = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
     declared = _connect(port)  # says 1 GB is coming, sends none of it
     declared.sendall(head + b"Content-Length: 1000000000\r\n\r\n")
-    chunked = _connect(port)  # sends 200 kB of a body without end
+    chunked = _connect(port)  # sends 110 kB of a body without end: just past the limit
     chunked.sendall(head + b"Transfer-Encoding: chunked\r\n\r\n")
-    for _ in range(20):
-        chunked.sendall(b"2710\r\n" + b"a" * 10_000 + b"\r\n")
+    with contextlib.suppress(OSError):  # the front may answer and close before the last
+        for _ in range(11):
+            chunked.sendall(b"2710\r\n" + b"a" * 10_000 + b"\r\n")
     with watched(front.url):
         closed = _read_until_closed([declared, chunked], 10)
     assert len(closed) == 2, "the front waited for the rest of a body over its limit"
