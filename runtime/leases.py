@@ -8,8 +8,9 @@ state's next request, its release (the program finished, failed, or its fork was
 the lease's expiry, so that a program that never continues cannot pin memory for ever.
 
 Urgency orders which lease breaks first when nothing unleased is left to evict: an expired
-lease, then a state waiting on something else (a tool), least recently renewed first, and
-last a state whose next request is already queued.
+lease, then a state waiting on something else (a tool), most recently renewed first (its
+wait began last, so with tools of like latency it is needed last), and last a state whose
+next request is already queued.
 """
 
 from __future__ import annotations
@@ -78,4 +79,4 @@ class Leases:
     def least_urgent(self, exclude: Hashable = None) -> Lease | None:
         """The lease to break first (None when there is no other)."""
         candidates = (lease for key, lease in self._by_key.items() if key != exclude)
-        return min(candidates, key=lambda x: (not x.expired, x.queued, x.renewed), default=None)
+        return min(candidates, key=lambda x: (not x.expired, x.queued, -x.renewed), default=None)

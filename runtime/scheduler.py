@@ -10,7 +10,7 @@ program state when it names one (runtime/leases.py).
 Under pressure, cached prefixes go in this order: unleased ones (LRU), then leases, least
 urgent first, before any running request is preempted. The first request of a program state
 waits rather than break the leases of states that will continue, unless nothing runs, and
-waits while leases hold half of what they may (the states that run need room to grow): the
+waits while leases hold a third of what they may (the states that run need room to grow): the
 programs that run are the ones whose context fits. A plain request (no program) breaks
 leases as it needs, so leases never hold it up.
 """
@@ -288,9 +288,9 @@ class Scheduler:
         return r.lease_key is not None and r.lease_key not in self.cache.leases
 
     def _leases_full(self) -> bool:
-        """Do leases hold more than half of what they may? New program states then wait:
+        """Do leases hold more than a third of what they may? New program states then wait:
         those that run would otherwise break each other's leases as they grow."""
-        limit = self.config.max_leased_fraction / 2 * self.kv.num_slots
+        limit = self.config.max_leased_fraction / 3 * self.kv.num_slots
         return self.cache.num_leased_tokens > limit
 
     def _waits_for_shared_prefix(self, r: Request, cached: int) -> bool:

@@ -44,17 +44,23 @@ def test_a_leased_prefix_outlives_pressure_that_evicts_an_unleased_one():
 
 
 def test_leases_break_only_when_nothing_unleased_is_left_and_least_urgent_first():
+    """Waiting states go before queued ones; among those waiting, the one whose wait began
+    last (it will be needed last when tools take alike)."""
     cache = _cache()
-    waiting, queued = [1, 2, 3], [5, 6, 7]
-    for tokens in (waiting, queued):
+    waited_long, waiting, queued = [1, 2, 3], [5, 6, 7], [9, 10, 11]
+    for tokens in (waited_long, waiting, queued):
         _insert(cache, tokens)
     cache.lease("queued", queued, None, ttl_s=60, max_leased_tokens=BIG)
-    cache.lease("waiting", waiting, None, ttl_s=60, max_leased_tokens=BIG)  # renewed later
+    cache.lease("waited long", waited_long, None, ttl_s=60, max_leased_tokens=BIG)
+    time.sleep(0.01)
+    cache.lease("waiting", waiting, None, ttl_s=60, max_leased_tokens=BIG)  # renewed last
     cache.leases.queue("queued", +1)  # its next request is in the scheduler's queue
     assert cache.evict(3, break_leases=False) == 0
     assert cache.evict(3) == 3
-    assert "waiting" not in cache.leases and "queued" in cache.leases
-    assert _cached(cache, queued) == 3 and _cached(cache, waiting) == 0
+    assert "waiting" not in cache.leases and {"waited long", "queued"} <= set(cache.leases._by_key)
+    assert _cached(cache, waiting) == 0 and _cached(cache, waited_long) == 3
+    assert cache.evict(3) == 3
+    assert "queued" in cache.leases and _cached(cache, queued) == 3
 
 
 def test_an_expired_lease_is_evicted_like_an_unleased_prefix():
@@ -304,7 +310,7 @@ def test_a_constraint_compiles_when_its_gen_is_submitted(tiny_engine, monkeypatc
 def test_a_new_program_state_waits_while_leases_are_full_and_a_plain_request_does_not(
     tiny_model_path,
 ):
-    """With leases over half their share and a request running, a program's new state
+    """With leases over a third of their share and a request running, a program's new state
     waits (the running states need room to grow) while a plain request goes ahead; the new
     state starts once nothing runs."""
     import asyncio
