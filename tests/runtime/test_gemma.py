@@ -306,38 +306,6 @@ def test_shared_prefix_longer_than_the_window_through_the_radix_cache(make_model
     assert [o.token_ids for o in together] == alone
 
 
-def test_chat_through_the_server_with_the_gemma_template(make_model):
-    """/v1/chat/completions renders the model's own (Gemma) template; the completion is what
-    the engine gives for the rendered prompt."""
-    import httpx
-    from conftest import LiveServer
-
-    from braid.runtime import Engine, SamplingParams
-
-    path = make_model("gemma3")
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
-    messages = [{"role": "user", "content": "Tell me about sliding windows in attention."}]
-    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    assert "<start_of_turn>user\n" in rendered and rendered.endswith("<start_of_turn>model\n")
-    engine = Engine(model=str(path), dtype="float32")
-    server = LiveServer(engine)
-    try:
-        r = httpx.post(
-            server.url + "/v1/chat/completions",
-            json={"model": "tiny", "messages": messages, "max_tokens": 8, "temperature": 0},
-            timeout=60,
-        )
-        assert r.status_code == 200, r.text
-        text = r.json()["choices"][0]["message"]["content"]
-        ids = tokenizer(rendered, add_special_tokens=False).input_ids
-        assert len(ids) > WINDOW
-        want = engine.generate(ids, SamplingParams(max_tokens=8, temperature=0)).text
-    finally:
-        server.stop()
-        engine.shutdown()
-    assert text == want
-
-
 def test_config_json_written_by_transformers_loads(make_model):
     raw = json.loads((make_model("gemma3") / "config.json").read_text())
     assert raw["architectures"] == ["Gemma3ForCausalLM"]

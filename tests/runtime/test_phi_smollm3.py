@@ -233,39 +233,6 @@ def test_phi3_short_sequences_use_the_long_factors(make_model):
     torch.testing.assert_close(got, reference_logits(ref, ids), atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("variant", ["phi3", "smollm3"])
-def test_chat_through_the_server_with_the_family_template(make_model, variant):
-    """/v1/chat/completions renders the model's own template; the completion is what the
-    engine gives for the rendered prompt."""
-    import httpx
-    from conftest import LiveServer
-
-    from braid.runtime import Engine, SamplingParams
-
-    path = make_model(variant)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
-    messages = [{"role": "user", "content": "Tell me about rotary position embeddings."}]
-    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    start = {"phi3": "<|user|>\n", "smollm3": "<|im_start|>user\n"}[variant]
-    assert start in rendered
-    engine = Engine(model=str(path), dtype="float32")
-    server = LiveServer(engine)
-    try:
-        r = httpx.post(
-            server.url + "/v1/chat/completions",
-            json={"model": "tiny", "messages": messages, "max_tokens": 8, "temperature": 0},
-            timeout=60,
-        )
-        assert r.status_code == 200, r.text
-        text = r.json()["choices"][0]["message"]["content"]
-        ids = tokenizer(rendered, add_special_tokens=False).input_ids
-        want = engine.generate(ids, SamplingParams(max_tokens=8, temperature=0)).text
-    finally:
-        server.stop()
-        engine.shutdown()
-    assert text == want
-
-
 def test_int8_phi4_mini_decodes_in_the_one_call_decoder(make_model):
     """Phi-4-mini's shape quantized to int8: decode steps run in the fused decoder (its rope
     tables carry the partial rotary and longrope), close to transformers' float logits."""
