@@ -133,6 +133,11 @@ def run_grouped(
     """sum over each token's k experts of weight * expert(x): x (T, hidden), experts and
     weights (T, k); `run(expert, rows, ops)` is one expert's MLP on its rows. The (token,
     slot) pairs are grouped by expert, so each active expert runs once on all its tokens."""
+    if x.shape[0] == 1:  # one token (a lone decode): its k experts in turn, nothing to group
+        out = torch.zeros_like(x)
+        for expert, weight in zip(experts[0].tolist(), weights[0], strict=True):
+            out += weight * run(expert, x, ops)
+        return out
     flat = experts.flatten()  # (T k)
     order = torch.argsort(flat, stable=True)  # (T k) a stable sort keeps tokens in order
     tokens = order // experts.shape[1]  # (T k) the token of each sorted pair
