@@ -39,6 +39,10 @@ class Shape:
     heads: int
     kv_heads: int
     tied: bool  # no output.weight: the output projection reuses token_embd
+    # Mixture of experts (llama.cpp's olmoe): every layer's MLP is `experts` experts of the
+    # `intermediate` size, `experts_used` of them per token; 0: a dense Llama.
+    experts: int = 0
+    experts_used: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -52,6 +56,8 @@ SHAPES = {
     "1b": Shape(2048, 8192, 16, 32, 8, tied=True),  # Llama-3.2-1B
     "3b": Shape(3072, 8192, 28, 24, 8, tied=True),  # Llama-3.2-3B
     "8b": Shape(4096, 14336, 32, 32, 8, tied=False),  # Llama-3.1-8B
+    # OLMoE-1B-7B-0924: 1.3B of its 6.9B parameters active per token.
+    "olmoe-1b-7b": Shape(2048, 1024, 16, 16, 16, tied=False, experts=64, experts_used=8),
 }
 
 # --type: the matrices' type and the file type llama.cpp records. Q4_K_M and Q5_K_M are
@@ -108,14 +114,15 @@ class _Tensor:
 
 
 def write_random_gguf(path: str | Path, shape: str, type: str, seed: int = 0) -> Path:
-    """Write a random-weight Llama GGUF of the named shape (SHAPES) and type mix (TYPES)."""
+    """Write a random-weight GGUF of the named shape (SHAPES: a Llama, or an OLMoE with
+    experts) and type mix (TYPES)."""
     path = Path(path)
     spec = SHAPES[shape]
     tokenizer = _tokenizer_fields()
     vocab = len(next(value for key, value, *_ in tokenizer if key == "tokenizer.ggml.tokens"))
     tensors = _plan(spec, vocab, type)
 
-    writer = gguf.GGUFWriter(path, "llama")
+    writer = gguf.GGUFWriter(path, "olmoe" if spec.experts else "llama")
     writer.add_type("model")
     writer.add_name(f"random-llama-{shape}-{type}")
     writer.add_description("random weights, for benchmarks and tests (scripts/random_gguf.py)")
@@ -133,6 +140,9 @@ def write_random_gguf(path: str | Path, shape: str, type: str, seed: int = 0) ->
     writer.add_value_length(spec.head_dim)
     writer.add_vocab_size(vocab)
     writer.add_rope_dimension_count(spec.head_dim)
+    if spec.experts:
+        writer.add_expert_count(spec.experts)
+        writer.add_expert_used_count(spec.experts_used)
     for key, value, vtype, sub_type in tokenizer:
         writer.add_key_value(key, value, vtype, sub_type)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -157,16 +167,33 @@ def _plan(spec: Shape, vocab: int, type: str) -> list[_Tensor]:
     h, f, d = spec.hidden, spec.intermediate, spec.head_dim
     fallbacks: Counter[tuple[Q, Q, int]] = Counter()
 
-    def matrix(name: str, kind: str, layer: int, shape: tuple[int, int], std: float) -> _Tensor:
+    def matrix(name: str, kind: str, layer: int, shape: tuple[int, ...], std: float) -> _Tensor:
         qtype = _llama_cpp_type(type, kind, layer, spec)
         block = gguf.GGML_QUANT_SIZES[qtype][0]
-        if shape[1] % block:
-            fallbacks[qtype, _FALLBACK[qtype], shape[1]] += 1
+        if shape[-1] % block:
+            fallbacks[qtype, _FALLBACK[qtype], shape[-1]] += 1
             qtype = _FALLBACK[qtype]
         return _Tensor(name, shape, qtype, std)
 
-    def norm(name: str) -> _Tensor:
-        return _Tensor(name, (h,), Q.F32, 0.05)
+    def norm(name: str, size: int = h) -> _Tensor:
+        return _Tensor(name, (size,), Q.F32, 0.05)
+
+    def mlp(blk: str, i: int) -> list[_Tensor]:
+        if not spec.experts:
+            return [
+                matrix(f"{blk}.ffn_gate.weight", "ffn_gate", i, (f, h), MATRIX_STD),
+                matrix(f"{blk}.ffn_up.weight", "ffn_up", i, (f, h), MATRIX_STD),
+                matrix(f"{blk}.ffn_down.weight", "ffn_down", i, (h, f), MATRIX_STD),
+            ]
+        e = spec.experts  # olmoe: q/k norms over all heads, a float router, stacked experts
+        return [
+            norm(f"{blk}.attn_q_norm.weight", spec.heads * d),
+            norm(f"{blk}.attn_k_norm.weight", spec.kv_heads * d),
+            _Tensor(f"{blk}.ffn_gate_inp.weight", (e, h), Q.F32, MATRIX_STD),
+            matrix(f"{blk}.ffn_gate_exps.weight", "ffn_gate", i, (e, f, h), MATRIX_STD),
+            matrix(f"{blk}.ffn_up_exps.weight", "ffn_up", i, (e, f, h), MATRIX_STD),
+            matrix(f"{blk}.ffn_down_exps.weight", "ffn_down", i, (e, h, f), MATRIX_STD),
+        ]
 
     tensors = [matrix("token_embd.weight", "token_embd", 0, (vocab, h), 1 / math.sqrt(h))]
     for i in range(spec.layers):
@@ -178,9 +205,7 @@ def _plan(spec: Shape, vocab: int, type: str) -> list[_Tensor]:
             matrix(f"{blk}.attn_v.weight", "attn_v", i, (spec.kv_heads * d, h), MATRIX_STD),
             matrix(f"{blk}.attn_output.weight", "attn_output", i, (h, spec.heads * d), MATRIX_STD),
             norm(f"{blk}.ffn_norm.weight"),
-            matrix(f"{blk}.ffn_gate.weight", "ffn_gate", i, (f, h), MATRIX_STD),
-            matrix(f"{blk}.ffn_up.weight", "ffn_up", i, (f, h), MATRIX_STD),
-            matrix(f"{blk}.ffn_down.weight", "ffn_down", i, (h, f), MATRIX_STD),
+            *mlp(blk, i),
         ]
     tensors.append(norm("output_norm.weight"))
     if not spec.tied:

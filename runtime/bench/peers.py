@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -202,7 +203,7 @@ def _workload(workload: str, args, model: str | None, model_dir: Path, gguf) -> 
     from braid.runtime.gguf_file import float_weights
 
     sides = {"braid": partial(_braid_side, workload, args.tokens, model, "auto")}
-    if workload in FLOAT_TOO and gguf is not None:
+    if workload in FLOAT_TOO and gguf is not None and _floats_fit(gguf, workload):
         sides["braid (float)"] = partial(_braid_side, workload, args.tokens, model, "none")
     if args.llama_cpp_python and gguf is not None and workload in LLAMA_CPP:
         sides["llama.cpp"] = partial(
@@ -233,6 +234,20 @@ def _median(results: list[dict]) -> dict:
         return next((r for r in results if "error" in r), results[0])
     rates = sorted(r["tok_s"] for r in results)
     return {**results[0], "tok_s": statistics.median(rates), "runs": rates}
+
+
+def _floats_fit(gguf: Path, workload: str) -> bool:
+    """Do the file's weights as float32 fit in half the memory available now? (An OLMoE-7B
+    file's do not on a 24 GB machine: its float side would be killed.)"""
+    from braid.runtime.gguf_tensors import read_tensors
+
+    need = 4 * sum(math.prod(t.shape) for t in read_tensors(gguf))
+    with open("/proc/meminfo") as f:
+        available = next(int(line.split()[1]) * 1024 for line in f if "MemAvailable" in line)
+    if need <= available / 2:
+        return True
+    print(f"{workload}: no 'braid (float)' side: {need / 1e9:.1f} GB of float32 weights")
+    return False
 
 
 def _rate(result: dict, workload: str) -> float | None:
