@@ -25,7 +25,7 @@ from torch import nn
 from braid.runtime.forward_batch import ForwardBatch
 from braid.runtime.kv_cache import KVPool
 from braid.runtime.models.config import ModelConfig
-from braid.runtime.models.llama import LlamaForCausalLM, Rotary
+from braid.runtime.models.llama import MLP, Attention, LlamaForCausalLM, Rotary
 from braid.runtime.models.ops import TORCH_OPS, LayerOps
 
 
@@ -65,65 +65,35 @@ class GemmaRotary(nn.Module):
         return self.full if window is None else self.local
 
 
-class GemmaAttention(nn.Module):
+class GemmaAttention(Attention):
+    """Llama's attention with Gemma's (1 + w) q/k norms, query_pre_attn_scalar's scale,
+    soft-capped scores (Gemma 2) and the local layers' own rope (Gemma 3)."""
+
     def __init__(self, config: ModelConfig, layer: int, linear: type[nn.Linear]) -> None:
-        super().__init__()
-        self.layer = layer
-        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
-        self.head_dim = config.head_dim
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = linear(config.hidden_size, q_size + 2 * kv_size, bias=config.attention_bias)
-        self.o_proj = linear(q_size, config.hidden_size, bias=config.attention_bias)
-        self.qk_norm = config.qk_norm
+        super().__init__(config, layer, linear)
         if config.qk_norm:
             self.q_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
         self.scale = config.query_pre_attn_scalar**-0.5
         self.softcap = config.attn_logit_softcapping
-        self.window = config.layer_windows[layer] if config.layer_windows else None
 
-    def forward(
-        self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool, rotary: GemmaRotary, ops: LayerOps
-    ) -> torch.Tensor:
-        qkv = self.qkv_proj(x)  # (T, (H + 2 Hkv) * D)
-        if batch.lora is not None:
-            batch.lora.add(qkv, x, self.layer, "self_attn.qkv_proj")
+    def rope_tables(self, rotary: GemmaRotary) -> tuple[torch.Tensor, torch.Tensor]:
+        rot = rotary.of(self.window)
+        return rot.cos, rot.sin
+
+    def normalize_qk(self, qkv: torch.Tensor) -> None:
         if self.qk_norm:
             heads = qkv.view(qkv.shape[0], -1, self.head_dim)  # (T, H + 2 Hkv, D)
             q, k = heads[:, : self.num_heads], heads[:, self.num_heads : -self.num_kv_heads]
             q.copy_(self.q_norm(q))
             k.copy_(self.k_norm(k))
-        rot = rotary.of(self.window)
-        out = ops.attention.forward(
-            qkv, self.num_heads, self.num_kv_heads, rot.cos, rot.sin, kv, self.layer, batch,
-            self.scale, window=self.window, softcap=self.softcap,
-        )  # fmt: skip
-        y = self.o_proj(out)
-        if batch.lora is not None:
-            batch.lora.add(y, out, self.layer, "self_attn.o_proj")
-        return y
 
 
-class GemmaMLP(nn.Module):
-    """GeGLU: down(gelu_tanh(gate) * up)."""
-
-    def __init__(self, config: ModelConfig, layer: int, linear: type[nn.Linear]) -> None:
-        super().__init__()
-        self.layer = layer
-        self.gate_up_proj = linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = linear(config.intermediate_size, config.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        lora = batch.lora
-        gate_up = self.gate_up_proj(x)  # (T, 2 I)
-        if lora is not None:
-            lora.add(gate_up, x, self.layer, "mlp.gate_up_proj")
+class GemmaMLP(MLP):
+    def activation(self, gate_up: torch.Tensor, ops: LayerOps) -> torch.Tensor:
+        """GeGLU: gelu_tanh(gate) * up."""
         gate, up = gate_up.chunk(2, dim=-1)
-        h = F.gelu(gate, approximate="tanh") * up  # (T, I)
-        y = self.down_proj(h)
-        if lora is not None:
-            lora.add(y, h, self.layer, "mlp.down_proj")
-        return y
+        return F.gelu(gate, approximate="tanh") * up
 
 
 class GemmaDecoderLayer(nn.Module):
@@ -143,7 +113,7 @@ class GemmaDecoderLayer(nn.Module):
         """x (T, hidden), the residual stream -> the stream after this layer."""
         h = self.self_attn(self.input_layernorm(x), batch, kv, rotary, ops)
         x = x + self.post_attention_layernorm(h)
-        h = self.mlp(self.pre_feedforward_layernorm(x), batch)
+        h = self.mlp(self.pre_feedforward_layernorm(x), batch, ops)
         return x + self.post_feedforward_layernorm(h)
 
 

@@ -99,6 +99,7 @@ class Attention(nn.Module):
         self.window = config.layer_windows[layer] if config.layer_windows else None  # Mistral
         self.rope = layer not in config.nope_layers  # SmolLM3's NoPE layers do not rotate
         self.sinks: torch.Tensor | None = None  # GPT-OSS: each head's sink logit
+        self.softcap: float | None = None  # Gemma 2: scores capped before the softmax
 
     def forward(
         self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool, rotary: Rotary, ops: LayerOps
@@ -107,16 +108,20 @@ class Attention(nn.Module):
         if batch.lora is not None:
             batch.lora.add(qkv, x, self.layer, "self_attn.qkv_proj")
         self.normalize_qk(qkv)
-        cos, sin = (rotary.cos, rotary.sin) if self.rope else (rotary.nope_cos, rotary.nope_sin)
+        cos, sin = self.rope_tables(rotary)
         sinks = None if self.sinks is None else self.sinks.float()
         out = ops.attention.forward(
             qkv, self.num_heads, self.num_kv_heads, cos, sin, kv, self.layer,
-            batch, self.scale, window=self.window, sinks=sinks,
+            batch, self.scale, window=self.window, softcap=self.softcap, sinks=sinks,
         )  # fmt: skip
         y = self.o_proj(out)
         if batch.lora is not None:
             batch.lora.add(y, out, self.layer, "self_attn.o_proj")
         return y
+
+    def rope_tables(self, rotary: Rotary) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) this layer rotates q and k by: SmolLM3's NoPE layers do not rotate."""
+        return (rotary.cos, rotary.sin) if self.rope else (rotary.nope_cos, rotary.nope_sin)
 
     def normalize_qk(self, qkv: torch.Tensor) -> None:
         """The family's normalisation of q and k, in place in qkv (T, (H + 2 Hkv) * D):
@@ -141,11 +146,15 @@ class MLP(nn.Module):
         gate_up = self.gate_up_proj(x)  # (T, 2 I)
         if lora is not None:
             lora.add(gate_up, x, self.layer, "mlp.gate_up_proj")
-        h = ops.silu_mul(gate_up)  # (T, I)
+        h = self.activation(gate_up, ops)  # (T, I)
         y = self.down_proj(h)
         if lora is not None:
             lora.add(y, h, self.layer, "mlp.down_proj")
         return y
+
+    def activation(self, gate_up: torch.Tensor, ops: LayerOps) -> torch.Tensor:
+        """SwiGLU: silu(gate) * up."""
+        return ops.silu_mul(gate_up)
 
 
 class DecoderLayer(nn.Module):
