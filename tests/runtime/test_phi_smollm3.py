@@ -47,42 +47,26 @@ SMOLLM3_TEMPLATE = (
     "<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n\n</think>\n{% endif %}"
 )
+# Phi-4-mini's partial rotary (0.75 of a head) with longrope past a tiny original context.
+PHI_LONGROPE = dict(
+    num_hidden_layers=2,
+    original_max_position_embeddings=ORIGINAL,
+    rope_parameters={
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.75,
+        "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+        "long_factor": [1.0, 1.5, 3.0, 6.0, 12.0, 24.0],
+    },
+    architectures=["Phi3ForCausalLM"],
+)
 VARIANTS = {
-    # Phi-4-mini's partial rotary (0.75 of a head) with longrope past a tiny original context,
-    # and Phi-3-mini's sliding window.
-    "phi3": (
-        transformers.Phi3Config,
-        dict(
-            num_hidden_layers=2,
-            sliding_window=WINDOW,
-            original_max_position_embeddings=ORIGINAL,
-            rope_parameters={
-                "rope_type": "longrope",
-                "rope_theta": 10000.0,
-                "partial_rotary_factor": 0.75,
-                "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
-                "long_factor": [1.0, 1.5, 3.0, 6.0, 12.0, 24.0],
-            },
-            architectures=["Phi3ForCausalLM"],
-        ),
-        PHI3_TEMPLATE,
-    ),
+    # With Phi-3-mini's sliding window.
+    "phi3": (transformers.Phi3Config, PHI_LONGROPE | dict(sliding_window=WINDOW), PHI3_TEMPLATE),
     # Phi-4-mini's shape: no window (so int8 decodes run in the one-call decoder).
     "phi4-mini": (
         transformers.Phi3Config,
-        dict(
-            num_hidden_layers=2,
-            original_max_position_embeddings=ORIGINAL,
-            tie_word_embeddings=True,
-            rope_parameters={
-                "rope_type": "longrope",
-                "rope_theta": 10000.0,
-                "partial_rotary_factor": 0.75,
-                "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
-                "long_factor": [1.0, 1.5, 3.0, 6.0, 12.0, 24.0],
-            },
-            architectures=["Phi3ForCausalLM"],
-        ),
+        PHI_LONGROPE | dict(tie_word_embeddings=True),
         PHI3_TEMPLATE,
     ),
     # Every second layer without rope.
