@@ -61,11 +61,7 @@ def extra_fields(config: dict, arch: str) -> dict:
         return _gpt_oss_fields(config)
     if config.get("hidden_act", "silu") != "silu":
         raise ValueError(f"{arch} with hidden_act {config['hidden_act']!r} is unsupported")
-    # transformers v5 writes num_local_experts for every family; the hubs' Qwen and OLMoE
-    # configs say num_experts.
-    num_experts = config.get("num_local_experts") or config.get("num_experts")
-    if not num_experts:
-        raise ValueError(f"{arch} config.json names no num_experts")
+    num_experts = _num_experts(config, arch)
     if arch == "MixtralForCausalLM":
         moe = MoeConfig(
             num_experts=num_experts,
@@ -116,9 +112,7 @@ def _gpt_oss_fields(config: dict) -> dict:
             f"GptOssForCausalLM quantized as {quantized.get('quant_method')!r} is unsupported "
             "(braid reads float or mxfp4 checkpoints)"
         )
-    num_experts = config.get("num_local_experts") or config.get("num_experts")
-    if not num_experts:
-        raise ValueError("GptOssForCausalLM config.json names no num_local_experts")
+    num_experts = _num_experts(config, "GptOssForCausalLM")
     if not (config.get("rope_parameters") or config.get("rope_scaling")):
         config = {**config, "rope_parameters": _GPT_OSS_ROPE}
     moe = MoeConfig(
@@ -138,3 +132,12 @@ def _gpt_oss_fields(config: dict) -> dict:
             {**config, "rope_theta": config.get("rope_theta", 150000.0)}
         ),
     }
+
+
+def _num_experts(config: dict, arch: str) -> int:
+    # transformers v5 writes num_local_experts for every family; the hubs' Qwen and OLMoE
+    # configs say num_experts.
+    num_experts = config.get("num_local_experts") or config.get("num_experts")
+    if not num_experts:
+        raise ValueError(f"{arch} config.json names no num_local_experts (or num_experts)")
+    return num_experts
