@@ -9,11 +9,11 @@ from braid._lazy import lazy_exports
 # grammars.jobs, and importing this package must not pull in torch and transformers
 # (seconds) before it can serve its first constraint.
 _EXPORTS = {
-    "CompileQueueFull": "braid.grammars.compiler",
-    "GrammarCompiler": "braid.grammars.compiler",
-    "compile": "braid.grammars.compiler",
-    "CharPattern": "braid.grammars.char_regex",
-    "CharRegex": "braid.grammars.char_regex",
+    "CompileQueueFull": "braid.grammars.compile.compiler",
+    "GrammarCompiler": "braid.grammars.compile.compiler",
+    "compile": "braid.grammars.compile.compiler",
+    "CharPattern": "braid.grammars.regex.char_regex",
+    "CharRegex": "braid.grammars.regex.char_regex",
     "Choices": "braid.grammars.constraints",
     "Constraint": "braid.grammars.constraints",
     "Ebnf": "braid.grammars.constraints",

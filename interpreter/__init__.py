@@ -7,7 +7,7 @@ from braid.interpreter.local_backend import LocalBackend
 from braid.interpreter.openai_backend import OpenAIBackend
 from braid.interpreter.ray_backend import RayBackend
 from braid.interpreter.remote_backend import RemoteBackend
-from braid.runtime.chat_template import ChatTemplate
+from braid.runtime.text.chat_template import ChatTemplate
 
 __all__ = [
     "Backend",

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from typing import Protocol
 
 from braid.interpreter.local_backend import LocalBackend
-from braid.runtime.chat_template import ChatTemplate
-from braid.runtime.outputs import GenerateOutput
-from braid.runtime.sampling_params import SamplingParams
+from braid.runtime.protocol.outputs import GenerateOutput
+from braid.runtime.protocol.sampling_params import SamplingParams
+from braid.runtime.text.chat_template import ChatTemplate
 
 
 class Backend(Protocol):
@@ -56,7 +56,7 @@ def set_default_backend(backend) -> None:
     with _default_lock:
         # Only a loaded engine module can have made an Engine: remote-only programs never
         # import it (nor torch).
-        engine = sys.modules.get("braid.runtime.engine")
+        engine = sys.modules.get("braid.runtime.engine.engine")
         is_engine = engine is not None and isinstance(backend, engine.Engine)
         _default = LocalBackend(backend) if is_engine else backend
 
@@ -66,7 +66,7 @@ def default_backend() -> Backend:
     global _default
     with _default_lock:
         if _default is None:
-            from braid.runtime.engine import Engine
+            from braid.runtime.engine.engine import Engine
 
             _default = LocalBackend(Engine())
         return _default

@@ -8,7 +8,7 @@ fails, the rest are dropped and every read raises the failure.
 
 What the runtime learns from a state, on backends that take it (LocalBackend,
 RemoteBackend): each state has a program id on its gens' requests, so the engine keeps the
-state's prefix leased between them (runtime/leases.py), until the state is done (or failed,
+state's prefix leased between them (runtime/kvcache/leases.py), until the state is done (or failed,
 or its fork joined) and releases it; and a gen's constraint starts compiling when the gen
 is submitted, not when the operations before it have run.
 """

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from braid.runtime.chat_template import ChatTemplate
-from braid.runtime.outputs import GenerateOutput
-from braid.runtime.sampling_params import SamplingParams
+from braid.runtime.protocol.outputs import GenerateOutput
+from braid.runtime.protocol.sampling_params import SamplingParams
+from braid.runtime.text.chat_template import ChatTemplate
 
 if TYPE_CHECKING:  # the engine (and torch) load only when a LocalBackend is made
-    from braid.runtime.engine import Engine
+    from braid.runtime.engine.engine import Engine
 
 
 class LocalBackend:
@@ -66,7 +66,9 @@ class LocalBackend:
     def token_pieces(self, prompt: str, token_ids: list[int]) -> list[str]:
         """The text each output token added after `prompt`, as the engine streamed it (a
         token that ends inside a character adds "", the next one the character)."""
-        from braid.runtime.detokenizer import IncrementalDetokenizer  # transformers: local only
+        from braid.runtime.output.detokenizer import (
+            IncrementalDetokenizer,  # transformers: local only
+        )
 
         detokenizer = IncrementalDetokenizer(self.engine.tokenizer, self.engine.encode(prompt))
         return [detokenizer.add([t]) for t in token_ids]

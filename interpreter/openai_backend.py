@@ -16,9 +16,9 @@ import re
 from collections.abc import Callable
 
 from braid.interpreter.http import HttpClient
-from braid.runtime.chat_template import ROLES, ChatTemplate
-from braid.runtime.outputs import GenerateOutput
-from braid.runtime.sampling_params import SamplingParams
+from braid.runtime.protocol.outputs import GenerateOutput
+from braid.runtime.protocol.sampling_params import SamplingParams
+from braid.runtime.text.chat_template import ROLES, ChatTemplate
 
 # Role markers for endpoints that take messages; NUL never occurs in program text.
 _MARKERS = ChatTemplate(

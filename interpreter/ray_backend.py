@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from braid.runtime.chat_template import ChatTemplate
 from braid.runtime.cluster.affinity import AffinityConfig, PrefixAffinity
-from braid.runtime.outputs import GenerateOutput
-from braid.runtime.sampling_params import SamplingParams
+from braid.runtime.protocol.outputs import GenerateOutput
+from braid.runtime.protocol.sampling_params import SamplingParams
+from braid.runtime.text.chat_template import ChatTemplate
 
 
 class RayBackend:
@@ -107,7 +107,7 @@ class EngineActor:
 
     def __init__(self, model: str | None, engine_config: dict[str, Any]) -> None:
         from braid.interpreter.local_backend import LocalBackend
-        from braid.runtime.engine import Engine
+        from braid.runtime.engine.engine import Engine
 
         self.local = LocalBackend(Engine(model=model, **engine_config))
 

@@ -17,10 +17,10 @@ import msgspec
 
 from braid.interpreter.event_loop import interpreter_loop as loop
 from braid.interpreter.http import HttpClient
-from braid.runtime.chat_template import ChatTemplate
-from braid.runtime.outputs import GenerateOutput
-from braid.runtime.sampling_params import SamplingParams
+from braid.runtime.protocol.outputs import GenerateOutput
+from braid.runtime.protocol.sampling_params import SamplingParams
 from braid.runtime.server.wire import SAMPLING_FIELDS
+from braid.runtime.text.chat_template import ChatTemplate
 
 log = logging.getLogger(__name__)
 

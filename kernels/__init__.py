@@ -9,11 +9,11 @@ from braid._lazy import lazy_exports
 
 # public name -> the module that defines it
 _WHERE = {
-    "decode_attention": "braid.kernels.decode",
-    "extend_attention": "braid.kernels.extend",
-    "lora_segmented": "braid.kernels.lora",
-    "rope_store_kv": "braid.kernels.rope",
-    "sample": "braid.kernels.sampling",
+    "decode_attention": "braid.kernels.triton.decode",
+    "extend_attention": "braid.kernels.triton.extend",
+    "lora_segmented": "braid.kernels.triton.lora",
+    "rope_store_kv": "braid.kernels.triton.rope",
+    "sample": "braid.kernels.triton.sampling",
 }
 
 __getattr__ = lazy_exports(__name__, _WHERE)

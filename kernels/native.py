@@ -1,6 +1,6 @@
 """Native libraries: C++ sources built once with the system compiler, loaded through ctypes.
 
-The CPU kernels (braid.kernels.cpu) and the lazy regex automaton (braid.grammars.lazy) ship
+The CPU kernels (braid.kernels.cpu) and the lazy regex automaton (braid.grammars.regex.lazy) ship
 as sources and are compiled on the machine that runs them, into ~/.cache/braid/<name>, keyed
 by the sources, the compiler and the flags (and the CPU, for -march=native builds). Each
 library's entry points are declared once, as {name: (argument types, result type)}.

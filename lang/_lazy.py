@@ -1,6 +1,6 @@
 """Lazy exports: a package names what it offers and imports each name's module on first use.
 
-Importing any module of braid imports the packages above it first (`braid.grammars.lazy`
+Importing any module of braid imports the packages above it first (`braid.grammars.regex.lazy`
 runs `braid/__init__` and `braid/grammars/__init__`), so those stay cheap: the compile
 worker starts without torch, and `import braid` works where torch is not installed.
 """

@@ -21,7 +21,7 @@ from braid.interpreter.ir import Gen, RoleBegin, RoleEnd
 from braid.interpreter.openai_backend import OpenAIBackend
 from braid.interpreter.remote_backend import RemoteBackend
 from braid.program import Program
-from braid.runtime.chat_template import ChatTemplate
+from braid.runtime.text.chat_template import ChatTemplate
 from braid.state import ProgramState
 
 # SGLang's name for braid's "greedy" select method (its other two share braid's names).

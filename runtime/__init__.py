@@ -10,18 +10,18 @@ from braid._lazy import lazy_exports
 
 _EXPORTS = {
     "EngineConfig": "braid.runtime.config",
-    "Engine": "braid.runtime.engine",
-    "GenerateOutput": "braid.runtime.outputs",
-    "StreamChunk": "braid.runtime.outputs",
-    "TreeNode": "braid.runtime.request_tree",
-    "SamplingParams": "braid.runtime.sampling_params",
+    "Engine": "braid.runtime.engine.engine",
+    "GenerateOutput": "braid.runtime.protocol.outputs",
+    "StreamChunk": "braid.runtime.protocol.outputs",
+    "TreeNode": "braid.runtime.engine.request_tree",
+    "SamplingParams": "braid.runtime.protocol.sampling_params",
 }
 __getattr__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from braid.runtime.config import EngineConfig
-    from braid.runtime.engine import Engine
-    from braid.runtime.outputs import GenerateOutput, StreamChunk
-    from braid.runtime.request_tree import TreeNode
-    from braid.runtime.sampling_params import SamplingParams
+    from braid.runtime.engine.engine import Engine
+    from braid.runtime.engine.request_tree import TreeNode
+    from braid.runtime.protocol.outputs import GenerateOutput, StreamChunk
+    from braid.runtime.protocol.sampling_params import SamplingParams

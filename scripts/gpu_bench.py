@@ -24,7 +24,7 @@ import transformers
 from safetensors.torch import save_file
 
 from braid.runtime import Engine, SamplingParams
-from braid.runtime.default_model import default_model_dir
+from braid.runtime.loading.default_model import default_model_dir
 
 # Llama 3.2 1B (tied embeddings) and Llama 3.1 8B.
 SHAPES = {

@@ -85,7 +85,7 @@ import torch
 import triton
 
 import braid
-from braid.runtime.default_model import default_model_dir
+from braid.runtime.loading.default_model import default_model_dir
 
 print(sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__,
       "transformers", m.version("transformers"), "tokenizers", m.version("tokenizers"))
@@ -115,7 +115,7 @@ if step setup 90 bash -c setup; then
   # The engine on CUDA (greedy parity with transformers, bf16 logprobs, constraints, prefix
   # sharing, decode graphs against eager) first: it goes through every kernel.
   run_pytest engine_tests 150 -n 2 --dist loadfile \
-    tests/runtime/test_cuda_engine.py tests/runtime/test_cuda_graphs.py
+    tests/runtime/executor/test_cuda_engine.py tests/runtime/executor/test_cuda_graphs.py
   # Each Triton kernel against its PyTorch twin on the GPU; the C++ CPU kernels' tests are
   # left to CI.
   run_pytest kernel_tests 150 -n 6 --dist loadfile tests/kernels \

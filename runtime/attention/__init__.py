@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from braid.runtime.forward_batch import ForwardBatch
-from braid.runtime.kv_cache import KVPool
+from braid.runtime.executor.forward_batch import ForwardBatch
+from braid.runtime.kvcache.pool import KVPool
 
 
 class AttentionBackend(ABC):

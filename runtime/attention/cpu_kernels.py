@@ -23,8 +23,8 @@ from braid.runtime.attention.torch_paths import (
     TorchMetadata,
     grouped_attention,
 )
-from braid.runtime.forward_batch import ForwardBatch
-from braid.runtime.kv_cache import KVPool
+from braid.runtime.executor.forward_batch import ForwardBatch
+from braid.runtime.kvcache.pool import KVPool
 
 # Largest plain extend (new tokens x context) attended row by row; past it one matmul per
 # sequence costs less.

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 
 from braid.kernels import reference
 from braid.runtime.attention import AttentionBackend
-from braid.runtime.forward_batch import ForwardBatch
-from braid.runtime.kv_cache import KVPool
+from braid.runtime.executor.forward_batch import ForwardBatch
+from braid.runtime.kvcache.pool import KVPool
 
 # Below this many leading slots shared by all decode rows, reading them per row costs less
 # than scoring them once for all rows in one matmul.

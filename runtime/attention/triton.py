@@ -14,8 +14,8 @@ import torch
 
 from braid import kernels
 from braid.runtime.attention import AttentionBackend
-from braid.runtime.forward_batch import ForwardBatch
-from braid.runtime.kv_cache import KVPool
+from braid.runtime.executor.forward_batch import ForwardBatch
+from braid.runtime.kvcache.pool import KVPool
 
 
 @dataclass

@@ -35,8 +35,8 @@ from braid.runtime.cluster.proxy import forward
 from braid.runtime.cluster.replicas import ReplicaSet
 from braid.runtime.cluster.router import SGLangRouter
 from braid.runtime.cluster.router_wire import for_router, routing_text
-from braid.runtime.server import guards
 from braid.runtime.server.app import ApiKey
+from braid.runtime.server.http import guards
 from braid.runtime.server.wire import BadRequest, decode_object, error_body
 from braid.runtime.stats import EngineStats
 

@@ -10,7 +10,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from braid.runtime.server.disconnects import ClientGone, unless_disconnected
+from braid.runtime.server.http.disconnects import ClientGone, unless_disconnected
 from braid.runtime.server.wire import error_body
 
 # Headers that belong to one connection, or that the front sets itself.

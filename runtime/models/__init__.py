@@ -2,8 +2,8 @@
 
 from torch import nn
 
-from braid.runtime.models.config import SUPPORTED_ARCHITECTURES, ModelConfig
-from braid.runtime.models.config_families import GEMMA_ARCHITECTURES
+from braid.runtime.models.config.families import GEMMA_ARCHITECTURES
+from braid.runtime.models.config.model_config import SUPPORTED_ARCHITECTURES, ModelConfig
 from braid.runtime.models.gemma import GemmaForCausalLM
 from braid.runtime.models.gpt_oss import GptOssForCausalLM
 from braid.runtime.models.llama import LlamaForCausalLM

@@ -22,11 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from braid.runtime.forward_batch import ForwardBatch
-from braid.runtime.kv_cache import KVPool
-from braid.runtime.models.config import ModelConfig
+from braid.runtime.executor.forward_batch import ForwardBatch
+from braid.runtime.kvcache.pool import KVPool
+from braid.runtime.models.config.model_config import ModelConfig
+from braid.runtime.models.layers.ops import TORCH_OPS, LayerOps
 from braid.runtime.models.llama import MLP, Attention, LlamaForCausalLM, Rotary
-from braid.runtime.models.ops import TORCH_OPS, LayerOps
 
 
 class GemmaRMSNorm(nn.Module):

@@ -21,12 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from braid.runtime.forward_batch import ForwardBatch
-from braid.runtime.models.config import ModelConfig
+from braid.runtime.executor.forward_batch import ForwardBatch
+from braid.runtime.models.config.model_config import ModelConfig
+from braid.runtime.models.config.moe import MoeConfig
+from braid.runtime.models.layers.ops import LayerOps
 from braid.runtime.models.llama import Attention, LlamaForCausalLM
 from braid.runtime.models.moe import Experts, QuantExperts, run_grouped
-from braid.runtime.models.moe_config import MoeConfig
-from braid.runtime.models.ops import LayerOps
 
 # An MXFP4 checkpoint's 4-bit values (E2M1): bit 3 the sign, then the magnitude's code.
 _FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)

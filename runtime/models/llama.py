@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from braid.runtime.forward_batch import ForwardBatch
-from braid.runtime.kv_cache import KVPool
-from braid.runtime.models import rope
-from braid.runtime.models.config import ModelConfig
-from braid.runtime.models.ops import TORCH_OPS, LayerOps
+from braid.runtime.executor.forward_batch import ForwardBatch
+from braid.runtime.kvcache.pool import KVPool
+from braid.runtime.models.config.model_config import ModelConfig
+from braid.runtime.models.layers import rope
+from braid.runtime.models.layers.ops import TORCH_OPS, LayerOps
 
 if TYPE_CHECKING:
-    from braid.runtime.models.quant_decoder import QuantDecoder
+    from braid.runtime.models.layers.quant_decoder import QuantDecoder
 
 
 class RMSNorm(nn.Module):

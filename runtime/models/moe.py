@@ -22,14 +22,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from braid.kernels.quant import FORMATS, from_gguf, quantize
-from braid.runtime.forward_batch import ForwardBatch
-from braid.runtime.gguf_tensors import GGUFTensor
-from braid.runtime.models.config import ModelConfig
+from braid.kernels.cpu.quant import FORMATS, from_gguf, quantize
+from braid.runtime.executor.forward_batch import ForwardBatch
+from braid.runtime.loading.gguf.tensors import GGUFTensor
+from braid.runtime.models.config.model_config import ModelConfig
+from braid.runtime.models.config.moe import MoeConfig
+from braid.runtime.models.layers.ops import TORCH_OPS, LayerOps
+from braid.runtime.models.layers.quantized import QuantLinear
 from braid.runtime.models.llama import MLP, Attention, LlamaForCausalLM, RMSNorm
-from braid.runtime.models.moe_config import MoeConfig
-from braid.runtime.models.ops import TORCH_OPS, LayerOps
-from braid.runtime.models.quantized import QuantLinear
 
 
 class Experts(nn.Module):

@@ -15,19 +15,16 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from braid.runtime.config import RequestLimits
-from braid.runtime.engine import Engine
-from braid.runtime.server import (
-    anthropic_routes,
-    dashboard,
-    embedding_routes,
-    guards,
-    native_routes,
-    openai_routes,
-    openapi,
-    responses_routes,
-    token_routes,
-)
-from braid.runtime.server.disconnects import ClientGone
+from braid.runtime.engine.engine import Engine
+from braid.runtime.server import dashboard, openapi
+from braid.runtime.server.http import guards
+from braid.runtime.server.http.disconnects import ClientGone
+from braid.runtime.server.routes import anthropic as anthropic_routes
+from braid.runtime.server.routes import embeddings as embedding_routes
+from braid.runtime.server.routes import native as native_routes
+from braid.runtime.server.routes import openai as openai_routes
+from braid.runtime.server.routes import responses as responses_routes
+from braid.runtime.server.routes import tokens as token_routes
 from braid.runtime.server.service import TENANT, Overloaded, Service
 from braid.runtime.server.wire import ModelNotFound, error_body
 

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from braid.runtime.engine import Engine
+from braid.runtime.engine.engine import Engine
 from braid.runtime.stats import percentile
 
 PATHS = frozenset({"/dashboard", "/dashboard/data"})

@@ -1,7 +1,7 @@
 """GET /openapi.json: an OpenAPI 3.1 document of every route. Request bodies are built from
 the wire Structs the routes decode, so the document says what they accept and cannot drift
 from it; it is what client generators read, and what the HTTP fuzz
-(tests/runtime/test_http_fuzz.py) draws requests from."""
+(tests/runtime/server/test_http_fuzz.py) draws requests from."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from braid.runtime.sampling_params import SamplingParams
-from braid.runtime.server.anthropic_routes import CountTokensRequest, MessagesRequest
-from braid.runtime.server.embedding_routes import EmbeddingRequest
-from braid.runtime.server.responses_wire import ResponsesRequest
-from braid.runtime.server.token_routes import (
+from braid.runtime.protocol.sampling_params import SamplingParams
+from braid.runtime.server.routes.anthropic import CountTokensRequest, MessagesRequest
+from braid.runtime.server.routes.embeddings import EmbeddingRequest
+from braid.runtime.server.routes.responses_wire import ResponsesRequest
+from braid.runtime.server.routes.tokens import (
     Detokenize,
     TokenizeChat,
     TokenizeContent,

@@ -8,11 +8,11 @@ import logging
 import os
 from pathlib import Path
 
-from braid.runtime.cluster import serve as cluster_serve
+from braid.runtime.cluster import start as cluster_serve
 from braid.runtime.config import EngineConfig, RequestLimits
-from braid.runtime.server import connections, guards
 from braid.runtime.server.app import CACHE_SCOPES, DEFAULT_MAX_REQUEST_BYTES
-from braid.runtime.server.connections import ConnectionLimits
+from braid.runtime.server.http import connections, guards
+from braid.runtime.server.http.connections import ConnectionLimits
 
 log = logging.getLogger("braid.serve")
 
@@ -133,7 +133,7 @@ def api_keys(args: argparse.Namespace) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from braid.runtime.engine import Engine
+    from braid.runtime.engine.engine import Engine
     from braid.runtime.server.app import create_app
 
     logging.getLogger().setLevel(args.log_level.upper())

@@ -17,17 +17,17 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from braid.grammars.compiler import CompileQueueFull
-from braid.runtime import template_render
-from braid.runtime.chat_template import ChatTemplate
+from braid.grammars.compile.compiler import CompileQueueFull
 from braid.runtime.config import RequestLimits
-from braid.runtime.engine import Engine
-from braid.runtime.model_loader import resolve_model_dir
-from braid.runtime.outputs import GenerateOutput, StreamChunk
-from braid.runtime.sampling_params import SamplingParams
-from braid.runtime.server import tools
+from braid.runtime.engine.engine import Engine
+from braid.runtime.loading.model_loader import resolve_model_dir
+from braid.runtime.protocol.outputs import GenerateOutput, StreamChunk
+from braid.runtime.protocol.sampling_params import SamplingParams
+from braid.runtime.server.chat import tools
 from braid.runtime.server.metrics import Metrics
 from braid.runtime.server.wire import BadRequest, ChatCompletionRequest, ModelNotFound
+from braid.runtime.text import template_render
+from braid.runtime.text.chat_template import ChatTemplate
 
 T = TypeVar("T")
 # A job's chunks from (prompt ids, params): Service.stream, or a route's wrapper of it.

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from braid.runtime.sampling_params import SamplingParams
+from braid.runtime.protocol.sampling_params import SamplingParams
 
 
 class BadRequest(ValueError):
@@ -37,7 +37,7 @@ class ModelNotFound(LookupError):
 # timing tell it nothing of their prompts. Empty is refused, as vLLM refuses it.
 CacheSalt = Annotated[str, msgspec.Meta(min_length=1)]
 # A program state's name on its requests (RemoteBackend's): the server keeps its prefix
-# leased between them (runtime/leases.py).
+# leased between them (runtime/kvcache/leases.py).
 ProgramId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 
 # How many logprobs a request reports is each API's own field, not a sampling field.

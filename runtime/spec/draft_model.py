@@ -9,15 +9,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from braid.runtime.forward_batch import ForwardBatch
-from braid.runtime.kv_cache import KVPool
-from braid.runtime.radix_cache import common_prefix_length
-from braid.runtime.sampler import sample, sampling_probs, step_seed
+from braid.runtime.executor.forward_batch import ForwardBatch
+from braid.runtime.executor.sampler import sample, sampling_probs, step_seed
+from braid.runtime.kvcache.pool import KVPool
+from braid.runtime.kvcache.radix_cache import common_prefix_length
 from braid.runtime.spec.tree import ROOT, DraftTree
 from braid.runtime.spec.verify import race
 
 if TYPE_CHECKING:
-    from braid.runtime.request import Request
+    from braid.runtime.scheduler.request import Request
     from braid.runtime.spec.worker import DraftMatcher
 
 # Seeds of the draft's own draws differ from the target's (salted request seed).
@@ -125,8 +125,8 @@ def load_draft_proposer(config, target, tokenizer, vocab_size: int, num_slots: i
     """The proposer for `config.draft_model`: "self" / "self:K" (the target's first K layers
     and its head; K defaults to a quarter of its layers) or an HF directory of a smaller
     model with the same tokenizer. Its KV pool has as many slots as the target's."""
-    from braid.runtime.model_loader import load_model, load_model_config, resolve_model_dir
-    from braid.runtime.tokenizer import load_tokenizer
+    from braid.runtime.loading.model_loader import load_model, load_model_config, resolve_model_dir
+    from braid.runtime.text.tokenizer import load_tokenizer
 
     name, device, dtype = config.draft_model, config.torch_device, target.norm.weight.dtype
     mc = target.config

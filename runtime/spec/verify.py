@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from braid.kernels import sampling_torch
-from braid.kernels.sampling_torch import uniform_noise
+from braid.kernels.reference import sampling as sampling_torch
+from braid.kernels.reference.sampling import uniform_noise
 
 
 def rejection_sample(p: torch.Tensor, x: int, q: torch.Tensor, accept_seed: int, seed: int) -> int:

@@ -20,9 +20,9 @@ import torch
 
 from braid.grammars.matcher import MatcherError
 from braid.runtime.config import EngineConfig
-from braid.runtime.kv_cache import KVPool
-from braid.runtime.model_runner import ModelRunner, StepResult
-from braid.runtime.sampler import record_tokens, sample, sampling_probs, step_seed
+from braid.runtime.executor.model_runner import ModelRunner, StepResult
+from braid.runtime.executor.sampler import record_tokens, sample, sampling_probs, step_seed
+from braid.runtime.kvcache.pool import KVPool
 from braid.runtime.spec.adaptive import MAX_ADAPTIVE_LENGTH, Acceptance, StepCost
 from braid.runtime.spec.draft_model import DraftModelProposer
 from braid.runtime.spec.ngram import NgramIndex
@@ -31,8 +31,8 @@ from braid.runtime.spec.verify import rejection_sample
 from braid.runtime.stats import EngineStats
 
 if TYPE_CHECKING:
-    from braid.runtime.request import Request
-    from braid.runtime.scheduler import Batch
+    from braid.runtime.scheduler.request import Request
+    from braid.runtime.scheduler.scheduler import Batch
 
 # The acceptance test's uniform comes from its own stream of the request's seed.
 ACCEPT_SALT = 0x2545F4914F6CDD1D

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from braid.runtime.config import EngineConfig
-from braid.runtime.kv_cache import KVPool
+from braid.runtime.kvcache.pool import KVPool
 from braid.runtime.models import LlamaForCausalLM, ModelConfig
 from braid.runtime.tp.group import (
     RENDEZVOUS_TIMEOUT,

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from braid.runtime.kv_cache import KVPool
-from braid.runtime.model_loader import load_model, load_model_config
+from braid.runtime.kvcache.pool import KVPool
+from braid.runtime.loading.model_loader import load_model, load_model_config
 from braid.runtime.models import LlamaForCausalLM
 from braid.runtime.tp.sharding import Shard
 

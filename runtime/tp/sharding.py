@@ -25,10 +25,10 @@ import torch
 from torch import nn
 
 from braid.runtime.models import LlamaForCausalLM, ModelConfig
-from braid.runtime.models.quant_decoder import QuantDecoder
+from braid.runtime.models.layers.quant_decoder import QuantDecoder
 
 # The intermediate features are split in units of this many where they can be: each rank's
-# rows of down_proj stay whole blocks of the quantized formats (kernels/quant.py: 16 and 32
+# rows of down_proj stay whole blocks of the quantized formats (kernels/cpu/quant.py: 16 and 32
 # weights a block) and whole SIMD vectors.
 FEATURE_UNIT = 32
 

@@ -54,7 +54,7 @@ def serve(spec: RankSpec, receiver: Connection, sender: Connection) -> None:
     # Imported here, after main() has moved fd 1 away from the channel to rank 0.
     import torch
 
-    from braid.runtime.forward_batch import ForwardBatch
+    from braid.runtime.executor.forward_batch import ForwardBatch
     from braid.runtime.tp.group import Communicator, join_store
     from braid.runtime.tp.rank import RankReport, load_rank
     from braid.runtime.tp.sharding import parallelize

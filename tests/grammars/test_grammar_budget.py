@@ -1,4 +1,4 @@
-"""The compile cache's memory budget (grammars/cache.py): however many distinct constraints
+"""The compile cache's memory budget (grammars/compile/cache.py): however many distinct constraints
 a server compiles, the cache's grammars and the vocabulary structures they share stay within
 it, the least recently used evicted first, and what is cached still works; and a compile
 worker killed mid-compile fails only its own job and is replaced."""
@@ -14,8 +14,8 @@ import pytest
 from conftest import wait_for
 
 from braid import grammars
-from braid.grammars.cache import GrammarCache
-from braid.grammars.char_regex import CharPattern
+from braid.grammars.compile.cache import GrammarCache
+from braid.grammars.regex.char_regex import CharPattern
 
 NUM_CONSTRAINTS = 200
 BUDGET_MB = 24

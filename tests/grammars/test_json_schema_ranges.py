@@ -9,7 +9,7 @@ from decimal import Decimal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from braid.grammars.json_schema_ranges import integer_regex, number_regex
+from braid.grammars.json_schema.ranges import integer_regex, number_regex
 
 # Bounds and values with a few fractional digits, so that they meet the bounds often.
 DECIMALS = st.builds(

@@ -13,10 +13,10 @@ import jsonschema
 import pytest
 
 from braid import grammars
-from braid.grammars import json_schema
-from braid.grammars.json_schema import _members, schema_to_regex
-from braid.grammars.lazy import LazyRegexGrammar
-from braid.grammars.outlines_index import fits_index
+from braid.grammars.json_schema import convert as json_schema
+from braid.grammars.json_schema.convert import _members, schema_to_regex
+from braid.grammars.regex.lazy import LazyRegexGrammar
+from braid.grammars.regex.outlines_index import fits_index
 
 
 @pytest.mark.parametrize("size", range(6))

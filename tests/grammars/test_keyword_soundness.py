@@ -24,7 +24,7 @@ import torch
 from jsonschema.validators import validator_for
 
 from braid import grammars
-from braid.runtime.bench.grammar import serialize
+from braid.runtime.cli.bench.grammar import serialize
 
 D7 = "http://json-schema.org/draft-07/schema#"
 D2019 = "https://json-schema.org/draft/2019-09/schema"

@@ -13,8 +13,8 @@ import torch
 from conftest import assert_no_kv_leak
 
 from braid import grammars
-from braid.grammars.lazy import LazyRegexGrammar
 from braid.grammars.matcher import MatcherError, allowed_token_ids
+from braid.grammars.regex.lazy import LazyRegexGrammar
 
 # Exponential DFA: a state remembers the last 17 characters, so a random a/b text reaches a
 # new state with almost every character.

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from braid import grammars
-from braid.grammars.lazy import LazyRegexGrammar
 from braid.grammars.matcher import allowed_token_ids
+from braid.grammars.regex.lazy import LazyRegexGrammar
 
 # (ECMA pattern, also Python's, anchored; minLength; maxLength or None)
 CASES = [

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from braid import grammars
-from braid.runtime.bench.grammar import _score_one, load_case
+from braid.runtime.cli.bench.grammar import _score_one, load_case
 
 MASKBENCH = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "maskbench"
 pytestmark = pytest.mark.skipif(not MASKBENCH.is_dir(), reason="../shared/data absent")

@@ -10,7 +10,7 @@ import re
 import jsonschema
 import pytest
 
-from braid.grammars.json_schema import UnsupportedSchema, schema_to_regex
+from braid.grammars.json_schema.convert import UnsupportedSchema, schema_to_regex
 
 
 def one_of(a: dict, b: dict) -> dict:

@@ -1,6 +1,6 @@
 """Regex and choices grammars against Python's `re`: every string the regex matches gets
 through the masks token by token, every walk over the masks writes a string it matches.
-Both backends: the outlines index and the lazy automaton (grammars/lazy.py), whose masks
+Both backends: the outlines index and the lazy automaton (grammars/regex/lazy.py), whose masks
 must also be the index's, bit for bit."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from braid import grammars
-from braid.grammars import lazy as lazy_module
-from braid.grammars.json_schema import schema_to_regex
-from braid.grammars.lazy import LazyRegexGrammar
+from braid.grammars.json_schema.convert import schema_to_regex
 from braid.grammars.matcher import allowed_token_ids
-from braid.grammars.outlines_index import build_index
-from braid.grammars.regex import RegexGrammar
+from braid.grammars.regex import lazy as lazy_module
+from braid.grammars.regex.grammar import RegexGrammar
+from braid.grammars.regex.lazy import LazyRegexGrammar
+from braid.grammars.regex.outlines_index import build_index
 
 # In the common subset of Python's and Rust's regex syntax (Rust's \d is Unicode: [0-9]).
 PATTERNS = [

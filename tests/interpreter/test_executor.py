@@ -11,7 +11,7 @@ from conftest import async_wait_for, wait_for
 
 from braid import gen, program, select, user
 from braid.interpreter import ChatTemplate, ProgramError
-from braid.runtime.outputs import GenerateOutput
+from braid.runtime.protocol.outputs import GenerateOutput
 
 
 class ScriptedBackend:

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from braid.kernels import reference
-from braid.kernels.decode import decode_attention
-from braid.kernels.extend import extend_attention
-from braid.kernels.rope import rope_store_kv
+from braid.kernels.triton.decode import decode_attention
+from braid.kernels.triton.extend import extend_attention
+from braid.kernels.triton.rope import rope_store_kv
 
 NUM_SLOTS, HEAD_DIM = 256, 16
 

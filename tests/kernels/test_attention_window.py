@@ -11,10 +11,10 @@ from test_runtime_attention import CASES, batch_and_inputs
 from test_runtime_attention import pool as kv_pool
 
 from braid.kernels import reference
-from braid.kernels.decode import decode_attention
-from braid.kernels.extend import extend_attention
+from braid.kernels.triton.decode import decode_attention
+from braid.kernels.triton.extend import extend_attention
 from braid.runtime.attention.triton import TritonAttention
-from braid.runtime.models.ops import TORCH_OPS, layer_ops
+from braid.runtime.models.layers.ops import TORCH_OPS, layer_ops
 
 HEAD_DIM = 16
 OPTIONS = pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The C++ CPU kernels (kernels/cpu.cpp) against their twins in kernels.reference."""
+"""The C++ CPU kernels (kernels/cpu/cpu.cpp) against their twins in kernels.reference."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The C++ decode attention's options (kernels/cpu_attention.cpp): soft-capped scores (Gemma 2)
+"""The C++ decode attention's options (kernels/cpu/cpu_attention.cpp): soft-capped scores (Gemma 2)
 and attention sinks (GPT-OSS), against the PyTorch twin, on every vector path and the head
 sizes the families use; a window's hidden slots are never read; and CpuKernelAttention attends
 Gemma 2's soft-capped layers with them, as TorchAttention does."""
@@ -192,9 +192,9 @@ def test_gemma2_logits_through_the_kernels_equal_torchs(gemma2_path, lib, monkey
     """Every kind of batch the kernels take with soft-capped scores (one long prefill, short
     extends, a lone decode, decodes sharing a prefix longer than the window beside a chunk)
     gives TorchAttention's logits; and the kernels did attend with the cap."""
-    from braid.runtime.forward_batch import ForwardBatch
-    from braid.runtime.kv_cache import KVPool
-    from braid.runtime.model_loader import load_model, load_model_config
+    from braid.runtime.executor.forward_batch import ForwardBatch
+    from braid.runtime.kvcache.pool import KVPool
+    from braid.runtime.loading.model_loader import load_model, load_model_config
 
     capped = []
     for name in ("decode_attention", "rope_store_attend"):

@@ -8,8 +8,8 @@ import torch
 
 from braid.kernels import reference
 from braid.kernels.cpu import LORA_LINEARS
-from braid.kernels.lora import lora_segmented
-from braid.runtime.models.lora import LoraAdapter, LoraBatch
+from braid.kernels.triton.lora import lora_segmented
+from braid.runtime.lora.adapter import LoraAdapter, LoraBatch
 
 # 4 adapters of ranks 4, 8, 2 and 8 (the stack is padded to 8); 30 rows.
 RANKS = [4, 8, 2, 8]

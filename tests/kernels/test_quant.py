@@ -1,5 +1,5 @@
-"""Quantized weights (kernels/quant.py, kernels/cpu_quant.cpp): packing, GGUF conversion, and
-the CPU kernels against their PyTorch twins."""
+"""Quantized weights (kernels/cpu/quant.py, kernels/cpu/cpu_quant.cpp): packing, GGUF conversion,
+and the CPU kernels against their PyTorch twins."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 import torch
 from conftest import kernels_built_with, random_gguf
 
-from braid.kernels import cpu, quant, reference
+from braid.kernels import cpu, reference
+from braid.kernels.cpu import quant
 
 T = gguf.GGMLQuantizationType
 
@@ -100,7 +101,7 @@ def test_quant_matmul_equals_its_twin(path_lib, fmt, m, n, k):
 
 
 def test_quant_matmul_writes_into_a_column_slice(lib):
-    """A stacked linear's parts (runtime/models/quantized.py's QuantStack) each fill their
+    """A stacked linear's parts (runtime/models/layers/quantized.py's QuantStack) each fill their
     columns of one output: the others stay as they were."""
     blocks = random_blocks(quant.Q4, 12, 64)
     packed = quant.interleave(blocks, quant.Q4, lib.quant_group)

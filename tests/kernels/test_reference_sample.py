@@ -1,4 +1,4 @@
-"""braid.kernels.sampling_torch.sample, the CPU sampler and the twin kernels.reference
+"""braid.kernels.reference.sampling.sample, the CPU sampler and the twin kernels.reference
 re-exports: the semantics every sampling kernel must reproduce."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from braid.kernels.sampling_torch import apply_bitmask, sample, uniform_noise, unpack_bitmask
+from braid.kernels.reference.sampling import apply_bitmask, sample, uniform_noise, unpack_bitmask
 
 NEG_INF = float("-inf")
 

@@ -9,9 +9,9 @@ import torch
 
 from braid.kernels import reference
 from braid.runtime.attention.triton import TritonAttention
-from braid.runtime.forward_batch import ForwardBatch
-from braid.runtime.kv_cache import KVPool
-from braid.runtime.models.ops import TORCH_OPS, layer_ops
+from braid.runtime.executor.forward_batch import ForwardBatch
+from braid.runtime.kvcache.pool import KVPool
+from braid.runtime.models.layers.ops import TORCH_OPS, layer_ops
 
 NUM_SLOTS = 160
 

@@ -7,7 +7,7 @@ import torch
 from test_reference_sample import chi2_pvalue, pack, params, reference_distribution
 
 from braid.kernels import reference
-from braid.kernels.sampling import sample
+from braid.kernels.triton.sampling import sample
 
 
 def on(device: str, p: dict) -> dict:

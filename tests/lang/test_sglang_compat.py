@@ -20,7 +20,7 @@ from conftest import LiveServer, wait_for, wait_idle
 import braid as sgl
 from braid.interpreter.ir import Parts, Role, RoleBegin, RoleEnd, Select
 from braid.meta_info import sglang_meta_info
-from braid.runtime.outputs import GenerateOutput
+from braid.runtime.protocol.outputs import GenerateOutput
 
 # Every name SGLang's frontend exports that a program can use on braid.
 SGLANG_NAMES = (

@@ -1,0 +1,1 @@
+"""Compiling constraints: the bounded worker processes, the job kinds, the compile cache."""

@@ -1,0 +1,1 @@
+"""JSON Schema -> regex: the converter (convert.py) and one module per keyword family."""

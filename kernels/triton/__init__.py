@@ -1,0 +1,1 @@
+"""Triton kernels: paged decode and extend attention, RoPE + KV store, fused sampling, LoRA."""

@@ -1,0 +1,1 @@
+"""The `braid` command (main.py) and its subcommands: serve, bench, trace."""

@@ -1,0 +1,1 @@
+"""The Engine: its public API (engine.py) and the engine thread's loop."""

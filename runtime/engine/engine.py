@@ -1,0 +1,833 @@
+"""Engine: the public entry point to generation.
+
+Callers (any thread) tokenize and validate their prompts, then enqueue requests for the
+engine thread, each with a RequestStream its chunks come back through. The engine thread's
+step is four calls: schedule a batch, run it, process the results into chunks, publish them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import dataclasses
+import functools
+import itertools
+import logging
+import random
+import threading
+import weakref
+from collections.abc import AsyncIterator, Callable, Hashable
+from concurrent.futures import Future
+
+import torch
+
+from braid.runtime.config import EngineConfig
+from braid.runtime.constraint.service import GrammarService, Prepared
+from braid.runtime.engine.core_share import CoreShare
+from braid.runtime.engine.embedding import EmbedJob
+from braid.runtime.engine.heap import release_free_heap
+from braid.runtime.engine.request_stream import RequestStream
+from braid.runtime.engine.request_tree import TreeNode
+from braid.runtime.engine.scoring import score_tree
+from braid.runtime.executor.model_runner import ModelRunner, StepResult
+from braid.runtime.kvcache.radix_cache import RadixCache
+from braid.runtime.loading.model_loader import load_model_config, resolve_model_dir
+from braid.runtime.loading.model_setup import set_up_model
+from braid.runtime.loading.quantization import resolve_quantization
+from braid.runtime.lora.adapter import LoraAdapter, load_adapter
+from braid.runtime.lora.memory import LoraMemory
+from braid.runtime.output.detokenizer import IncrementalDetokenizer
+from braid.runtime.output.processor import OutputProcessor, Update
+from braid.runtime.output.stop import StopMatcher
+from braid.runtime.protocol.outputs import GenerateOutput, StreamChunk
+from braid.runtime.protocol.sampling_params import SamplingParams
+from braid.runtime.scheduler.request import Request
+from braid.runtime.scheduler.scheduler import Batch, Scheduler
+from braid.runtime.spec import SpecWorker, load_draft_proposer
+from braid.runtime.stats import EngineStats
+from braid.runtime.text.tokenizer import eos_token_ids, load_tokenizer
+from braid.runtime.tp import RankFailure, RankReport
+
+log = logging.getLogger(__name__)
+
+Prompt = str | list[int]
+
+
+class Engine:
+    def __init__(
+        self, model: str | None = None, lora_adapters: dict[str, str] | None = None, **config_fields
+    ) -> None:
+        """`lora_adapters`: name -> PEFT adapter directory, loaded at start (added to
+        EngineConfig.lora's "name=path" entries)."""
+        if lora_adapters:
+            named = tuple(f"{name}={path}" for name, path in lora_adapters.items())
+            config_fields["lora"] = (*config_fields.get("lora", ()), *named)
+        config = EngineConfig(model=model, **config_fields)
+        path = resolve_model_dir(config.model)
+        # From here on the config says what runs: `auto` resolved (the dtype is resolved on
+        # the engine thread, in self.dtype).
+        quantization, self._quantization_why = resolve_quantization(config, path)
+        self.config = dataclasses.replace(config, quantization=quantization)
+        self.model_config = mc = load_model_config(path)
+        self.tokenizer = load_tokenizer(path)
+        self.device = self.config.torch_device
+        self.eos_token_ids = eos_token_ids(path, mc, self.tokenizer)
+        self.context_length = mc.max_position_embeddings
+        self._stats = EngineStats()
+        self._rids = itertools.count()
+        self._inbox: list[tuple[str, object]] = []
+        # Registered LoRA adapters by name: written on the engine thread only (load_lora,
+        # unload_lora), read by callers to resolve a request's `lora`. Which of them hold
+        # their tensors is self.lora_memory's.
+        self.adapters: dict[str, LoraAdapter] = {}
+        self.lora_memory = LoraMemory(self.config.max_loaded_loras, self._load_adapter)
+        self._wake = threading.Condition()
+        self._stopping = False
+        # What every tensor-parallel rank holds (rank 0 alone without tp), and why the ranks
+        # failed, once they have: from then on every request fails with that error.
+        self.tp_ranks: list[RankReport] = []
+        self._failure: str | None = None
+        self.grammars = GrammarService(self.tokenizer, self.eos_token_ids, self.config)
+        # All of the engine's tensor work, loading included, happens on its own thread: an
+        # OpenMP team left by the caller's thread makes libgomp stop spinning between
+        # parallel regions, which made large decode steps markedly slower.
+        ready, failure = threading.Event(), []
+        self._thread = threading.Thread(
+            target=self._run, args=(path, ready, failure), name="braid-engine", daemon=True
+        )
+        self._thread.start()
+        ready.wait()
+        if failure:
+            raise failure[0]
+        _RUNNING.add(self)
+
+    def _setup(self, path) -> None:
+        c = self.config
+        log.info("quantization %s (%s)", c.quantization, self._quantization_why)
+        self.runner, self.dtype, self.tp_ranks = set_up_model(
+            path, self.model_config, c, len(self.tokenizer)
+        )
+        self.kv = self.runner.kv
+        self.cache = RadixCache(self.kv, enabled=c.prefix_cache)
+        self.scheduler = Scheduler(c, self.kv, self.cache, self._stats)
+        self.outputs = OutputProcessor(self.grammars, self._stats)
+        # What runs a batch: the runner, or the speculative worker around it.
+        self.worker: ModelRunner | SpecWorker = self.runner
+        if c.spec_method != "none":
+            draft = None
+            if c.spec_method == "draft":
+                draft = load_draft_proposer(
+                    c, self.runner.model, self.tokenizer, self.runner.vocab_size, self.kv.num_slots
+                )
+            self.worker = SpecWorker(
+                c, self.runner, self._stats, self.grammars.forced_tokens,
+                self.scheduler.make_room, draft,
+            )  # fmt: skip
+        # On the CPU, a team no larger than the cores other programs leave free
+        # (core_share.py); tensor-parallel ranks split the cores between them already.
+        self._threads = torch.get_num_threads()
+        self._core_share = None
+        if self.device.type == "cpu" and c.tp == 1:
+            self._core_share = CoreShare(self._threads)
+        for entry in c.lora:
+            self._add_adapter(*entry.split("=", 1))
+
+    @torch.no_grad()
+    def _run(self, path, ready: threading.Event, failure: list[BaseException]) -> None:
+        # No autograd bookkeeping: activations die as soon as they are used.
+        try:
+            self._setup(path)
+        except BaseException as e:  # handed to the constructor, which raises it
+            runner = getattr(self, "runner", None)
+            if runner is not None and runner.ranks is not None:
+                runner.ranks.close()
+            failure.append(e)
+            return
+        finally:
+            ready.set()
+        self._loop()
+
+    @property
+    def model(self):
+        return self.runner.model
+
+    # ---- public API (any thread) -----------------------------------------------------
+
+    def generate(
+        self,
+        prompt: Prompt | list[Prompt],
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        lora: str | None = None,
+    ) -> GenerateOutput | list[GenerateOutput] | list[list[GenerateOutput]]:
+        """Generate for one prompt (text or token ids) or a list of them; all of a list's
+        prompts run concurrently. With params.n > 1 each prompt gives a list of n outputs.
+
+        Requests share cached prefixes only with requests of the same `cache_salt` (None:
+        those without one), so a salt per client keeps each client's prompts from showing
+        in another's cached token counts or timing.
+
+        `lora`: the name of a loaded LoRA adapter to generate with (None: the base model);
+        prefixes are cached per adapter too."""
+        params = params or SamplingParams()
+        many = isinstance(prompt, list) and prompt and not isinstance(prompt[0], int)
+        prompts = prompt if many else [prompt]
+        id_lists = [self.encode(p) for p in prompts]  # validate all before submitting any
+        adapter = self.adapter(lora)
+        prepared = self.prepare(params).result()  # raises for a bad constraint
+        groups = [
+            self._enqueue(ids, params, prepared, priority, cache_salt, adapter) for ids in id_lists
+        ]
+        outs = [[s.result() for s in group] for group in groups]
+        outs = [group if params.n > 1 else group[0] for group in outs]
+        return outs if many else outs[0]
+
+    def generate_tree(
+        self,
+        root: TreeNode,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        lora: str | None = None,
+    ) -> list[GenerateOutput]:
+        """Run every leaf of a request tree concurrently; outputs in depth-first leaf order.
+        The leaves share their common prefixes under `cache_salt` and `lora` (see `generate`).
+
+        A path whose segments are all text is tokenized as one string; otherwise each text
+        segment is tokenized on its own (special tokens only for the first) and the ids are
+        joined, which lets the caller fix token boundaries by passing ids.
+        """
+        leaves = self._tree_leaves(root)
+        adapter = self.adapter(lora)
+        prepared = [self.prepare(params) for _, params in leaves]
+        prepared = [p.result() for p in prepared]  # all compile, or none is submitted
+        streams = [
+            self._enqueue(ids, params, p, priority, cache_salt, adapter)[0]
+            for (ids, params), p in zip(leaves, prepared, strict=True)
+        ]
+        return [s.result() for s in streams]
+
+    async def agenerate_tree(
+        self,
+        root: TreeNode,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        lora: str | None = None,
+    ) -> list[GenerateOutput]:
+        """`generate_tree` for asyncio callers: waits without blocking the event loop."""
+        adapter = self.adapter(lora)
+        return await self._run_leaves(self._tree_leaves(root), priority, cache_salt, adapter)
+
+    async def ascore(
+        self,
+        prefix: str,
+        continuations: list[str],
+        cache_salt: str | None = None,
+        lora: str | None = None,
+    ) -> list[list[float]]:
+        """For each continuation, the logprobs of its tokens after `prefix`, all counted from
+        the first token position where any of them departs from the prefix's tokens (one
+        request tree, under `cache_salt` and `lora`; see runtime.scoring). Tokenizing runs in
+        a thread."""
+        adapter = self.adapter(lora)
+        leaves = await asyncio.to_thread(self.score_leaves, prefix, continuations)
+        return await self._score(leaves, cache_salt, adapter)
+
+    def score_leaves(
+        self, prefix: str, continuations: list[str]
+    ) -> list[tuple[list[int], SamplingParams]]:
+        """ascore's requests, tokenized and checked: each continuation is tokenized with the
+        prefix, work in proportion to both, for a thread rather than an event loop."""
+        tree = score_tree(self.tokenizer, self.eos_token_ids, prefix, continuations)
+        return self._tree_leaves(tree)
+
+    async def ascore_leaves(
+        self,
+        leaves: list[tuple[list[int], SamplingParams]],
+        cache_salt: str | None = None,
+        lora: str | None = None,
+    ) -> list[list[float]]:
+        """Run score_leaves' requests, at most a quarter of max_running_requests at once. The
+        scheduler matches every waiting leaf against the shared prefix each step (a cost in
+        proportion to both), and leaves all queued at once came before everyone else's
+        requests: many choices share the steps instead."""
+        return await self._score(leaves, cache_salt, self.adapter(lora))
+
+    async def _score(
+        self,
+        leaves: list[tuple[list[int], SamplingParams]],
+        cache_salt: str | None,
+        adapter: LoraAdapter | None,
+    ) -> list[list[float]]:
+        window = max(1, self.config.max_running_requests // 4)
+        outs = await self._run_leaves(leaves, 0, cache_salt, adapter, window)
+        return [out.meta["prompt_logprobs"] for out in outs]
+
+    async def _run_leaves(
+        self,
+        leaves: list[tuple[list[int], SamplingParams]],
+        priority: int,
+        cache_salt: str | None,
+        adapter: LoraAdapter | None = None,
+        window: int | None = None,
+    ) -> list[GenerateOutput]:
+        """Submit the leaves and wait for them all. With a `window` the first runs alone (it
+        computes the prefix the others share, which the radix cache keeps) and then at most
+        `window` are in the engine at once. A caller cancelled meanwhile aborts those it
+        submitted and still waits until the engine has ended them, so that whoever admitted
+        the work (the server's queue limit) counts it until then."""
+        loop = asyncio.get_running_loop()
+        prepared = await asyncio.gather(
+            *(asyncio.wrap_future(self.prepare(params)) for _, params in leaves)
+        )
+        streams: list[RequestStream] = []
+        outputs: list[asyncio.Task[GenerateOutput]] = []  # one per stream, not the caller's
+        try:
+            for i, ((ids, params), p) in enumerate(zip(leaves, prepared, strict=True)):
+                if window is not None and (i == 1 or i > window):
+                    # asyncio.wait never cancels what it waits for.
+                    await asyncio.wait({outputs[0 if i == 1 else i - window]})
+                streams += self._enqueue(ids, params, p, priority, cache_salt, adapter, loop)
+                outputs.append(asyncio.ensure_future(streams[-1].output()))
+            if outputs:
+                await asyncio.wait(outputs)
+        except asyncio.CancelledError:  # the caller left: its requests go too
+            for stream in streams:
+                self.abort(stream.rid)
+            if outputs:
+                await asyncio.wait(outputs)
+            raise
+        return [task.result() for task in outputs]
+
+    def _tree_leaves(self, root: TreeNode) -> list[tuple[list[int], SamplingParams]]:
+        leaves = [(self._join_segments(segs), params) for segs, params in root.leaves()]
+        if any(params.n != 1 for _, params in leaves):
+            raise ValueError("generate_tree: use one leaf per sample (n=1)")
+        return leaves
+
+    def _join_segments(self, segments: list[str | list[int]]) -> list[int]:
+        if all(isinstance(s, str) for s in segments):
+            return self.encode("".join(segments))
+        ids: list[int] = []
+        for s in segments:
+            if isinstance(s, str):
+                if s:
+                    ids += self.tokenizer.encode(s, add_special_tokens=not ids)
+            else:
+                ids += s
+        return self.encode(ids)
+
+    async def stream(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        on_submit: Callable[[int], None] | None = None,
+        cache_salt: str | None = None,
+        lora: str | None = None,
+        program: str | None = None,
+    ) -> AsyncIterator[StreamChunk]:
+        """Yield chunks of new text as they are generated; leaving early aborts the request.
+        `on_submit(request id)` once it is queued: a caller that aborts it by that id reads
+        on to its last chunk (finish_reason "abort", with its counts). `cache_salt`, `lora`:
+        see `generate`. `program`: the id of the program state sending it, which is leased
+        the prefix the request computes until its next request or `release_program`."""
+        params = params or SamplingParams()
+        if params.n != 1:
+            raise ValueError("stream() takes n=1; call it once per sample")
+        ids = self.encode(prompt)
+        adapter = self.adapter(lora)
+        prepared = await asyncio.wrap_future(self.prepare(params))
+        loop = asyncio.get_running_loop()
+        [stream] = self._enqueue(
+            ids, params, prepared, priority, cache_salt, adapter, loop, program=program
+        )
+        if on_submit is not None:
+            on_submit(stream.rid)
+        try:
+            async for chunk in stream:
+                yield chunk
+        finally:
+            if not stream.finished:
+                self.abort(stream.rid)
+
+    def submit(
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        emit: Callable[[StreamChunk], None],
+        priority: int = 0,
+        cache_salt: str | None = None,
+        lora: str | None = None,
+        program: str | None = None,
+    ) -> int:
+        """Queue one request (n=1); `emit` gets its chunks on the engine thread. Returns its id.
+        `cache_salt`, `lora`: see `generate`; `program`: see `stream`.
+
+        A constrained request's grammar is compiled first (blocking this caller, not the
+        engine), so a bad constraint raises here."""
+        if params.n != 1:
+            raise ValueError("submit() takes n=1")
+        ids = self.encode(prompt)
+        adapter = self.adapter(lora)
+        prepared = self.prepare(params).result()
+        [stream] = self._enqueue(
+            ids, params, prepared, priority, cache_salt, adapter, on_chunk=emit, program=program
+        )
+        return stream.rid
+
+    def abort(self, rid: int) -> None:
+        """Stop a request; it ends with finish_reason "abort" and its KV is freed."""
+        self._post("abort", rid)
+
+    def release_program(
+        self, program: str, cache_salt: str | None = None, lora: str | None = None
+    ) -> None:
+        """Program state `program` (under `cache_salt` and `lora`, as its requests) will not
+        continue: its leased prefix becomes an ordinary cache entry. Returns at once."""
+        key = (_namespace(self.adapter(lora), cache_salt), program)
+        self._post("release", key)
+
+    def flush_cache(self) -> None:
+        """Drop every prefix cached in the radix tree that no running request uses; returns
+        once the engine thread has done it."""
+        done = threading.Event()
+        self._post("flush", done)
+        done.wait()
+
+    def adapter(self, name: str | None) -> LoraAdapter | None:
+        """The loaded LoRA adapter called `name` (None for None); ValueError naming the
+        loaded ones otherwise."""
+        if name is None:
+            return None
+        adapter = self.adapters.get(name)
+        if adapter is None:
+            raise ValueError(
+                f"unknown LoRA adapter {name!r}; loaded: {sorted(self.adapters) or 'none'}"
+            )
+        return adapter
+
+    def load_lora(self, name: str, path: str) -> None:
+        """Load a PEFT LoRA adapter directory under `name` (ValueError if the name is taken
+        or the adapter is not one this engine can serve); returns once requests may use it."""
+        self._on_engine_thread(functools.partial(self._add_adapter, name, path))
+
+    def unload_lora(self, name: str) -> None:
+        """Forget the adapter `name`; ValueError while a queued or running request uses it.
+        Its cached prefixes are never matched again and go when the cache needs room."""
+        self._on_engine_thread(functools.partial(self._remove_adapter, name))
+
+    def _on_engine_thread(self, job: Callable[[], None]) -> None:
+        done: Future[None] = Future()
+        self._post("call", (job, done))
+        done.result()
+
+    def _add_adapter(self, name: str, path: str) -> None:
+        if name in self.adapters:
+            raise ValueError(f"a LoRA adapter named {name!r} is loaded already; unload it first")
+        adapter = self._load_adapter(name, path)
+        self.lora_memory.use(adapter, self._adapters_in_use)
+        self.adapters[name] = adapter
+
+    def _adapters_in_use(self) -> set[LoraAdapter]:
+        return {r.lora for r in self.scheduler.live.values() if r.lora is not None}
+
+    def _load_adapter(self, name: str, path: str) -> LoraAdapter:
+        c = self.config
+        if c.tp > 1 or c.deterministic:
+            raise ValueError(
+                "LoRA adapters run neither with tp > 1 nor with deterministic=True "
+                "(their updates are neither sharded nor batch-invariant)"
+            )
+        return load_adapter(name, path, self.model_config, self.dtype, self.device)
+
+    def _remove_adapter(self, name: str) -> None:
+        adapter = self.adapter(name)
+        users = [r.rid for r in self.scheduler.live.values() if r.lora is adapter]
+        if users:
+            raise ValueError(
+                f"LoRA adapter {name!r} is in use by {len(users)} queued or running requests"
+            )
+        del self.adapters[name]
+        self.lora_memory.forget(adapter)
+
+    def embed(self, ids_list: list[list[int]]) -> list[list[float]]:
+        """Each token list's embedding: the model's final normed hidden states mean-pooled
+        over its tokens, L2-normalized (what llama.cpp's server gives for a generative
+        model). Computed on the engine thread between generation steps, a group of inputs at
+        a time; raises ValueError for an empty list, an id outside the vocabulary, or a list
+        longer than the context or the KV pool."""
+        return self._embed(ids_list).result()
+
+    async def aembed(self, ids_list: list[list[int]]) -> list[list[float]]:
+        """`embed` for asyncio callers; cancelling it drops the inputs not yet embedded."""
+        return await asyncio.wrap_future(self._embed(ids_list))
+
+    def _embed(self, ids_list: list[list[int]]) -> Future[list[list[float]]]:
+        if not ids_list:
+            raise ValueError("no inputs to embed")
+        vocab = self.model_config.vocab_size
+        for i, ids in enumerate(ids_list):
+            if not ids:
+                raise ValueError(f"input[{i}] is empty")
+            bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
+            if bad:
+                raise ValueError(
+                    f"input[{i}]: token ids must be ints in [0, {vocab}); got {bad[:5]}"
+                )
+            if len(ids) > self.context_length:
+                raise ValueError(
+                    f"input[{i}] has {len(ids)} tokens; the model's context is "
+                    f"{self.context_length} tokens"
+                )
+            if len(ids) > self.kv.num_slots:
+                raise ValueError(
+                    f"input[{i}] has {len(ids)} tokens; the KV pool holds {self.kv.num_slots} "
+                    "(raise max_kv_tokens or kv_cache_gb)"
+                )
+        job = EmbedJob(ids_list, self.config.max_batch_tokens)
+        self._post("embed", job)
+        return job.done
+
+    def describe(self) -> str:
+        """What runs, in one line: weights, activations, device (for logs and the CLI)."""
+        c = self.config
+        weights = {
+            "none": "weights as stored",
+            "gguf": "GGUF blocks",
+            "int8": "int8 blocks",
+            "int4": "int4 blocks",
+        }[c.quantization]
+        return (
+            f"{weights} (quantization={c.quantization}: {self._quantization_why}), "
+            f"{str(self.dtype).removeprefix('torch.')} activations on {self.device}"
+            + (f", tp={c.tp}" if c.tp > 1 else "")
+        )
+
+    def stats(self) -> dict:
+        # The engine thread settles counters and KV before a request leaves the scheduler, so
+        # the request counts are read first: "nothing running" implies the rest is settled.
+        running, waiting = len(self.scheduler.running), len(self.scheduler.waiting)
+        out = self._stats.snapshot()
+        out.update(
+            kv_slots_total=self.kv.num_slots,
+            kv_slots_free=self.kv.num_free_slots,
+            kv_slots_cached=self.cache.num_cached_tokens,
+            kv_slots_leased=self.cache.num_leased_tokens,
+            program_leases=len(self.cache.leases),
+            running_requests=running,
+            waiting_requests=waiting,
+            lora_adapters_loaded=self.lora_memory.num_held,
+            lora_adapter_reloads=self.lora_memory.num_reloads,
+            **self.grammars.stats(),
+        )
+        draft = self.worker.draft if isinstance(self.worker, SpecWorker) else None
+        if draft is not None:  # the draft model's own pool: empty again once all are done
+            out.update(
+                draft_kv_slots_total=draft.kv.num_slots, draft_kv_slots_free=draft.kv.num_free_slots
+            )
+        return out
+
+    def shutdown(self) -> None:
+        """Abort what is queued or running and stop the engine thread (at exit, if the
+        program has not)."""
+        with self._wake:
+            if self._stopping:  # shut down already
+                return
+            self._stopping = True
+            self._wake.notify()
+        _RUNNING.discard(self)
+        self._thread.join()
+        self.grammars.close()
+        if self.runner.ranks is not None:
+            self.runner.ranks.close()
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """Token ids of a prompt, checked against the vocabulary and the context length."""
+        if isinstance(prompt, str):
+            longest = self.context_length * self.longest_token_chars
+            if len(prompt) > longest:  # refused without paying to tokenize it
+                raise ValueError(
+                    f"prompt has {len(prompt)} characters; no token spells more than "
+                    f"{self.longest_token_chars}, so it cannot fit the model's context of "
+                    f"{self.context_length} tokens"
+                )
+            ids = self.tokenizer.encode(prompt) if prompt else []
+        else:
+            ids = list(prompt)
+            vocab = self.model_config.vocab_size
+            bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"prompt token ids must be ints in [0, {vocab}); got {bad[:5]}")
+        if not ids:
+            raise ValueError("prompt is empty")
+        if len(ids) >= self.context_length:
+            raise ValueError(
+                f"prompt has {len(ids)} tokens; the model's context is {self.context_length} "
+                f"tokens, so at most {self.context_length - 1} fit with room to generate"
+            )
+        if len(ids) >= self.kv.num_slots:
+            raise ValueError(
+                f"prompt has {len(ids)} tokens; the KV pool holds {self.kv.num_slots} "
+                "(raise max_kv_tokens or kv_cache_gb)"
+            )
+        return ids
+
+    def prepare(self, params: SamplingParams) -> Future[Prepared]:
+        """Check the params against the model (raises ValueError now) and compile their
+        constraint and stop regexes off the caller's and the engine's threads, in the bounded
+        compile workers; the future raises ValueError for a bad or too costly one. Results
+        are cached, so a server may prepare before it answers and submit afterwards."""
+        vocab = self.model_config.vocab_size
+        for field, ids in (
+            ("stop_token_ids", params.stop_token_ids),
+            ("logit_bias", params.logit_bias),
+        ):
+            bad = [t for t in ids or () if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"{field} token ids must be in [0, {vocab}); got {bad[:5]}")
+        return self.grammars.prepare(params)
+
+    @functools.cached_property
+    def longest_token_chars(self) -> int:
+        """An upper bound on the characters one token stands for: the longest token string
+        (byte-level and sentencepiece token strings are at least as long as their text)."""
+        return max(len(t) for t in self.tokenizer.get_vocab())
+
+    # ---- submission: every way in above ends here ------------------------------------
+
+    def _enqueue(
+        self,
+        ids: list[int],
+        params: SamplingParams,
+        prepared: Prepared,
+        priority: int,
+        cache_salt: str | None,
+        adapter: LoraAdapter | None,
+        loop: asyncio.AbstractEventLoop | None = None,
+        on_chunk: Callable[[StreamChunk], None] | None = None,
+        program: str | None = None,
+    ) -> list[RequestStream]:
+        """Queue params.n requests for the engine thread; each one's chunks come back through
+        its stream (to an asyncio consumer on `loop`, to `on_chunk`, or to a blocking one)."""
+        base_seed = params.seed if params.seed is not None else random.getrandbits(62)
+        stop_ids = set(params.stop_token_ids or ())
+        if not params.ignore_eos:
+            stop_ids |= self.eos_token_ids
+        namespace = _namespace(adapter, cache_salt)
+        leases = self.config.program_leases and self.config.prefix_cache
+        streams = []
+        for i in range(params.n):
+            stream = RequestStream(next(self._rids), loop, on_chunk)
+            r = Request(
+                rid=stream.rid,
+                prompt_ids=ids,
+                params=params,
+                seed=base_seed + i,
+                emit=stream.put,
+                detokenizer=IncrementalDetokenizer(self.tokenizer, ids),
+                stop_matcher=StopMatcher(params.stop_strings, prepared.stop_regexes),
+                stop_ids=frozenset(stop_ids),
+                max_new_tokens=min(params.max_tokens, self.context_length - len(ids)),
+                priority=priority,
+                cache_namespace=namespace,
+                lora=adapter,
+                lease_key=(namespace, program) if leases and program is not None else None,
+                matcher=prepared.grammar.matcher() if prepared.grammar is not None else None,
+            )
+            self._post("add", r)
+            streams.append(stream)
+        return streams
+
+    def _post(self, op: str, arg: object) -> None:
+        with self._wake:
+            if self._stopping:
+                raise RuntimeError("the engine has been shut down")
+            self._inbox.append((op, arg))
+            self._wake.notify()
+
+    # ---- the engine thread -----------------------------------------------------------
+
+    def _loop(self) -> None:
+        worked = False
+        while True:
+            with self._wake:
+                if worked and not (self._inbox or self.scheduler.has_work or self._stopping):
+                    release_free_heap()  # going idle: hand freed memory back to the OS
+                    worked = False
+                while not (self._inbox or self.scheduler.has_work or self._stopping):
+                    self._wake.wait()
+                inbox, self._inbox = self._inbox, []
+                stopping = self._stopping
+            for op, arg in inbox:
+                try:
+                    self._handle(op, arg)
+                except Exception as e:  # a bug met by one request: it alone fails
+                    log.exception("engine: %s failed", op)
+                    if op == "add":
+                        self._fail(arg, f"engine failed to admit it: {e!r}")
+            if self._failure is not None:
+                self._fail_live(self._failure)
+            if stopping:
+                self._fail_live("the engine was shut down")
+                return
+            worked = self._step() or worked
+
+    def _step(self) -> bool:
+        """Schedule, run and process one batch, and publish its chunks; False when nothing
+        could run."""
+        try:
+            batch = self.scheduler.schedule()
+        except Exception as e:  # the scheduler's own state is broken: no request to blame
+            log.exception("engine: scheduling failed")
+            self._fail_live(f"engine step failed: {e!r}")
+            return False
+        self._publish([self.outputs.end(r, "length") for r in batch.out_of_kv])
+        if not batch.requests:
+            return False
+        self._share_cores()
+        batch, results = self._run_batch(batch)
+        self.scheduler.advance(batch)
+        self._publish(self.outputs.process(batch, results))
+        self.lora_memory.evict(self._adapters_in_use)  # those over the bound that are done now
+        return True
+
+    def _publish(self, updates: list[Update]) -> None:
+        """Hand each chunk to its request's consumer. A request whose chunk is its last
+        leaves the scheduler first: a caller woken by it, or a `stats()` reader that sees it
+        gone, sees the counters and the pool settled. A consumer that fails (say, its event
+        loop closed) loses its request, and the engine goes on."""
+        gone: set[int] = set()  # requests whose consumer failed
+        for r, chunk in updates:  # (grows while read: the ends of those whose consumer failed)
+            if chunk.finish_reason is not None:
+                self.scheduler.finish(r)
+                if isinstance(self.worker, SpecWorker):
+                    self.worker.release(r)
+            if r.rid in gone:
+                continue
+            try:
+                r.emit(chunk)
+            except Exception:
+                log.warning("request %d: its consumer raised; aborting it", r.rid, exc_info=True)
+                gone.add(r.rid)
+                if r.finish_reason is None:
+                    updates.append(self.outputs.end(r, "abort"))
+
+    def _share_cores(self) -> None:
+        if self._core_share is not None and (n := self._core_share.threads()) != self._threads:
+            torch.set_num_threads(n)  # the C++ kernels read it too
+            self._threads = n
+
+    def _run_batch(self, batch: Batch) -> tuple[Batch, list[StepResult]]:
+        """The batch's results; after the step raised, each request's share run on its own,
+        so that only a request whose own share raises fails and the others go on (re-running
+        is safe: a forward rewrites the same KV slots with the same values, and sampling is
+        seeded by request and step)."""
+        try:
+            return batch, self.worker.run(batch)
+        except RankFailure as e:  # no forward can run again (logged by the ranks)
+            self._failure = str(e)
+            self._fail_live(self._failure)
+            return Batch([], []), []
+        except Exception:
+            log.exception("engine step failed; running its requests one at a time")
+        kept, results = [], []
+        for i, r in enumerate(batch.requests):
+            try:
+                results += self.worker.run(batch.subset([i]))
+                kept.append(i)
+            except Exception as e:
+                log.exception("request %d: its step failed alone too; failing it", r.rid)
+                self._fail(r, f"engine step failed: {e!r}")
+        return batch.subset(kept), results
+
+    def _fail(self, r: Request, error: str | None) -> None:
+        """End a request the engine could not serve (unless it has ended already)."""
+        if r.finish_reason is None:
+            self._publish([self.outputs.end(r, "abort", error=error)])
+
+    def _fail_live(self, error: str) -> None:
+        for r in list(self.scheduler.live.values()):
+            self._fail(r, error)
+
+    def _handle(self, op: str, arg: object) -> None:
+        if op == "add":
+            self.scheduler.add(arg)
+            updates = self.outputs.admit(arg)
+            # Admitted first, so that a reload failing in any way fails the request (the
+            # loop's handler fails only live ones); no step runs before the inbox is done.
+            if arg.finish_reason is None and (error := self._adapter_error(arg)):
+                updates.append(self.outputs.end(arg, "abort", error=error, request_error=True))
+            self._publish(updates)
+        elif op == "call":
+            job, done = arg
+            try:
+                done.set_result(job())
+            except Exception as e:  # the caller's to raise
+                done.set_exception(e)
+        elif op == "abort" and (r := self.scheduler.live.get(arg)) is not None:
+            self._fail(r, None)
+        elif op == "flush":
+            self.cache.reset()
+            arg.set()
+        elif op == "release":
+            self.scheduler.release_lease(arg)
+        elif op == "embed":
+            self._embed_turn(arg)
+
+    def _adapter_error(self, r: Request) -> str | None:
+        """Why a new request cannot run under its adapter (None if it can, once its tensors
+        are in memory again: an evicted adapter is loaded here, before any step can run it)."""
+        adapter = r.lora
+        if adapter is None:
+            return None
+        if self.adapters.get(adapter.name) is not adapter:  # unloaded since the caller looked
+            return f"LoRA adapter {adapter.name!r} was unloaded"
+        try:
+            self.lora_memory.use(adapter, self._adapters_in_use)
+        except ValueError as e:  # its files changed or went since it was registered
+            return f"reloading LoRA adapter {adapter.name!r} failed: {e}"
+        return None
+
+    def _embed_turn(self, job: EmbedJob) -> None:
+        """One turn of an embedding job; until it is done it goes back to the inbox, so a
+        generation step runs between its turns."""
+        if job.done.cancelled():  # its caller left
+            return
+        try:
+            finished = job.turn(self.runner, self.kv, self.cache, self._stats)
+        except RankFailure as e:  # no forward can run again (logged by the ranks)
+            self._failure = str(e)
+            job.settle(RuntimeError(self._failure))
+            return
+        except Exception as e:
+            log.exception("engine: embedding failed")
+            job.settle(RuntimeError(f"embedding failed: {e!r}"))
+            return
+        if finished:
+            job.settle()
+            return
+        try:
+            self._post("embed", job)
+        except RuntimeError as e:  # the engine is shutting down
+            job.settle(e)
+
+
+def _namespace(adapter: LoraAdapter | None, cache_salt: str | None) -> Hashable:
+    """The radix cache namespace of a request: an adapter changes every KV, so its prefixes
+    are its own (per load)."""
+    return cache_salt if adapter is None else (adapter.serial, cache_salt)
+
+
+# Engines not shut down yet. Their thread is a daemon, so a program that never calls shutdown
+# still exits; but a daemon thread inside a torch op when the interpreter finalizes is ended
+# by pthread_exit as it takes the GIL back, which unwinds C++ frames that may not be unwound:
+# `terminate called without an active exception` (exit code 134). atexit runs before that,
+# while the thread can still finish its step and stop.
+_RUNNING: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_running() -> None:
+    for engine in list(_RUNNING):
+        engine.shutdown()

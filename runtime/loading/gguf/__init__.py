@@ -1,0 +1,1 @@
+"""GGUF files: their tensor index, their configs, their blocks kept or converted."""

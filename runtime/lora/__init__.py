@@ -1,0 +1,3 @@
+"""LoRA adapters: loading PEFT adapters (adapter.py) and which of them hold their tensors
+(memory.py).
+"""

@@ -1,0 +1,146 @@
+"""SamplingParams: defined once, used by `gen`, the engine, the server and the sampler."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgspec
+
+from braid.grammars.constraints import Choices, Constraint, Ebnf, JsonSchema, Regex
+from braid.runtime.output.stop import check_stop_regex
+
+_CONSTRAINTS = ("regex", "json_schema", "choices", "grammar")
+_INT64 = 2**63
+
+
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How one request samples, what it reports, and when it stops.
+
+    A msgspec Struct so the server decodes wire JSON straight into it and the same
+    validation runs everywhere.
+    """
+
+    max_tokens: int = 128
+    min_tokens: int = 0  # EOS and stop token ids are suppressed before this many tokens
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0  # 1 means off
+    top_k: int = 0  # 0 means off
+    min_p: float = 0.0  # 0 means off
+    frequency_penalty: float = 0.0  # subtracted per earlier occurrence in the output
+    presence_penalty: float = 0.0  # subtracted once if the token occurred in the output
+    repetition_penalty: float = 1.0  # >1 discourages tokens of the prompt and output
+    # token id -> a bias in [-100, 100] added to its logit before sampling (after the
+    # penalties, before a constraint's mask): -100 all but bans a token, 100 all but forces
+    # it. On the wire (OpenAI's logit_bias) the ids are strings.
+    logit_bias: dict[int, float] | None = None
+    stop: str | list[str] | None = None
+    # Stop where the output matches any of these (Python syntax without anchors, lookarounds
+    # or backreferences; \d, \w and \s are ASCII); the output ends before the match.
+    stop_regex: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    seed: int | None = None  # None: a fresh seed per request
+    n: int = 1  # independent samples of the same prompt (its prefix is computed once)
+    logprobs: bool = False  # report the logprob of each generated token
+    top_logprobs: int = 0  # and of this many most likely alternatives at each step
+    # Report logprobs of the prompt's tokens from this position on (select scores choices
+    # this way, with max_tokens=0). None: no prompt logprobs.
+    prompt_logprobs_from: int | None = None
+    # Record per output token whether the grammar forced it and how many tokens its mask
+    # allowed, and the request's stage times, in meta["trace"] (the trace view's facts).
+    trace: bool = False
+    # Constraints (at most one), as in SGLang's sampling params: the output must match the
+    # regex, be a JSON document valid under the schema (a dict or its JSON text), be one of
+    # the choices, or be a sentence of the lark grammar.
+    regex: str | None = None
+    json_schema: dict[str, Any] | str | None = None
+    choices: list[str] | None = None
+    grammar: str | None = None
+
+    def __post_init__(self) -> None:
+        # Ints a kernel or the sampler reads as int64 are bounded by it; floats must be finite
+        # (JSON cannot carry NaN or infinity, Python callers can).
+        checks = [
+            (self.max_tokens >= 0, "max_tokens must be >= 0"),
+            (0 <= self.min_tokens, "min_tokens must be >= 0"),
+            (0 <= self.temperature < math.inf, "temperature must be >= 0 and finite"),
+            (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
+            (0 <= self.top_k < _INT64, "top_k must be >= 0 and < 2**63 (0 turns it off)"),
+            (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
+            (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
+            (-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
+            (0 < self.repetition_penalty < math.inf, "repetition_penalty must be > 0 and finite"),
+            (
+                self.seed is None or -_INT64 <= self.seed < _INT64,
+                "seed must be in [-2**63, 2**63)",
+            ),
+            (self.n >= 1, "n must be >= 1"),
+            (0 <= self.top_logprobs <= 20, "top_logprobs must be in [0, 20]"),
+            (
+                self.prompt_logprobs_from is None or self.prompt_logprobs_from >= 1,
+                "prompt_logprobs_from must be >= 1 (the first token has no logprob)",
+            ),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"SamplingParams: {message}")
+        bad_bias = {
+            t: b
+            for t, b in (self.logit_bias or {}).items()
+            if not -100 <= b <= 100  # NaN too
+        }
+        if bad_bias:
+            raise ValueError(
+                f"SamplingParams: logit_bias values must be in [-100, 100]; got {bad_bias}"
+            )
+        if any(s == "" for s in self.stop_strings):
+            raise ValueError("SamplingParams: stop strings must not be empty")
+        for pattern in self.stop_regexes:
+            check_stop_regex(pattern)
+        given = [k for k in _CONSTRAINTS if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"SamplingParams: give at most one constraint, got {given}")
+        if self.choices is not None and not self.choices:
+            raise ValueError("SamplingParams: choices must not be empty")
+
+    @property
+    def constraint(self) -> Constraint | None:
+        """The constraint as a `grammars` value (the compile cache's key), or None."""
+        if self.regex is not None:
+            return Regex(self.regex)
+        if self.json_schema is not None:
+            return JsonSchema.of(self.json_schema)
+        if self.choices is not None:
+            return Choices(tuple(self.choices))
+        if self.grammar is not None:
+            return Ebnf(self.grammar)
+        return None
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        return _as_tuple(self.stop)
+
+    @property
+    def stop_regexes(self) -> tuple[str, ...]:
+        return _as_tuple(self.stop_regex)
+
+    @property
+    def wants_logprobs(self) -> bool:
+        """Report each output token's logprob (top_logprobs implies it)."""
+        return self.logprobs or self.top_logprobs > 0
+
+    @property
+    def has_penalties(self) -> bool:
+        return (
+            self.frequency_penalty != 0
+            or self.presence_penalty != 0
+            or self.repetition_penalty != 1
+        )
+
+
+def _as_tuple(value: str | list[str] | None) -> tuple[str, ...]:
+    """A one-or-many field (`stop`, `stop_regex`) as a tuple."""
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, str) else tuple(value)

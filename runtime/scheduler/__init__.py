@@ -1,0 +1,1 @@
+"""The scheduler, owner of every request from admission to finish, and the request record."""

@@ -1,0 +1,382 @@
+"""OpenAI's Responses API: POST /v1/responses, GET and DELETE /v1/responses/{id}.
+
+A request becomes the chat request it amounts to: `instructions` a system message, then the
+stored conversation of `previous_response_id`, then the `input` items (messages; function_call
+items as an assistant's tool calls; function_call_output items as tool messages), with the
+function tools, tool_choice and parallel_tool_calls. From there it takes /v1/chat/completions'
+path: the chat template, tools.py's constraint and call parser, the Service's admission and
+limits. The output is a message item or function_call items; a call is output only once it is
+whole (its closing tag written), so one cut off by max_output_tokens never appears, streamed
+or not.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from braid.runtime.protocol.outputs import StreamChunk
+from braid.runtime.protocol.sampling_params import SamplingParams
+from braid.runtime.server.chat import tools
+from braid.runtime.server.http.disconnects import unless_disconnected
+from braid.runtime.server.http.limits import check_max_tokens
+from braid.runtime.server.response_store import ResponseStore
+from braid.runtime.server.routes.responses_wire import (
+    ResponsesRequest,
+    chat_messages,
+    check_limits,
+    decode,
+    function_tools,
+    tool_choice,
+)
+from braid.runtime.server.service import REQUEST_LORA, REQUEST_SALT, Service
+from braid.runtime.server.wire import (
+    BadRequest,
+    ChatCompletionRequest,
+    ChatMessage,
+    Tool,
+    decode_object,
+    error_body,
+    sampling_params,
+)
+
+# ---- the output: items and their events, as the text streams in ------------------------------
+
+
+class _Writer:
+    """A response's output items, built from the model's text as it streams, and the events
+    that announce them (each `(type, event)`). Text is one message item; calls (when the
+    output may be calls: read by tools.CallParser, which reports each once it is whole) are
+    function_call items, so a call cut off by max_output_tokens never appears."""
+
+    def __init__(self, mode: str | None) -> None:
+        calls = mode in ("auto", "required", "named")  # plan.mode; None: no tools
+        self.parser = tools.CallParser() if calls else None
+        # Under "required" or a named function the output is calls: the text a parser gives
+        # back at the end (a cut-off start of the call marker) is not a reply.
+        self.text_allowed = mode not in ("required", "named")
+        self.items: list[dict[str, Any]] = []
+        self.seq = 0
+        self._message: tuple[str, int] | None = None  # the open message: id, output index
+        self._pieces: list[str] = []
+
+    def event(self, kind: str, **fields: Any) -> tuple[str, dict[str, Any]]:
+        self.seq += 1
+        return kind, {"type": kind, "sequence_number": self.seq - 1, **fields}
+
+    def feed(self, text: str) -> list[tuple[str, dict]]:
+        if self.parser is None:
+            return self._add_text(text)
+        return self._read(self.parser.feed(text))
+
+    def finish(self, finish_reason: str | None) -> list[tuple[str, dict]]:
+        out = self._read(self.parser.finish()) if self.parser is not None else []
+        is_text = self.parser is None or self.parser.is_text
+        if self._message is None and self.text_allowed and is_text:
+            out += self._open_message()  # an empty reply is still a message
+        if self._message is not None:
+            out += self._close_message("incomplete" if finish_reason == "length" else "completed")
+        return out
+
+    def _read(self, events: list[tuple]) -> list[tuple[str, dict]]:
+        out = []
+        for e in events:
+            if e[0] == "text" and self.text_allowed:
+                out += self._add_text(e[1])
+            elif e[0] == "call":  # whole: its arguments come with it
+                out += self._add_call(self.parser.calls[e[1]])
+        return out
+
+    def _add_text(self, text: str) -> list[tuple[str, dict]]:
+        if not text:
+            return []
+        out = self._open_message() if self._message is None else []
+        item_id, index = self._message
+        self._pieces.append(text)
+        where = {"item_id": item_id, "output_index": index, "content_index": 0}
+        return out + [self.event("response.output_text.delta", **where, delta=text, logprobs=[])]
+
+    def _open_message(self) -> list[tuple[str, dict]]:
+        item_id, index = f"msg_{uuid.uuid4().hex}", len(self.items)
+        self._message = item_id, index
+        where = {"item_id": item_id, "output_index": index, "content_index": 0}
+        return [
+            self.event(
+                "response.output_item.added",
+                output_index=index,
+                item=_message_item(item_id, "in_progress", None),
+            ),
+            self.event("response.content_part.added", **where, part=_text_part("")),
+        ]
+
+    def _close_message(self, status: str) -> list[tuple[str, dict]]:
+        item_id, index = self._message
+        text = "".join(self._pieces)
+        item = _message_item(item_id, status, text)
+        self.items.append(item)
+        where = {"item_id": item_id, "output_index": index, "content_index": 0}
+        return [
+            self.event("response.output_text.done", **where, text=text, logprobs=[]),
+            self.event("response.content_part.done", **where, part=_text_part(text)),
+            self.event("response.output_item.done", output_index=index, item=item),
+        ]
+
+    def _add_call(self, call: tools.Call) -> list[tuple[str, dict]]:
+        item_id, index = f"fc_{uuid.uuid4().hex}", len(self.items)
+        item = _call_item(item_id, call, "completed")
+        self.items.append(item)
+        where = {"item_id": item_id, "output_index": index}
+        added = _call_item(item_id, tools.Call(call.id, call.name), "in_progress")
+        return [
+            self.event("response.output_item.added", output_index=index, item=added),
+            self.event("response.function_call_arguments.delta", **where, delta=call.arguments),
+            self.event("response.function_call_arguments.done", **where, arguments=call.arguments),
+            self.event("response.output_item.done", output_index=index, item=item),
+        ]
+
+
+def _text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def _message_item(item_id: str, status: str, text: str | None) -> dict[str, Any]:
+    content = [] if text is None else [_text_part(text)]
+    return {
+        "id": item_id,
+        "type": "message",
+        "status": status,
+        "role": "assistant",
+        "content": content,
+    }
+
+
+def _call_item(item_id: str, call: tools.Call, status: str) -> dict[str, Any]:
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "status": status,
+        "arguments": call.arguments,
+        "call_id": call.id,
+        "name": call.name,
+    }
+
+
+def _usage(meta: dict[str, Any]) -> dict[str, Any]:
+    num_input, num_output = meta.get("prompt_tokens", 0), meta.get("completion_tokens", 0)
+    return {
+        "input_tokens": num_input,
+        # Prefix-cache hits; nothing is written to a cache that a request pays for.
+        "input_tokens_details": {
+            "cached_tokens": meta.get("cached_tokens", 0),
+            "cache_write_tokens": 0,
+        },
+        "output_tokens": num_output,
+        "output_tokens_details": {"reasoning_tokens": 0},  # never reasoning apart
+        "total_tokens": num_input + num_output,
+    }
+
+
+# ---- the routes ------------------------------------------------------------------------------
+
+
+async def create_response(request: Request) -> Response:
+    svc: Service = request.app.state.service
+    obj = decode_object(await request.body())
+    REQUEST_LORA.set(svc.check_model(obj.get("model")))
+    check_limits(obj, svc.limits)
+    req, fields = decode(obj)
+    REQUEST_SALT.set(req.cache_salt)
+    store = _store(request)
+    history: list[ChatMessage] = []
+    if req.previous_response_id is not None:
+        previous = store.get(req.previous_response_id)
+        if previous is None:  # unknown, evicted, deleted or never stored: OpenAI's answer
+            message = f"Previous response with id '{req.previous_response_id}' not found."
+            body = error_body(400, "invalid_request_error", message, "previous_response_not_found")
+            body["error"]["param"] = "previous_response_id"
+            return JSONResponse(body, 400)
+        history = previous.history
+    history = history + chat_messages(req.input)
+    system = (
+        [] if req.instructions is None else [ChatMessage(role="system", content=req.instructions)]
+    )
+    chat = ChatCompletionRequest(
+        messages=system + history,
+        tools=function_tools(req.tools),
+        tool_choice=tool_choice(req.tool_choice),
+        parallel_tool_calls=req.parallel_tool_calls,
+    )
+    if not chat.messages:
+        raise BadRequest("input must not be empty (or give previous_response_id)")
+    fields.setdefault("max_tokens", svc.engine.context_length)  # the engine caps it there
+    params = sampling_params(fields)
+    svc.check_room(1)
+    plan = tools.plan(chat)
+    svc.check_text_length(tools.rendered_chars(chat), "input")  # tools and calls too
+    ids = await svc.encode(await svc.render_conversation(chat))
+    if req.max_output_tokens is not None:
+        check_max_tokens(
+            "max_output_tokens", params.max_tokens, len(ids), svc.engine.context_length
+        )
+    calling = plan is not None and plan.calls
+    if calling:
+        params = await tools.constrain(svc, plan, params)
+    await svc.check_params(params)
+    # Several calls may repeat themselves: such outputs end at the first repeat (as chat's).
+    stream = tools.ended_at_repeat(svc) if calling and plan.parallel else svc.stream
+
+    now = int(time.time())
+    shell = _shell(req, obj, chat.tools, svc.reply_model(req.model), now, params)
+    writer = _Writer(plan.mode if plan is not None else None)
+
+    def finish(finish_reason: str | None, meta: dict[str, Any]) -> dict[str, Any]:
+        """The finished response (stored unless `store: false`), once the output has ended."""
+        incomplete = finish_reason == "length"
+        body = {
+            **shell,
+            "status": "incomplete" if incomplete else "completed",
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "completed_at": int(time.time()),
+            "output": writer.items,
+            "usage": _usage(meta),
+        }
+        if req.store is not False:
+            store.put(body, history + chat_messages(writer.items, "output"))
+        return body
+
+    if req.stream:
+        return _event_stream(svc, stream(ids, params), writer, shell, finish)
+    [out] = await unless_disconnected(request, svc.collect_all([(ids, params)], stream))
+    writer.feed(out.text)
+    writer.finish(out.finish_reason)
+    return JSONResponse(finish(out.finish_reason, out.meta))
+
+
+def _event_stream(
+    svc: Service,
+    chunks: AsyncIterator[StreamChunk],
+    writer: _Writer,
+    shell: dict[str, Any],
+    finish: Callable[[str | None, dict[str, Any]], dict[str, Any]],
+) -> StreamingResponse:
+    """The response as server-sent events (`event:` and `data:` lines, no [DONE]): created,
+    in_progress, the output's, then completed, incomplete or failed. Admission is checked now
+    and held while it runs; a client that leaves cancels it, which aborts the engine request."""
+    svc.check_room(1)
+
+    def sse(kind: str, event: dict) -> bytes:
+        return b"event: " + kind.encode() + b"\ndata: " + msgspec.json.encode(event) + b"\n\n"
+
+    async def body():
+        with svc.admit(1, checked=True):  # the headers are out: no 503 now
+            yield sse(*writer.event("response.created", response=shell))
+            yield sse(*writer.event("response.in_progress", response=shell))
+            try:
+                finish_reason, meta = None, {}
+                async for chunk in chunks:
+                    for e in writer.feed(chunk.text):
+                        yield sse(*e)
+                    if chunk.finish_reason is not None:
+                        finish_reason, meta = chunk.finish_reason, chunk.meta or {}
+                for e in writer.finish(finish_reason):
+                    yield sse(*e)
+                done = finish(finish_reason, meta)
+                yield sse(*writer.event(f"response.{done['status']}", response=done))
+            except Exception as e:  # the request's own parameters, or the engine, failed it
+                code = "invalid_prompt" if isinstance(e, BadRequest) else "server_error"
+                error = {"code": code, "message": str(e) or type(e).__name__}
+                failed = {**shell, "status": "failed", "error": error, "output": writer.items}
+                yield sse(*writer.event("response.failed", response=failed))
+
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
+
+
+def _shell(
+    req: ResponsesRequest,
+    obj: dict[str, Any],
+    functions: list[Tool] | None,
+    model: str,
+    created: int,
+    params: SamplingParams,
+) -> dict[str, Any]:
+    """The response object before its output: what the request set, echoed as OpenAI does."""
+    text = obj.get("text") if isinstance(obj.get("text"), dict) else {}
+    listed = [
+        {
+            "type": "function",
+            "name": t.function.name,
+            "description": t.function.description,
+            "parameters": t.function.parameters,
+            "strict": t.function.strict is not False,
+        }
+        for t in functions or ()
+    ]
+    return {
+        "id": f"resp_{uuid.uuid4().hex}",
+        "object": "response",
+        "created_at": created,
+        "status": "in_progress",
+        "background": False,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": req.instructions,
+        "max_output_tokens": req.max_output_tokens,
+        "max_tool_calls": req.max_tool_calls,
+        "model": model,
+        "output": [],
+        "parallel_tool_calls": req.parallel_tool_calls is not False,
+        "previous_response_id": req.previous_response_id,
+        "reasoning": {"effort": None, "summary": None},
+        "store": req.store is not False,
+        "temperature": params.temperature,
+        "text": {"format": text.get("format") or {"type": "text"}, "verbosity": "medium"},
+        "tool_choice": obj.get("tool_choice") or "auto",
+        "tools": listed,
+        "top_p": params.top_p,
+        "truncation": "disabled",
+        "usage": None,
+        "user": req.user,
+        "metadata": req.metadata or {},
+    }
+
+
+def _store(request: Request) -> ResponseStore:
+    """The app's stored responses: app.state.response_store, made with the default bounds on
+    first use unless the app was given one."""
+    state = request.app.state
+    if getattr(state, "response_store", None) is None:
+        state.response_store = ResponseStore()
+    return state.response_store
+
+
+def _not_found(response_id: str) -> Response:
+    message = f"Response with id '{response_id}' not found."
+    return JSONResponse(error_body(404, "invalid_request_error", message), 404)
+
+
+async def get_response(request: Request) -> Response:
+    response_id = request.path_params["response_id"]
+    entry = _store(request).get(response_id)
+    return JSONResponse(entry.body) if entry is not None else _not_found(response_id)
+
+
+async def delete_response(request: Request) -> Response:
+    response_id = request.path_params["response_id"]
+    if not _store(request).delete(response_id):
+        return _not_found(response_id)
+    return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+
+ROUTES = [
+    Route("/v1/responses", create_response, methods=["POST"]),
+    Route("/v1/responses/{response_id}", get_response, methods=["GET"]),
+    Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
+]
