@@ -13,13 +13,9 @@ import logging
 from collections.abc import Callable
 from functools import cached_property
 
-import msgspec
-
 from braid.interpreter.event_loop import interpreter_loop as loop
 from braid.interpreter.http import HttpClient
-from braid.runtime.protocol.outputs import GenerateOutput
-from braid.runtime.protocol.sampling_params import SamplingParams
-from braid.runtime.server.wire import SAMPLING_FIELDS
+from braid.runtime.protocol import GenerateOutput, SamplingParams, wire_sampling
 from braid.runtime.text.chat_template import ChatTemplate
 
 log = logging.getLogger(__name__)
@@ -63,11 +59,10 @@ class RemoteBackend:
     ) -> GenerateOutput:
         # What is reported goes in /generate's own fields (return_logprob, top_logprobs_num,
         # logprob_start_len).
-        sampling = {k: v for k, v in msgspec.to_builtins(params).items() if k in SAMPLING_FIELDS}
         prompt_from = params.prompt_logprobs_from
         body = {
             "text": prompt,
-            "sampling_params": sampling,
+            "sampling_params": wire_sampling(params),
             "stream": True,
             "return_logprob": params.wants_logprobs or prompt_from is not None,
             "top_logprobs_num": params.top_logprobs,
@@ -109,8 +104,7 @@ class RemoteBackend:
     def compile_ahead(self, params: SamplingParams) -> None:
         """Have the server compile the params' constraint now (returns at once; a bad one
         fails its gen when it runs, as without this)."""
-        sampling = {k: v for k, v in msgspec.to_builtins(params).items() if k in SAMPLING_FIELDS}
-        body = {"sampling_params": sampling}
+        body = {"sampling_params": wire_sampling(params)}
         asyncio.run_coroutine_threadsafe(_quietly(self.http.post("/braid/prepare", body)), loop())
 
     async def release_program(self, program: str, lora: str | None = None) -> None:
@@ -129,11 +123,20 @@ class RemoteBackend:
         did)."""
         return [self._token_texts.get(t) for t in token_ids]
 
+    def token_pieces(self, prompt: str, token_ids: list[int]) -> list[str] | None:
+        """Not available: the server streams text, not each token's piece of it."""
+        return None
+
+    def prompt_chars(self, prompt: str, num_tokens: int) -> int | None:
+        """Not available: the server's tokenizer is not at hand."""
+        return None
+
     def flush_cache(self) -> None:
         """Drop the server's cached prefixes."""
         self.http.post_sync("/flush_cache", {})
 
     def get_server_info(self) -> dict:
+        """The server's /get_server_info."""
         return self.http.get_sync("/get_server_info")
 
     def _learn_texts(self, *listings: list[list]) -> None:

@@ -3,21 +3,9 @@ leaks them."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
-from braid.grammars.regex.char_regex import CharRegex, check_pattern
-
-
-def check_stop_regex(pattern: str) -> None:
-    """Raise ValueError naming what is wrong with a stop regex; cheap (the automaton is
-    built later, off the request path, by the grammar compiler)."""
-    try:
-        check_pattern(pattern)
-    except ValueError as e:
-        raise ValueError(f"SamplingParams: stop_regex {pattern!r} is {e}") from None
-    if re.fullmatch(pattern, ""):
-        raise ValueError(f"SamplingParams: stop_regex {pattern!r} matches the empty string")
+from braid.grammars.regex.char_regex import CharRegex
 
 
 class StopMatcher:

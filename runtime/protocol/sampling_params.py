@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 
 from braid.grammars.constraints import Choices, Constraint, Ebnf, JsonSchema, Regex
-from braid.runtime.output.stop import check_stop_regex
+from braid.runtime.protocol.stop_regex import check_stop_regex
 
 _CONSTRAINTS = ("regex", "json_schema", "choices", "grammar")
 _INT64 = 2**63

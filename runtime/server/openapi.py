@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from braid.runtime.protocol.sampling_params import SamplingParams
+from braid.runtime.protocol.wire_fields import SAMPLING_FIELDS
 from braid.runtime.server.routes.anthropic import CountTokensRequest, MessagesRequest
 from braid.runtime.server.routes.embeddings import EmbeddingRequest
 from braid.runtime.server.routes.responses_wire import ResponsesRequest
@@ -24,7 +25,6 @@ from braid.runtime.server.routes.tokens import (
     TokenizePrompt,
 )
 from braid.runtime.server.wire import (
-    SAMPLING_FIELDS,
     ChatCompletionRequest,
     CompletionRequest,
     GenerateRequest,

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from braid.runtime.protocol.sampling_params import SamplingParams
+from braid.runtime.protocol.wire_fields import REPORTING_FIELDS, SAMPLING_FIELDS
 
 
 class BadRequest(ValueError):
@@ -39,10 +40,6 @@ CacheSalt = Annotated[str, msgspec.Meta(min_length=1)]
 # A program state's name on its requests (RemoteBackend's): the server keeps its prefix
 # leased between them (runtime/kvcache/leases.py).
 ProgramId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
-
-# How many logprobs a request reports is each API's own field, not a sampling field.
-_REPORTING = {"logprobs", "top_logprobs", "prompt_logprobs_from"}
-SAMPLING_FIELDS = frozenset(f.name for f in msgspec.structs.fields(SamplingParams)) - _REPORTING
 
 
 def error_body(status: int, kind: str, message: str, code: str | None = None) -> dict:
@@ -352,7 +349,8 @@ def openai_request(
 def _known_fields(obj: dict[str, Any], kind: type[_OpenAIRequest]) -> tuple[dict, list[str]]:
     """The body with vLLM's constraint fields under braid's names and the fields braid does
     not know taken out (returned by name); an output-changing field braid lacks is a 400."""
-    known = {f.encode_name for f in msgspec.structs.fields(kind)} | SAMPLING_FIELDS | _REPORTING
+    known = {f.encode_name for f in msgspec.structs.fields(kind)}
+    known |= SAMPLING_FIELDS | REPORTING_FIELDS
     obj = dict(obj)
     constraints = {_VLLM_CONSTRAINTS[k]: obj.pop(k) for k in list(obj) if k in _VLLM_CONSTRAINTS}
     structured = obj.pop("structured_outputs", None)
