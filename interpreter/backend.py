@@ -1,13 +1,11 @@
-"""What the interpreter needs from a model: generate text, score continuations, and the
-chat template's markers. `LocalBackend` runs an in-process Engine; remote backends (a braid
-server, an OpenAI-compatible API) implement the same three members.
+"""What the interpreter and the frontend need from a model: the `Backend` protocol.
 
-LocalBackend and RemoteBackend also offer what SGLang's frontend asks of a backend:
-`token_texts(ids)` (for get_meta_info's logprob listings), `flush_cache()` and
-`get_server_info()`; a backend without them leaves texts out or says it cannot. They also
-take what the interpreter tells a runtime about a program (interpreter/executor.py): a
-state's id on its gens (`generate(..., program=id)`), `release_program(id)` when it is done,
-and `compile_ahead(params)` when a constrained gen is submitted."""
+`LocalBackend` runs an in-process Engine; `RemoteBackend` a braid server, `OpenAIBackend` any
+OpenAI-compatible API, `RayBackend` engines in Ray actors. Every backend implements every
+member; where one cannot do a thing, its member says so as the member's contract states (a
+"not available" value, doing nothing, or an error naming the backend), so no caller probes
+for a member.
+"""
 
 from __future__ import annotations
 
@@ -17,14 +15,15 @@ from collections.abc import Callable
 from typing import Protocol
 
 from braid.interpreter.local_backend import LocalBackend
-from braid.runtime.protocol.outputs import GenerateOutput
-from braid.runtime.protocol.sampling_params import SamplingParams
+from braid.runtime.protocol import GenerateOutput, SamplingParams
 from braid.runtime.text.chat_template import ChatTemplate
 
 
 class Backend(Protocol):
     @property
-    def chat_template(self) -> ChatTemplate: ...
+    def chat_template(self) -> ChatTemplate:
+        """The markers that render chat roles as text. Raises ValueError when the model has
+        no chat template (the roles cannot be rendered)."""
 
     async def generate(
         self,
@@ -32,17 +31,48 @@ class Backend(Protocol):
         params: SamplingParams,
         on_text: Callable[[str], None],
         lora: str | None = None,
+        program: str | None = None,
     ) -> GenerateOutput:
         """Generate a continuation of `prompt`, handing each new piece of text to `on_text`
         as it arrives. Raises RuntimeError when the request fails. `lora`: a LoRA adapter the
-        model serves, by name (the interpreter passes it only to programs that ask for one,
-        so a backend without adapters may leave it out)."""
+        model serves, by name (None: the base model). `program`: the id of the program state
+        the request belongs to; a backend that keeps leases keeps that state's prefix cached
+        until `release_program`, one that keeps none ignores it."""
 
     async def score(
         self, prefix: str, continuations: list[str], lora: str | None = None
     ) -> list[list[float]]:
         """For each continuation, the logprobs of its tokens after `prefix`, all counted from
         the first token position where any of them departs from the prefix's tokens."""
+
+    def compile_ahead(self, params: SamplingParams) -> None:
+        """Start compiling the params' constraint now, so its gen finds it compiled; returns
+        at once. It may raise for a constraint that cannot compile: the caller ignores that
+        (the gen fails in its turn). A backend that cannot compile ahead does nothing."""
+
+    async def release_program(self, program: str, lora: str | None = None) -> None:
+        """Program state `program` (under `lora`) will not continue: drop its lease. Never
+        raises (without it the lease expires). A backend that keeps no leases does nothing."""
+
+    def token_texts(self, token_ids: list[int]) -> list[str | None]:
+        """Each token's own text; None for a token whose text the backend cannot tell."""
+
+    def token_pieces(self, prompt: str, token_ids: list[int]) -> list[str] | None:
+        """The text each output token added after `prompt`, as it was streamed (a token that
+        ends inside a character adds "", the next one the character); None where the backend
+        cannot split its output by token."""
+
+    def prompt_chars(self, prompt: str, num_tokens: int) -> int | None:
+        """How many characters of `prompt` its first `num_tokens` tokens spell; None where
+        the backend cannot tell."""
+
+    def flush_cache(self) -> None:
+        """Drop the cached prefixes. Raises NotImplementedError, naming the backend, where
+        there is no cache it can flush."""
+
+    def get_server_info(self) -> dict:
+        """The engine's (or server's) configuration and counters. Raises
+        NotImplementedError, naming the backend, where it cannot report them."""
 
 
 _default: Backend | None = None
@@ -66,7 +96,5 @@ def default_backend() -> Backend:
     global _default
     with _default_lock:
         if _default is None:
-            from braid.runtime.engine.engine import Engine
-
-            _default = LocalBackend(Engine())
+            _default = LocalBackend.start()
         return _default

@@ -6,11 +6,11 @@ requests in the engine at the same time. The operations run as a task on the int
 event loop; reading a variable waits for the operation that sets it. After an operation
 fails, the rest are dropped and every read raises the failure.
 
-What the runtime learns from a state, on backends that take it (LocalBackend,
-RemoteBackend): each state has a program id on its gens' requests, so the engine keeps the
-state's prefix leased between them (runtime/kvcache/leases.py), until the state is done (or failed,
-or its fork joined) and releases it; and a gen's constraint starts compiling when the gen
-is submitted, not when the operations before it have run.
+What the runtime learns from a state, on backends that use it (LocalBackend,
+RemoteBackend; the others ignore it): each state has a program id on its gens' requests, so
+the engine keeps the state's prefix leased between them (runtime/kvcache/leases.py), until
+the state is done (or failed, or its fork joined) and releases it; and a gen's constraint
+starts compiling when the gen is submitted, not when the operations before it have run.
 """
 
 from __future__ import annotations
@@ -119,9 +119,9 @@ class StreamExecutor:
         # With tracing, what each gen, select, fork and join did, in order (lang/trace.py
         # reads them); None otherwise, and nothing is recorded.
         self.events: list[dict] | None = [] if trace else None
-        # This state's name on its requests (a lease on its prefix); None on a backend
-        # that keeps no leases. `_leased`: a request may have left a lease to release.
-        self.program_id = uuid.uuid4().hex if hasattr(backend, "release_program") else None
+        # This state's name on its requests (a lease on its prefix, where the backend keeps
+        # leases). `_leased`: a request may have left a lease to release.
+        self.program_id = uuid.uuid4().hex
         self._leased = False
         if parent is not None:
             self.submit(_Inherit(parent))
@@ -279,8 +279,6 @@ class StreamExecutor:
     def _prepare_ahead(self, op: object) -> None:
         """Start compiling the constraints of `op`'s gens now (the compile cache hands the
         result to the gen when it runs)."""
-        if not hasattr(self.backend, "compile_ahead"):
-            return
         for gen in _gens(op):
             try:
                 params = gen.params(self.sampling)
@@ -294,7 +292,7 @@ class StreamExecutor:
         if self._leased:
             self._leased = False
             asyncio.run_coroutine_threadsafe(
-                self.backend.release_program(self.program_id, **_lora(self.lora)), self._loop
+                self.backend.release_program(self.program_id, self.lora), self._loop
             )
 
     # ---- bookkeeping (callers hold _cond) ---------------------------------------------
@@ -396,12 +394,11 @@ class StreamExecutor:
             top = max(params.top_logprobs, 5)
             params = msgspec.structs.replace(params, trace=True, top_logprobs=top)
         prompt, submitted = self.text, time.monotonic()
-        extra = _lora(op.lora or self.lora)
-        if self.program_id is not None and op.lora in (None, self.lora):
-            extra["program"] = self.program_id  # leased under the state's own adapter
-            self._leased = True
+        program = None
+        if op.lora in (None, self.lora):  # leased under the state's own adapter
+            program, self._leased = self.program_id, True
         out = await self.backend.generate(
-            prompt, params, lambda t: self._append(t, op.name), **extra
+            prompt, params, lambda t: self._append(t, op.name), op.lora or self.lora, program
         )
         value = out.text
         if op.decode is not None:
@@ -424,13 +421,12 @@ class StreamExecutor:
     async def _(self, op: Select) -> None:
         choices = list(op.choices)
         start, submitted = len(self.text), time.monotonic()
-        lora = _lora(self.lora)
-        scoring = [self.backend.score(self.text, choices, **lora)]
+        scoring = [self.backend.score(self.text, choices, self.lora)]
         if needs_unconditional(op.method):
             # The choice's prior: its logprobs after only the current message's opening.
             role = self.open_role
             context = "" if role is None else self.backend.chat_template.begin(role, first=False)
-            scoring.append(self.backend.score(context, choices, **lora))
+            scoring.append(self.backend.score(context, choices, self.lora))
         logprobs, *prior = await asyncio.gather(*scoring)  # one engine round trip
         unconditional = prior[0] if prior else None
         scores = METHODS[op.method](logprobs, unconditional)
@@ -524,9 +520,3 @@ def _gens(op: object) -> list[Gen]:
     if isinstance(op, Role):
         return [g for part in op.parts for g in _gens(part)]
     return []
-
-
-def _lora(name: str | None) -> dict[str, str]:
-    """The backend's `lora` argument, only when a program asks for an adapter: backends that
-    serve none need not take it."""
-    return {"lora": name} if name is not None else {}

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from braid.runtime.protocol.sampling_params import SamplingParams
+from braid.runtime.protocol import SamplingParams
 
 
 class _NotText:

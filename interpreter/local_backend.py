@@ -5,12 +5,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from braid.runtime.protocol.outputs import GenerateOutput
-from braid.runtime.protocol.sampling_params import SamplingParams
+from braid.runtime.protocol import GenerateOutput, SamplingParams
 from braid.runtime.text.chat_template import ChatTemplate
 
 if TYPE_CHECKING:  # the engine (and torch) load only when a LocalBackend is made
@@ -20,6 +19,14 @@ if TYPE_CHECKING:  # the engine (and torch) load only when a LocalBackend is mad
 class LocalBackend:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+
+    @classmethod
+    def start(cls, model: str | None = None, **engine_config: Any) -> LocalBackend:
+        """A LocalBackend on a new `Engine(model, **engine_config)` (the default model if
+        None); the engine, and torch, load here."""
+        from braid.runtime.engine.engine import Engine
+
+        return cls(Engine(model=model, **engine_config))
 
     @cached_property
     def chat_template(self) -> ChatTemplate:

@@ -16,8 +16,7 @@ import re
 from collections.abc import Callable
 
 from braid.interpreter.http import HttpClient
-from braid.runtime.protocol.outputs import GenerateOutput
-from braid.runtime.protocol.sampling_params import SamplingParams
+from braid.runtime.protocol import GenerateOutput, SamplingParams
 from braid.runtime.text.chat_template import ROLES, ChatTemplate
 
 # Role markers for endpoints that take messages; NUL never occurs in program text.
@@ -56,9 +55,10 @@ class OpenAIBackend:
         params: SamplingParams,
         on_text: Callable[[str], None],
         lora: str | None = None,
+        program: str | None = None,
     ) -> GenerateOutput:
         """`lora`: an adapter the server lists as a model of its own (braid serve and vLLM
-        do), asked for by that name."""
+        do), asked for by that name. `program` is ignored: the API keeps no leases."""
         if params.n != 1 or params.prompt_logprobs_from is not None:
             raise ValueError("OpenAIBackend generates one sample without prompt logprobs")
         body = {"model": lora or self.model, "stream": True}
@@ -126,6 +126,36 @@ class OpenAIBackend:
                 raise ValueError("select needs text before the choices to score them against")
             out.append(scored)
         return out
+
+    def compile_ahead(self, params: SamplingParams) -> None:
+        """Does nothing: the API has no call for it (the constraint compiles with its gen)."""
+
+    async def release_program(self, program: str, lora: str | None = None) -> None:
+        """Does nothing: the API keeps no leases."""
+
+    def token_texts(self, token_ids: list[int]) -> list[str | None]:
+        """Not available (None each): the API names tokens by their text, not their ids."""
+        return [None] * len(token_ids)
+
+    def token_pieces(self, prompt: str, token_ids: list[int]) -> list[str] | None:
+        """Not available: the API reports no token ids."""
+        return None
+
+    def prompt_chars(self, prompt: str, num_tokens: int) -> int | None:
+        """Not available: the endpoint's tokenizer is not at hand."""
+        return None
+
+    def flush_cache(self) -> None:
+        raise NotImplementedError(
+            "OpenAIBackend cannot flush_cache: an OpenAI-compatible API has no call for it "
+            "(a LocalBackend or a RemoteBackend can)"
+        )
+
+    def get_server_info(self) -> dict:
+        raise NotImplementedError(
+            "OpenAIBackend cannot get_server_info: an OpenAI-compatible API has no call for "
+            "it (a LocalBackend or a RemoteBackend can)"
+        )
 
 
 def _sampling_fields(params: SamplingParams) -> dict:

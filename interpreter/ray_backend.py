@@ -17,8 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from braid.runtime.cluster.affinity import AffinityConfig, PrefixAffinity
-from braid.runtime.protocol.outputs import GenerateOutput
-from braid.runtime.protocol.sampling_params import SamplingParams
+from braid.runtime.protocol import GenerateOutput, SamplingParams
 from braid.runtime.text.chat_template import ChatTemplate
 
 
@@ -63,7 +62,10 @@ class RayBackend:
         params: SamplingParams,
         on_text: Callable[[str], None],
         lora: str | None = None,
+        program: str | None = None,
     ) -> GenerateOutput:
+        """`program` is ignored: a state's requests may go to different actors, so no actor
+        keeps a lease for it."""
         # The output comes back whole: a streamed program sees each gen's text at once.
         out = await self._call("generate", prompt, prompt, params, lora)
         if out.text:
@@ -74,6 +76,24 @@ class RayBackend:
         self, prefix: str, continuations: list[str], lora: str | None = None
     ) -> list[list[float]]:
         return await self._call("score", prefix, prefix, continuations, lora)
+
+    def compile_ahead(self, params: SamplingParams) -> None:
+        """Does nothing: which actor a gen goes to is known only when it runs."""
+
+    async def release_program(self, program: str, lora: str | None = None) -> None:
+        """Does nothing: the actors keep no leases (see `generate`)."""
+
+    def token_texts(self, token_ids: list[int]) -> list[str | None]:
+        """Not available (None each): the tokenizer is in the actors."""
+        return [None] * len(token_ids)
+
+    def token_pieces(self, prompt: str, token_ids: list[int]) -> list[str] | None:
+        """Not available: the tokenizer is in the actors."""
+        return None
+
+    def prompt_chars(self, prompt: str, num_tokens: int) -> int | None:
+        """Not available: the tokenizer is in the actors."""
+        return None
 
     async def _call(self, method: str, routing_text: str, *args: Any) -> Any:
         exceptions = self._ray.exceptions
@@ -96,6 +116,12 @@ class RayBackend:
         """Drop every engine's cached prefixes."""
         self._ray.get([a.flush_cache.remote() for a in self.actors])
 
+    def get_server_info(self) -> dict:
+        raise NotImplementedError(
+            "RayBackend cannot get_server_info: it runs several engines; stats() gives each "
+            "actor's counters"
+        )
+
     def shutdown(self) -> None:
         """Stop the actors (their engines go with them)."""
         for actor in self.actors:
@@ -107,9 +133,8 @@ class EngineActor:
 
     def __init__(self, model: str | None, engine_config: dict[str, Any]) -> None:
         from braid.interpreter.local_backend import LocalBackend
-        from braid.runtime.engine.engine import Engine
 
-        self.local = LocalBackend(Engine(model=model, **engine_config))
+        self.local = LocalBackend.start(model, **engine_config)
 
     def chat_template(self) -> ChatTemplate | str:
         """The model's chat template, or why it has none."""

@@ -15,7 +15,7 @@ import msgspec
 from braid.grammars.constraints import dtype_constraint
 from braid.interpreter.choices import METHODS
 from braid.interpreter.ir import Gen, Parts, Role, Select
-from braid.runtime.protocol.sampling_params import SamplingParams
+from braid.runtime.protocol import SamplingParams
 
 _SAMPLING_FIELDS = frozenset(SamplingParams.__struct_fields__)
 _DTYPE_DECODERS: dict[type, Callable[[str], Any]] = {

@@ -167,26 +167,17 @@ class OpenAI(OpenAIBackend):
 
 def flush_cache(backend: Backend | None = None) -> bool:
     """Drop the cached prefixes of `backend` (the default one if None): a local engine's, or
-    a braid server's through /flush_cache. True once done."""
-    _backend_call(backend, "flush_cache")()
+    a braid server's through /flush_cache. True once done; a backend without a cache to
+    flush raises NotImplementedError."""
+    (backend or default_backend()).flush_cache()
     return True
 
 
 def get_server_info(backend: Backend | None = None) -> dict:
     """The configuration and counters of `backend` (the default one if None): a local
-    engine's, or a braid server's /get_server_info."""
-    return _backend_call(backend, "get_server_info")()
-
-
-def _backend_call(backend: Backend | None, name: str) -> Callable[[], Any]:
-    backend = backend or default_backend()
-    call = getattr(backend, name, None)
-    if call is None:
-        raise TypeError(
-            f"sgl.{name}: {type(backend).__name__} does not offer it; a LocalBackend or a "
-            "RemoteBackend (RuntimeEndpoint) does"
-        )
-    return call
+    engine's, or a braid server's /get_server_info; a backend that cannot report them raises
+    NotImplementedError."""
+    return (backend or default_backend()).get_server_info()
 
 
 # Settings SGLang lets programs change that braid implements one way only.

@@ -67,8 +67,7 @@ class ProgramState:
         finish_reason, and [logprob, token id, text] listings when logprobs were asked for
         (output_token_logprobs, output_top_logprobs, input_token_logprobs); a select's
         normalized_prompt_logprobs and input_token_logprobs."""
-        texts = getattr(self._executor.backend, "token_texts", None)
-        return sglang_meta_info(self.meta(name), texts)
+        return sglang_meta_info(self.meta(name), self._executor.backend.token_texts)
 
     def text(self) -> str:
         """The whole text so far (waits for what was appended before)."""

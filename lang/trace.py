@@ -117,9 +117,9 @@ def _cached_chars(e: StreamExecutor, gen: dict) -> int:
     """How many characters of the gen's prompt the prefix cache served (0 where the backend
     cannot say)."""
     cached = gen["meta"].get("cached_tokens", 0)
-    if not cached or not hasattr(e.backend, "prompt_chars"):
+    if not cached:
         return 0
-    return e.backend.prompt_chars(e.text[: gen["start"]], cached)
+    return e.backend.prompt_chars(e.text[: gen["start"]], cached) or 0
 
 
 def _token_segments(e: StreamExecutor, ev: dict) -> list[dict]:
@@ -128,9 +128,9 @@ def _token_segments(e: StreamExecutor, ev: dict) -> list[dict]:
     meta, backend = ev["meta"], e.backend
     text = e.text[ev["start"] : ev["end"]]
     ids = meta.get("token_ids") or []
-    if not hasattr(backend, "token_pieces") or not ids:
+    pieces = backend.token_pieces(e.text[: ev["start"]], ids) if ids else None
+    if pieces is None:
         return [{"origin": "generated", "text": text}]
-    pieces = backend.token_pieces(e.text[: ev["start"]], ids)
     trace = meta.get("trace") or {}
     forced = trace.get("forced") or [False] * len(ids)
     allowed = trace.get("allowed") or [None] * len(ids)

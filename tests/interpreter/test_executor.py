@@ -7,16 +7,18 @@ import asyncio
 import threading
 
 import pytest
+from backend_doubles import ScriptedBase
 from conftest import async_wait_for, wait_for
 
 from braid import gen, program, select, user
 from braid.interpreter import ChatTemplate, ProgramError
-from braid.runtime.protocol.outputs import GenerateOutput
+from braid.runtime.protocol import GenerateOutput
 
 
-class ScriptedBackend:
+class ScriptedBackend(ScriptedBase):
     """Every gen answers "<reply #k>" in two pieces once `release` is set; select scores a
-    choice by minus its length (the shortest wins)."""
+    choice by minus its length (the shortest wins). Records each gen's program id, each
+    release of one, and each constraint compiled ahead."""
 
     def __init__(self, tokenizer) -> None:
         self.chat_template = ChatTemplate.from_tokenizer(tokenizer)
@@ -24,9 +26,13 @@ class ScriptedBackend:
         self.release.set()
         self.prompts: list[str] = []
         self.scored: list[tuple[str, list[str]]] = []
+        self.programs: list[str | None] = []
+        self.released: list[tuple[str, str | None]] = []
+        self.compiled: list[str | None] = []  # the regex of each params compiled ahead
 
-    async def generate(self, prompt, params, on_text):
+    async def generate(self, prompt, params, on_text, lora=None, program=None):
         self.prompts.append(prompt)
+        self.programs.append(program)
         k = len(self.prompts)
         await async_wait_for(self.release.is_set, what="the test to release the gens")
         if params.regex == "fail":
@@ -35,9 +41,15 @@ class ScriptedBackend:
         on_text(">")
         return GenerateOutput(f"<reply #{k}>", [1, 2], "stop", {"completion_tokens": 2})
 
-    async def score(self, prefix, continuations):
+    async def score(self, prefix, continuations, lora=None):
         self.scored.append((prefix, continuations))
         return [[-float(len(c))] for c in continuations]
+
+    def compile_ahead(self, params) -> None:
+        self.compiled.append(params.regex)
+
+    async def release_program(self, program, lora=None) -> None:
+        self.released.append((program, lora))
 
 
 @pytest.fixture
@@ -65,6 +77,39 @@ def test_append_returns_before_the_gen_finishes(backend):
     assert "".join(state.text_iter()) == "Q: <reply #1> then <reply #2>"
     assert state["a"] == "<reply #1>" and state["b"] == "<reply #2>"
     assert backend.prompts == ["Q: ", "Q: <reply #1> then "]
+
+
+def test_a_constraint_compiles_ahead_when_its_gen_is_submitted(backend):
+    backend.release.clear()
+
+    @program
+    def p(s):
+        s += gen("a")
+        s += gen("b", regex="[a-z]+")
+
+    state = p.run(stream=True, backend=backend)
+    wait_for(lambda: backend.compiled and backend.prompts, what="gen a to run, b to compile")
+    assert backend.compiled == ["[a-z]+"] and backend.prompts == [""]  # gen b waits for a
+    backend.release.set()
+    state.sync()
+    assert backend.compiled == ["[a-z]+"]
+
+
+def test_each_state_names_itself_on_its_gens_and_releases_its_lease_when_done(backend):
+    @program
+    def p(s):
+        s += gen("a")
+        for f in s.fork(2):
+            f += gen("x")
+        s += gen("b", lora="other")  # under another adapter: no lease of the state's
+
+    p.run(backend=backend)
+    root, *rest = backend.programs
+    assert root is not None and rest.count(None) == 1
+    children = {x for x in rest if x is not None}
+    assert len(children) == 2 and root not in children  # each fork is a state of its own
+    wait_for(lambda: len(backend.released) == 3, what="the states to release their leases")
+    assert sorted(backend.released) == sorted((x, None) for x in (root, *children))
 
 
 def test_reading_a_variable_waits_for_it(backend):

@@ -57,3 +57,8 @@ def test_run_batch_on_ray_actors_equals_the_local_run_batch(ray_cluster, tiny_mo
     assert type(on_ray[64].error) is type(local[64].error) is ValueError
     assert str(on_ray[64].error) == str(local[64].error)
     assert all(s["requests_finished"] > 0 for s in stats)  # both actors served
+    # What the driver cannot answer without an engine of its own, it says so.
+    assert backend.token_texts([1, 2]) == [None, None]
+    assert backend.token_pieces("Q:", [1]) is None and backend.prompt_chars("Q:", 1) is None
+    with pytest.raises(NotImplementedError, match="RayBackend cannot get_server_info"):
+        backend.get_server_info()

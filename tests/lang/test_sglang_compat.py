@@ -15,12 +15,13 @@ import threading
 
 import msgspec
 import pytest
+from backend_doubles import ScriptedBase
 from conftest import LiveServer, wait_for, wait_idle
 
 import braid as sgl
 from braid.interpreter.ir import Parts, Role, RoleBegin, RoleEnd, Select
 from braid.meta_info import sglang_meta_info
-from braid.runtime.protocol.outputs import GenerateOutput
+from braid.runtime.protocol import GenerateOutput
 
 # Every name SGLang's frontend exports that a program can use on braid.
 SGLANG_NAMES = (
@@ -212,7 +213,7 @@ def test_sglang_meta_info_shape():
     assert sglang_meta_info({}, None) is None  # set_var, var_scope: SGLang has none either
 
 
-class RecordingBackend:
+class RecordingBackend(ScriptedBase):
     """Each gen answers the next of `replies` ((text, finish reason) pairs), then "<k>" (k
     counting from 1) with finish reason "stop", and records its params; select picks the
     shortest choice."""
@@ -224,13 +225,13 @@ class RecordingBackend:
         self.params = []
         self.replies = list(replies)
 
-    async def generate(self, prompt, params, on_text):
+    async def generate(self, prompt, params, on_text, lora=None, program=None):
         self.params.append(params)
         text, reason = self.replies.pop(0) if self.replies else (f"<{len(self.params)}>", "stop")
         on_text(text)
         return GenerateOutput(text, [1], reason, {"completion_tokens": 1})
 
-    async def score(self, prefix, continuations):
+    async def score(self, prefix, continuations, lora=None):
         return [[-float(len(c))] for c in continuations]
 
 

@@ -92,8 +92,7 @@ class _Timed:
         self.chat_template = backend.chat_template
         self.waits: list[float] = []
         self.release_program = backend.release_program
-        if ahead:
-            self.compile_ahead = backend.compile_ahead
+        self.compile_ahead = backend.compile_ahead if ahead else lambda params: None
 
     async def generate(self, prompt, params, on_text, **kw):
         if params.constraint is not None:
