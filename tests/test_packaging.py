@@ -108,6 +108,64 @@ def test_a_fresh_install_runs_a_schema_that_needs_the_lazy_automaton(wheel, tmp_
     jsonschema.validate(json.loads(out["code"]), schema)
 
 
+# What a process importing only the frontend's side may load of the runtime: the shared
+# types, the chat-template markers, and the prefix-affinity router RayBackend routes with.
+_FRONTEND_ROOMS = ("braid.runtime.protocol.", "braid.runtime.text.")
+_FRONTEND_MODULES = {
+    "braid.runtime.protocol",
+    "braid.runtime.text",
+    "braid.runtime.cluster",
+    "braid.runtime.cluster.affinity",
+}
+
+
+def _loaded_without_torch(statements: str) -> list[str]:
+    """The braid modules a fresh process has loaded after `statements`, run where torch,
+    transformers and the server's packages cannot be imported."""
+    script = textwrap.dedent(
+        """
+        import json, sys
+        for blocked in ("torch", "transformers", "starlette", "uvicorn", "ray"):
+            sys.modules[blocked] = None  # importing any of them now fails
+        """
+    )
+    script += textwrap.dedent(statements)
+    script += "\nprint(json.dumps(sorted(m for m in sys.modules if m.startswith('braid'))))\n"
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.splitlines()[-1])
+
+
+def test_the_protocol_imports_nothing_of_the_engine_rooms():
+    loaded = _loaded_without_torch(
+        """
+        import braid.runtime.protocol as protocol
+        for name in protocol.__all__:
+            getattr(protocol, name)
+        """
+    )
+    runtime = [m for m in loaded if m.startswith("braid.runtime.")]
+    assert "braid.runtime.protocol.sampling_params" in runtime
+    assert all(m.startswith("braid.runtime.protocol") for m in runtime), runtime
+    assert not [m for m in loaded if m.startswith(("braid.interpreter", "braid.kernels"))]
+
+
+def test_the_remote_backends_import_without_torch():
+    loaded = _loaded_without_torch(
+        """
+        from braid import OpenAIBackend, RayBackend, RemoteBackend, gen, program, select
+        from braid.runtime import GenerateOutput, SamplingParams, StreamChunk
+        """
+    )
+    assert "braid.interpreter.remote_backend" in loaded
+    runtime = {m for m in loaded if m.startswith("braid.runtime.")} - _FRONTEND_MODULES
+    beyond = [m for m in runtime if not m.startswith(_FRONTEND_ROOMS)]
+    assert not beyond, beyond
+    assert not [m for m in loaded if m.startswith("braid.kernels")]
+
+
 def test_a_remote_program_runs_without_torch(tiny_model_path, tmp_path):
     script = textwrap.dedent(
         """
