@@ -1,7 +1,7 @@
 """The braid runtime: model loading, our model forward, paged KV cache, engine, server, CLI.
 
 `Engine` loads on first use (it needs torch); the types shared with the frontend and the
-remote backends (SamplingParams, outputs, TreeNode) import neither torch nor transformers.
+remote backends (SamplingParams, outputs) import neither torch nor transformers.
 """
 
 from typing import TYPE_CHECKING
@@ -13,7 +13,6 @@ _EXPORTS = {
     "Engine": "braid.runtime.engine.engine",
     "GenerateOutput": "braid.runtime.protocol.outputs",
     "StreamChunk": "braid.runtime.protocol.outputs",
-    "TreeNode": "braid.runtime.engine.request_tree",
     "SamplingParams": "braid.runtime.protocol.sampling_params",
 }
 __getattr__ = lazy_exports(__name__, _EXPORTS)
@@ -22,6 +21,5 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:
     from braid.runtime.config import EngineConfig
     from braid.runtime.engine.engine import Engine
-    from braid.runtime.engine.request_tree import TreeNode
     from braid.runtime.protocol.outputs import GenerateOutput, StreamChunk
     from braid.runtime.protocol.sampling_params import SamplingParams

@@ -1,8 +1,8 @@
 """GrammarService: the engine's side of constrained decoding.
 
 It compiles constraints and stop regexes off the engine thread (bounded in time and memory
-by the grammars compiler's workers) and turns the text a grammar forces into tokens
-(jump-forward).
+by the grammars compiler's workers), and makes each constrained request's ConstraintState
+(state.py), which advances its matcher.
 """
 
 from __future__ import annotations
@@ -11,19 +11,17 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
 from braid.grammars.compile.compiler import COMPILER_STATS, Compiled, Job
-from braid.grammars.matcher import Grammar, Matcher
+from braid.grammars.matcher import Grammar
 from braid.grammars.regex.char_regex import CharPattern, CharRegex
 from braid.grammars.vocabulary import TokenVocabulary, build_vocabulary
 from braid.runtime.config import EngineConfig
+from braid.runtime.constraint.state import ConstraintState, JumpForward
 from braid.runtime.protocol.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from braid.runtime.scheduler.request import Request
 
 T = TypeVar("T")
 
@@ -46,13 +44,17 @@ class GrammarService:
         self._lock = threading.Lock()
         self._vocab: TokenVocabulary | None = None
         self._compiler = None  # started with the first constrained request
+        self._jump: JumpForward | None = None
 
     @property
     def vocab(self) -> TokenVocabulary:
         with self._lock:
-            if self._vocab is None:
-                self._vocab = build_vocabulary(self.tokenizer, self.eos_token_ids)
-            return self._vocab
+            return self._vocab_locked()
+
+    def _vocab_locked(self) -> TokenVocabulary:
+        if self._vocab is None:
+            self._vocab = build_vocabulary(self.tokenizer, self.eos_token_ids)
+        return self._vocab
 
     def prepare(self, params: SamplingParams) -> Future[Prepared]:
         """The request's grammar and stop regex automata, compiled in the workers; the
@@ -106,46 +108,15 @@ class GrammarService:
                 self._compiler.close()
                 self._compiler = None
 
-    def forced_tokens(self, r: Request, sampled: int | None) -> list[int]:
-        """The tokens to append after `sampled` was accepted by r's matcher (None: at the
-        start): `sampled` itself plus the tokens of any text the grammar forces next.
-
-        The forced text is tokenized together with the sampled token when that spells the
-        same bytes, so the model sees the tokens it would have produced itself (`"` then
-        `name` would otherwise stand where the tokenizer writes `"name`). The matcher is
-        left having accepted exactly the returned tokens.
-        """
-        matcher = r.matcher
-        tokens = [] if sampled is None else [sampled]
-        if not self.config.jump_forward or matcher.is_terminated():
-            return tokens
-        forced = matcher.jump_forward().encode()
-        if not forced:
-            return tokens
-        if sampled is not None:
-            merged = self._tokenize(self.vocab.token_bytes[sampled] + forced)
-            if merged is not None:
-                matcher.rollback(1)
-                if _accept_all(matcher, merged):
-                    return merged
-                matcher.accept_token(sampled)
-        tail = self._tokenize(forced)
-        if tail is not None and _accept_all(matcher, tail):
-            return tokens + tail
-        return tokens
-
-    def _tokenize(self, data: bytes) -> list[int] | None:
-        """Token ids spelling exactly `data`, or None (a partial UTF-8 character, or text
-        the tokenizer would turn into special tokens)."""
-        try:
-            text = data.decode()
-        except UnicodeDecodeError:
-            return None
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
-        spelled = [self.vocab.token_bytes[i] for i in ids]
-        if not ids or any(b is None for b in spelled) or b"".join(spelled) != data:
-            return None
-        return ids
+    def constraint(self, grammar: Grammar) -> ConstraintState:
+        """A new request's state in `grammar` (a fresh matcher)."""
+        with self._lock:
+            if self._jump is None:
+                self._jump = JumpForward(
+                    self.tokenizer, self._vocab_locked(), self.config.jump_forward
+                )
+            jump = self._jump
+        return ConstraintState(grammar.matcher(), jump)
 
 
 def _gather(futures: list[Future], combine: Callable[[list], T]) -> Future[T]:
@@ -185,13 +156,3 @@ def _gather(futures: list[Future], combine: Callable[[list], T]) -> Future[T]:
         f.add_done_callback(settle)
     out.add_done_callback(cancel_parts)
     return out
-
-
-def _accept_all(matcher: Matcher, tokens: list[int]) -> bool:
-    """Accept every token or none."""
-    for n, t in enumerate(tokens):
-        if not matcher.accept_token(t):
-            if n:
-                matcher.rollback(n)
-            return False
-    return True

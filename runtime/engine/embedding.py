@@ -2,8 +2,8 @@
 final normed hidden states, mean-pooled over its tokens and L2-normalized.
 
 An EmbedJob runs on the engine thread in turns, between generation steps, so a large batch
-of inputs does not hold up the requests being generated. A turn takes KV slots for the
-inputs it embeds and frees them before it ends: between turns the pool is the scheduler's.
+of inputs does not hold up the requests being generated. A turn borrows KV slots for the
+inputs it embeds from the scheduler and hands them back before it ends.
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from braid.runtime.executor.model_runner import ModelRunner
-from braid.runtime.kvcache.pool import KVPool
-from braid.runtime.kvcache.radix_cache import RadixCache
-from braid.runtime.stats import EngineStats
+from braid.runtime.scheduler.scheduler import Scheduler
 
 
 class EmbedJob:
@@ -30,7 +28,7 @@ class EmbedJob:
         self._next = 0  # the first input not yet embedded
         self._vectors: list[list[float]] = []
 
-    def turn(self, runner: ModelRunner, kv: KVPool, cache: RadixCache, stats: EngineStats) -> bool:
+    def turn(self, runner: ModelRunner, scheduler: Scheduler) -> bool:
         """Embed the next inputs: as many whole ones as fit max_batch_tokens, at least one,
         fewer when the KV pool has no room for them all (none: it waits for a later turn).
         True once every input is embedded."""
@@ -40,16 +38,17 @@ class EmbedJob:
         ):
             num_tokens += len(self.inputs[end])
             end += 1
-        if not _make_room(kv, cache, stats, num_tokens):
+        slots = scheduler.lend(num_tokens)
+        if slots is None:
             end, num_tokens = self._next + 1, len(self.inputs[self._next])
-            if not _make_room(kv, cache, stats, num_tokens):
+            slots = scheduler.lend(num_tokens)
+            if slots is None:
                 return False  # generation holds the pool: its requests finish and free it
         group = self.inputs[self._next : end]
-        slots = kv.allocate(num_tokens)
         try:
             self._vectors += pooled(runner, group, slots, self.max_batch_tokens)
         finally:
-            kv.free(slots)
+            scheduler.take_back(slots)
         self._next = end
         return end == len(self.inputs)
 
@@ -88,10 +87,3 @@ def pooled(
         sums.index_add_(0, owners, states.float())
     means = sums / torch.tensor(lengths, dtype=sums.dtype, device=sums.device)[:, None]
     return F.normalize(means, dim=-1).tolist()
-
-
-def _make_room(kv: KVPool, cache: RadixCache, stats: EngineStats, n: int) -> bool:
-    """As the scheduler makes room: n free slots, evicting unused cached prefixes if needed."""
-    if not kv.can_allocate(n):
-        stats.add(evicted_tokens=cache.evict(n - kv.num_free_slots))
-    return kv.can_allocate(n)

@@ -1,8 +1,9 @@
 """Engine: the public entry point to generation.
 
 Callers (any thread) tokenize and validate their prompts, then enqueue requests for the
-engine thread, each with a RequestStream its chunks come back through. The engine thread's
-step is four calls: schedule a batch, run it, process the results into chunks, publish them.
+engine thread (loop.py), each with a RequestStream its chunks come back through; everything
+else they ask of it (aborts, adapters, embeddings, cache flushes) goes there as a message too
+(inbox.py).
 """
 
 from __future__ import annotations
@@ -19,34 +20,25 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Hashable
 from concurrent.futures import Future
 
-import torch
-
 from braid.runtime.config import EngineConfig
 from braid.runtime.constraint.service import GrammarService, Prepared
-from braid.runtime.engine.core_share import CoreShare
+from braid.runtime.engine.core import build_core
 from braid.runtime.engine.embedding import EmbedJob
-from braid.runtime.engine.heap import release_free_heap
+from braid.runtime.engine.inbox import Abort, Add, Call, Embed, Flush, Release
+from braid.runtime.engine.loop import EngineLoop
 from braid.runtime.engine.request_stream import RequestStream
-from braid.runtime.engine.request_tree import TreeNode
-from braid.runtime.engine.scoring import score_tree
-from braid.runtime.executor.model_runner import ModelRunner, StepResult
-from braid.runtime.kvcache.radix_cache import RadixCache
+from braid.runtime.engine.scoring import score_requests
 from braid.runtime.loading.model_loader import load_model_config, resolve_model_dir
-from braid.runtime.loading.model_setup import set_up_model
 from braid.runtime.loading.quantization import resolve_quantization
-from braid.runtime.lora.adapter import LoraAdapter, load_adapter
-from braid.runtime.lora.memory import LoraMemory
+from braid.runtime.lora.adapter import LoraAdapter
 from braid.runtime.output.detokenizer import IncrementalDetokenizer
-from braid.runtime.output.processor import OutputProcessor, Update
 from braid.runtime.output.stop import StopMatcher
 from braid.runtime.protocol.outputs import GenerateOutput, StreamChunk
 from braid.runtime.protocol.sampling_params import SamplingParams
 from braid.runtime.scheduler.request import Request
-from braid.runtime.scheduler.scheduler import Batch, Scheduler
-from braid.runtime.spec import SpecWorker, load_draft_proposer
+from braid.runtime.spec import SpecWorker
 from braid.runtime.stats import EngineStats
 from braid.runtime.text.tokenizer import eos_token_ids, load_tokenizer
-from braid.runtime.tp import RankFailure, RankReport
 
 log = logging.getLogger(__name__)
 
@@ -67,85 +59,28 @@ class Engine:
         # From here on the config says what runs: `auto` resolved (the dtype is resolved on
         # the engine thread, in self.dtype).
         quantization, self._quantization_why = resolve_quantization(config, path)
-        self.config = dataclasses.replace(config, quantization=quantization)
+        self.config = c = dataclasses.replace(config, quantization=quantization)
+        log.info("quantization %s (%s)", c.quantization, self._quantization_why)
         self.model_config = mc = load_model_config(path)
         self.tokenizer = load_tokenizer(path)
-        self.device = self.config.torch_device
+        self.device = c.torch_device
         self.eos_token_ids = eos_token_ids(path, mc, self.tokenizer)
         self.context_length = mc.max_position_embeddings
         self._stats = EngineStats()
         self._rids = itertools.count()
-        self._inbox: list[tuple[str, object]] = []
+        self.grammars = GrammarService(self.tokenizer, self.eos_token_ids, c)
+        build = functools.partial(build_core, path, mc, c, self.tokenizer, self._stats)
+        # On the CPU the thread team shrinks to the cores other programs leave free;
+        # tensor-parallel ranks split the cores between them already.
+        self._loop = EngineLoop(build, share_cores=self.device.type == "cpu" and c.tp == 1)
+        core = self._loop.core
+        self.runner, self.dtype, self.tp_ranks = core.runner, core.dtype, core.tp_ranks
+        self.kv, self.cache, self.scheduler = core.kv, core.cache, core.scheduler
+        self.outputs, self.worker = core.outputs, core.worker
         # Registered LoRA adapters by name: written on the engine thread only (load_lora,
-        # unload_lora), read by callers to resolve a request's `lora`. Which of them hold
-        # their tensors is self.lora_memory's.
-        self.adapters: dict[str, LoraAdapter] = {}
-        self.lora_memory = LoraMemory(self.config.max_loaded_loras, self._load_adapter)
-        self._wake = threading.Condition()
-        self._stopping = False
-        # What every tensor-parallel rank holds (rank 0 alone without tp), and why the ranks
-        # failed, once they have: from then on every request fails with that error.
-        self.tp_ranks: list[RankReport] = []
-        self._failure: str | None = None
-        self.grammars = GrammarService(self.tokenizer, self.eos_token_ids, self.config)
-        # All of the engine's tensor work, loading included, happens on its own thread: an
-        # OpenMP team left by the caller's thread makes libgomp stop spinning between
-        # parallel regions, which made large decode steps markedly slower.
-        ready, failure = threading.Event(), []
-        self._thread = threading.Thread(
-            target=self._run, args=(path, ready, failure), name="braid-engine", daemon=True
-        )
-        self._thread.start()
-        ready.wait()
-        if failure:
-            raise failure[0]
+        # unload_lora), read by callers to resolve a request's `lora`.
+        self.adapters = core.adapters.by_name
         _RUNNING.add(self)
-
-    def _setup(self, path) -> None:
-        c = self.config
-        log.info("quantization %s (%s)", c.quantization, self._quantization_why)
-        self.runner, self.dtype, self.tp_ranks = set_up_model(
-            path, self.model_config, c, len(self.tokenizer)
-        )
-        self.kv = self.runner.kv
-        self.cache = RadixCache(self.kv, enabled=c.prefix_cache)
-        self.scheduler = Scheduler(c, self.kv, self.cache, self._stats)
-        self.outputs = OutputProcessor(self.grammars, self._stats)
-        # What runs a batch: the runner, or the speculative worker around it.
-        self.worker: ModelRunner | SpecWorker = self.runner
-        if c.spec_method != "none":
-            draft = None
-            if c.spec_method == "draft":
-                draft = load_draft_proposer(
-                    c, self.runner.model, self.tokenizer, self.runner.vocab_size, self.kv.num_slots
-                )
-            self.worker = SpecWorker(
-                c, self.runner, self._stats, self.grammars.forced_tokens,
-                self.scheduler.make_room, draft,
-            )  # fmt: skip
-        # On the CPU, a team no larger than the cores other programs leave free
-        # (core_share.py); tensor-parallel ranks split the cores between them already.
-        self._threads = torch.get_num_threads()
-        self._core_share = None
-        if self.device.type == "cpu" and c.tp == 1:
-            self._core_share = CoreShare(self._threads)
-        for entry in c.lora:
-            self._add_adapter(*entry.split("=", 1))
-
-    @torch.no_grad()
-    def _run(self, path, ready: threading.Event, failure: list[BaseException]) -> None:
-        # No autograd bookkeeping: activations die as soon as they are used.
-        try:
-            self._setup(path)
-        except BaseException as e:  # handed to the constructor, which raises it
-            runner = getattr(self, "runner", None)
-            if runner is not None and runner.ranks is not None:
-                runner.ranks.close()
-            failure.append(e)
-            return
-        finally:
-            ready.set()
-        self._loop()
 
     @property
     def model(self):
@@ -183,41 +118,6 @@ class Engine:
         outs = [group if params.n > 1 else group[0] for group in outs]
         return outs if many else outs[0]
 
-    def generate_tree(
-        self,
-        root: TreeNode,
-        priority: int = 0,
-        cache_salt: str | None = None,
-        lora: str | None = None,
-    ) -> list[GenerateOutput]:
-        """Run every leaf of a request tree concurrently; outputs in depth-first leaf order.
-        The leaves share their common prefixes under `cache_salt` and `lora` (see `generate`).
-
-        A path whose segments are all text is tokenized as one string; otherwise each text
-        segment is tokenized on its own (special tokens only for the first) and the ids are
-        joined, which lets the caller fix token boundaries by passing ids.
-        """
-        leaves = self._tree_leaves(root)
-        adapter = self.adapter(lora)
-        prepared = [self.prepare(params) for _, params in leaves]
-        prepared = [p.result() for p in prepared]  # all compile, or none is submitted
-        streams = [
-            self._enqueue(ids, params, p, priority, cache_salt, adapter)[0]
-            for (ids, params), p in zip(leaves, prepared, strict=True)
-        ]
-        return [s.result() for s in streams]
-
-    async def agenerate_tree(
-        self,
-        root: TreeNode,
-        priority: int = 0,
-        cache_salt: str | None = None,
-        lora: str | None = None,
-    ) -> list[GenerateOutput]:
-        """`generate_tree` for asyncio callers: waits without blocking the event loop."""
-        adapter = self.adapter(lora)
-        return await self._run_leaves(self._tree_leaves(root), priority, cache_salt, adapter)
-
     async def ascore(
         self,
         prefix: str,
@@ -238,8 +138,8 @@ class Engine:
     ) -> list[tuple[list[int], SamplingParams]]:
         """ascore's requests, tokenized and checked: each continuation is tokenized with the
         prefix, work in proportion to both, for a thread rather than an event loop."""
-        tree = score_tree(self.tokenizer, self.eos_token_ids, prefix, continuations)
-        return self._tree_leaves(tree)
+        requests = score_requests(self.tokenizer, self.eos_token_ids, prefix, continuations)
+        return [(self.encode(ids), params) for ids, params in requests]
 
     async def ascore_leaves(
         self,
@@ -298,24 +198,6 @@ class Engine:
                 await asyncio.wait(outputs)
             raise
         return [task.result() for task in outputs]
-
-    def _tree_leaves(self, root: TreeNode) -> list[tuple[list[int], SamplingParams]]:
-        leaves = [(self._join_segments(segs), params) for segs, params in root.leaves()]
-        if any(params.n != 1 for _, params in leaves):
-            raise ValueError("generate_tree: use one leaf per sample (n=1)")
-        return leaves
-
-    def _join_segments(self, segments: list[str | list[int]]) -> list[int]:
-        if all(isinstance(s, str) for s in segments):
-            return self.encode("".join(segments))
-        ids: list[int] = []
-        for s in segments:
-            if isinstance(s, str):
-                if s:
-                    ids += self.tokenizer.encode(s, add_special_tokens=not ids)
-            else:
-                ids += s
-        return self.encode(ids)
 
     async def stream(
         self,
@@ -378,7 +260,7 @@ class Engine:
 
     def abort(self, rid: int) -> None:
         """Stop a request; it ends with finish_reason "abort" and its KV is freed."""
-        self._post("abort", rid)
+        self._loop.post(Abort(rid))
 
     def release_program(
         self, program: str, cache_salt: str | None = None, lora: str | None = None
@@ -386,70 +268,34 @@ class Engine:
         """Program state `program` (under `cache_salt` and `lora`, as its requests) will not
         continue: its leased prefix becomes an ordinary cache entry. Returns at once."""
         key = (_namespace(self.adapter(lora), cache_salt), program)
-        self._post("release", key)
+        self._loop.post(Release(key))
 
     def flush_cache(self) -> None:
         """Drop every prefix cached in the radix tree that no running request uses; returns
         once the engine thread has done it."""
         done = threading.Event()
-        self._post("flush", done)
+        self._loop.post(Flush(done))
         done.wait()
 
     def adapter(self, name: str | None) -> LoraAdapter | None:
         """The loaded LoRA adapter called `name` (None for None); ValueError naming the
         loaded ones otherwise."""
-        if name is None:
-            return None
-        adapter = self.adapters.get(name)
-        if adapter is None:
-            raise ValueError(
-                f"unknown LoRA adapter {name!r}; loaded: {sorted(self.adapters) or 'none'}"
-            )
-        return adapter
+        return self._loop.core.adapters.get(name)
 
     def load_lora(self, name: str, path: str) -> None:
         """Load a PEFT LoRA adapter directory under `name` (ValueError if the name is taken
         or the adapter is not one this engine can serve); returns once requests may use it."""
-        self._on_engine_thread(functools.partial(self._add_adapter, name, path))
+        self._on_engine_thread(functools.partial(self._loop.core.adapters.register, name, path))
 
     def unload_lora(self, name: str) -> None:
         """Forget the adapter `name`; ValueError while a queued or running request uses it.
         Its cached prefixes are never matched again and go when the cache needs room."""
-        self._on_engine_thread(functools.partial(self._remove_adapter, name))
+        self._on_engine_thread(functools.partial(self._loop.core.adapters.unregister, name))
 
     def _on_engine_thread(self, job: Callable[[], None]) -> None:
         done: Future[None] = Future()
-        self._post("call", (job, done))
+        self._loop.post(Call(job, done))
         done.result()
-
-    def _add_adapter(self, name: str, path: str) -> None:
-        if name in self.adapters:
-            raise ValueError(f"a LoRA adapter named {name!r} is loaded already; unload it first")
-        adapter = self._load_adapter(name, path)
-        self.lora_memory.use(adapter, self._adapters_in_use)
-        self.adapters[name] = adapter
-
-    def _adapters_in_use(self) -> set[LoraAdapter]:
-        return {r.lora for r in self.scheduler.live.values() if r.lora is not None}
-
-    def _load_adapter(self, name: str, path: str) -> LoraAdapter:
-        c = self.config
-        if c.tp > 1 or c.deterministic:
-            raise ValueError(
-                "LoRA adapters run neither with tp > 1 nor with deterministic=True "
-                "(their updates are neither sharded nor batch-invariant)"
-            )
-        return load_adapter(name, path, self.model_config, self.dtype, self.device)
-
-    def _remove_adapter(self, name: str) -> None:
-        adapter = self.adapter(name)
-        users = [r.rid for r in self.scheduler.live.values() if r.lora is adapter]
-        if users:
-            raise ValueError(
-                f"LoRA adapter {name!r} is in use by {len(users)} queued or running requests"
-            )
-        del self.adapters[name]
-        self.lora_memory.forget(adapter)
 
     def embed(self, ids_list: list[list[int]]) -> list[list[float]]:
         """Each token list's embedding: the model's final normed hidden states mean-pooled
@@ -486,7 +332,7 @@ class Engine:
                     "(raise max_kv_tokens or kv_cache_gb)"
                 )
         job = EmbedJob(ids_list, self.config.max_batch_tokens)
-        self._post("embed", job)
+        self._loop.post(Embed(job))
         return job.done
 
     def describe(self) -> str:
@@ -517,8 +363,8 @@ class Engine:
             program_leases=len(self.cache.leases),
             running_requests=running,
             waiting_requests=waiting,
-            lora_adapters_loaded=self.lora_memory.num_held,
-            lora_adapter_reloads=self.lora_memory.num_reloads,
+            lora_adapters_loaded=self._loop.core.adapters.memory.num_held,
+            lora_adapter_reloads=self._loop.core.adapters.memory.num_reloads,
             **self.grammars.stats(),
         )
         draft = self.worker.draft if isinstance(self.worker, SpecWorker) else None
@@ -531,13 +377,9 @@ class Engine:
     def shutdown(self) -> None:
         """Abort what is queued or running and stop the engine thread (at exit, if the
         program has not)."""
-        with self._wake:
-            if self._stopping:  # shut down already
-                return
-            self._stopping = True
-            self._wake.notify()
+        if not self._loop.stop():  # shut down already
+            return
         _RUNNING.discard(self)
-        self._thread.join()
         self.grammars.close()
         if self.runner.ranks is not None:
             self.runner.ranks.close()
@@ -616,6 +458,7 @@ class Engine:
             stop_ids |= self.eos_token_ids
         namespace = _namespace(adapter, cache_salt)
         leases = self.config.program_leases and self.config.prefix_cache
+        grammar = prepared.grammar
         streams = []
         for i in range(params.n):
             stream = RequestStream(next(self._rids), loop, on_chunk)
@@ -633,184 +476,11 @@ class Engine:
                 cache_namespace=namespace,
                 lora=adapter,
                 lease_key=(namespace, program) if leases and program is not None else None,
-                matcher=prepared.grammar.matcher() if prepared.grammar is not None else None,
+                constraint=self.grammars.constraint(grammar) if grammar is not None else None,
             )
-            self._post("add", r)
+            self._loop.post(Add(r))
             streams.append(stream)
         return streams
-
-    def _post(self, op: str, arg: object) -> None:
-        with self._wake:
-            if self._stopping:
-                raise RuntimeError("the engine has been shut down")
-            self._inbox.append((op, arg))
-            self._wake.notify()
-
-    # ---- the engine thread -----------------------------------------------------------
-
-    def _loop(self) -> None:
-        worked = False
-        while True:
-            with self._wake:
-                if worked and not (self._inbox or self.scheduler.has_work or self._stopping):
-                    release_free_heap()  # going idle: hand freed memory back to the OS
-                    worked = False
-                while not (self._inbox or self.scheduler.has_work or self._stopping):
-                    self._wake.wait()
-                inbox, self._inbox = self._inbox, []
-                stopping = self._stopping
-            for op, arg in inbox:
-                try:
-                    self._handle(op, arg)
-                except Exception as e:  # a bug met by one request: it alone fails
-                    log.exception("engine: %s failed", op)
-                    if op == "add":
-                        self._fail(arg, f"engine failed to admit it: {e!r}")
-            if self._failure is not None:
-                self._fail_live(self._failure)
-            if stopping:
-                self._fail_live("the engine was shut down")
-                return
-            worked = self._step() or worked
-
-    def _step(self) -> bool:
-        """Schedule, run and process one batch, and publish its chunks; False when nothing
-        could run."""
-        try:
-            batch = self.scheduler.schedule()
-        except Exception as e:  # the scheduler's own state is broken: no request to blame
-            log.exception("engine: scheduling failed")
-            self._fail_live(f"engine step failed: {e!r}")
-            return False
-        self._publish([self.outputs.end(r, "length") for r in batch.out_of_kv])
-        if not batch.requests:
-            return False
-        self._share_cores()
-        batch, results = self._run_batch(batch)
-        self.scheduler.advance(batch)
-        self._publish(self.outputs.process(batch, results))
-        self.lora_memory.evict(self._adapters_in_use)  # those over the bound that are done now
-        return True
-
-    def _publish(self, updates: list[Update]) -> None:
-        """Hand each chunk to its request's consumer. A request whose chunk is its last
-        leaves the scheduler first: a caller woken by it, or a `stats()` reader that sees it
-        gone, sees the counters and the pool settled. A consumer that fails (say, its event
-        loop closed) loses its request, and the engine goes on."""
-        gone: set[int] = set()  # requests whose consumer failed
-        for r, chunk in updates:  # (grows while read: the ends of those whose consumer failed)
-            if chunk.finish_reason is not None:
-                self.scheduler.finish(r)
-                if isinstance(self.worker, SpecWorker):
-                    self.worker.release(r)
-            if r.rid in gone:
-                continue
-            try:
-                r.emit(chunk)
-            except Exception:
-                log.warning("request %d: its consumer raised; aborting it", r.rid, exc_info=True)
-                gone.add(r.rid)
-                if r.finish_reason is None:
-                    updates.append(self.outputs.end(r, "abort"))
-
-    def _share_cores(self) -> None:
-        if self._core_share is not None and (n := self._core_share.threads()) != self._threads:
-            torch.set_num_threads(n)  # the C++ kernels read it too
-            self._threads = n
-
-    def _run_batch(self, batch: Batch) -> tuple[Batch, list[StepResult]]:
-        """The batch's results; after the step raised, each request's share run on its own,
-        so that only a request whose own share raises fails and the others go on (re-running
-        is safe: a forward rewrites the same KV slots with the same values, and sampling is
-        seeded by request and step)."""
-        try:
-            return batch, self.worker.run(batch)
-        except RankFailure as e:  # no forward can run again (logged by the ranks)
-            self._failure = str(e)
-            self._fail_live(self._failure)
-            return Batch([], []), []
-        except Exception:
-            log.exception("engine step failed; running its requests one at a time")
-        kept, results = [], []
-        for i, r in enumerate(batch.requests):
-            try:
-                results += self.worker.run(batch.subset([i]))
-                kept.append(i)
-            except Exception as e:
-                log.exception("request %d: its step failed alone too; failing it", r.rid)
-                self._fail(r, f"engine step failed: {e!r}")
-        return batch.subset(kept), results
-
-    def _fail(self, r: Request, error: str | None) -> None:
-        """End a request the engine could not serve (unless it has ended already)."""
-        if r.finish_reason is None:
-            self._publish([self.outputs.end(r, "abort", error=error)])
-
-    def _fail_live(self, error: str) -> None:
-        for r in list(self.scheduler.live.values()):
-            self._fail(r, error)
-
-    def _handle(self, op: str, arg: object) -> None:
-        if op == "add":
-            self.scheduler.add(arg)
-            updates = self.outputs.admit(arg)
-            # Admitted first, so that a reload failing in any way fails the request (the
-            # loop's handler fails only live ones); no step runs before the inbox is done.
-            if arg.finish_reason is None and (error := self._adapter_error(arg)):
-                updates.append(self.outputs.end(arg, "abort", error=error, request_error=True))
-            self._publish(updates)
-        elif op == "call":
-            job, done = arg
-            try:
-                done.set_result(job())
-            except Exception as e:  # the caller's to raise
-                done.set_exception(e)
-        elif op == "abort" and (r := self.scheduler.live.get(arg)) is not None:
-            self._fail(r, None)
-        elif op == "flush":
-            self.cache.reset()
-            arg.set()
-        elif op == "release":
-            self.scheduler.release_lease(arg)
-        elif op == "embed":
-            self._embed_turn(arg)
-
-    def _adapter_error(self, r: Request) -> str | None:
-        """Why a new request cannot run under its adapter (None if it can, once its tensors
-        are in memory again: an evicted adapter is loaded here, before any step can run it)."""
-        adapter = r.lora
-        if adapter is None:
-            return None
-        if self.adapters.get(adapter.name) is not adapter:  # unloaded since the caller looked
-            return f"LoRA adapter {adapter.name!r} was unloaded"
-        try:
-            self.lora_memory.use(adapter, self._adapters_in_use)
-        except ValueError as e:  # its files changed or went since it was registered
-            return f"reloading LoRA adapter {adapter.name!r} failed: {e}"
-        return None
-
-    def _embed_turn(self, job: EmbedJob) -> None:
-        """One turn of an embedding job; until it is done it goes back to the inbox, so a
-        generation step runs between its turns."""
-        if job.done.cancelled():  # its caller left
-            return
-        try:
-            finished = job.turn(self.runner, self.kv, self.cache, self._stats)
-        except RankFailure as e:  # no forward can run again (logged by the ranks)
-            self._failure = str(e)
-            job.settle(RuntimeError(self._failure))
-            return
-        except Exception as e:
-            log.exception("engine: embedding failed")
-            job.settle(RuntimeError(f"embedding failed: {e!r}"))
-            return
-        if finished:
-            job.settle()
-            return
-        try:
-            self._post("embed", job)
-        except RuntimeError as e:  # the engine is shutting down
-            job.settle(e)
 
 
 def _namespace(adapter: LoraAdapter | None, cache_salt: str | None) -> Hashable:

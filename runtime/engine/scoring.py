@@ -1,4 +1,5 @@
-"""Scoring continuations of a prefix (what `select` ranks choices by) as one request tree.
+"""Scoring continuations of a prefix (what `select` ranks choices by): one request per
+continuation, all sharing the prefix's tokens, which the radix cache computes once.
 
 Lives in the runtime so the local backend and the server's scoring endpoint run the very
 same alignment, and a remote program selects exactly what a local one does.
@@ -6,17 +7,17 @@ same alignment, and a remote program selects exactly what a local one does.
 
 from __future__ import annotations
 
-from braid.runtime.engine.request_tree import TreeNode
 from braid.runtime.kvcache.radix_cache import common_prefix_length
 from braid.runtime.protocol.sampling_params import SamplingParams
 from braid.runtime.text.tokenizer import adds_bos
 
 
-def score_tree(
+def score_requests(
     tokenizer, eos_token_ids: set[int], prefix: str, continuations: list[str]
-) -> TreeNode:
-    """The tokens every continuation shares with the prefix are the root, computed once; each
-    continuation's remaining tokens are a leaf asking only for their logprobs."""
+) -> list[tuple[list[int], SamplingParams]]:
+    """One request per continuation: the tokens of prefix + continuation, with params asking
+    only for the logprobs of the tokens past those every continuation shares with the
+    prefix."""
     if not continuations:
         raise ValueError("score: give at least one continuation")
     start_ids = _document_start(tokenizer, eos_token_ids, prefix)
@@ -28,8 +29,8 @@ def score_tree(
     start = min(common_prefix_length(ids, prefix_ids) for ids in full)
     if start == 0:
         raise ValueError("select needs text before the choices to score them against")
-    leaf = SamplingParams(max_tokens=0, prompt_logprobs_from=start)
-    return TreeNode(full[0][:start], [TreeNode(ids[start:], params=leaf) for ids in full])
+    params = SamplingParams(max_tokens=0, prompt_logprobs_from=start)
+    return [(ids, params) for ids in full]
 
 
 def _document_start(tokenizer, eos_token_ids: set[int], prefix: str) -> list[int]:

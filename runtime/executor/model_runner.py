@@ -19,7 +19,7 @@ from braid.runtime.executor.sampler import (
 from braid.runtime.kvcache.pool import KVPool
 from braid.runtime.lora.adapter import LoraBatch
 from braid.runtime.models import LlamaForCausalLM
-from braid.runtime.scheduler.scheduler import Batch
+from braid.runtime.scheduler.batch import Batch
 from braid.runtime.tp import Ranks
 
 
@@ -36,8 +36,10 @@ class StepResult:
     # of each tree node, for the engine to verify the tree with (nothing is sampled here).
     draft_logits: torch.Tensor | None = None
     # Set by the speculative worker for a request with a draft tree: its tokens, each drawn
-    # once the ones before it are appended (output processing consumes them in turn).
+    # once the ones before it are appended (output processing consumes them in turn), and,
+    # once that walk is closed, the tree nodes it followed (their KV is kept).
     steps: Generator[StepResult, None, None] | None = None
+    kept_nodes: list[int] = field(default_factory=list)
 
 
 @dataclass

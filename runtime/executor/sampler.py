@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from braid import kernels
-from braid.grammars.matcher import MatcherError, allocate_bitmask
+from braid.grammars.matcher import allocate_bitmask
 from braid.kernels import cpu
 from braid.kernels.reference.sampling import apply_bitmask, filtered_logprobs
 from braid.kernels.reference.sampling import sample as reference_sample
@@ -168,17 +168,14 @@ def _penalised(logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
 def _grammar_bitmask(reqs: list[Request], grammar_vocab_size: int) -> torch.Tensor | None:
     """The grammars' bitmask rows of reqs on the CPU (None when none is constrained); an
     unconstrained row allows everything."""
-    if all(r.matcher is None for r in reqs):
+    if all(r.constraint is None for r in reqs):
         return None
     bitmask = allocate_bitmask(len(reqs), grammar_vocab_size)
     for row, r in enumerate(reqs):
-        if r.matcher is not None and r.grammar_error is None:
-            try:
-                r.matcher.fill_bitmask(bitmask[row])
-                if r.trace is not None:
-                    r.trace.next_allowed = count_allowed(bitmask[row])
-            except MatcherError as e:  # the engine fails r; its row samples unmasked
-                r.grammar_error = str(e)
+        # A constraint that fails leaves its row unmasked: output processing then fails r.
+        if r.constraint is not None and r.constraint.fill_bitmask(bitmask[row]):
+            if r.trace is not None:
+                r.trace.next_allowed = count_allowed(bitmask[row])
     return bitmask
 
 

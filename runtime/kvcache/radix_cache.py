@@ -71,12 +71,29 @@ class RadixCache:
         self.leases = Leases()
         self.num_leased_tokens = 0  # slots on leased paths
 
+    def cached_length(self, tokens: list[int], namespace: Hashable = None) -> int:
+        """How many leading tokens of `tokens` are cached in `namespace`. A read: the tree
+        and its LRU order are left as they are (the scheduler asks it of every waiting
+        request each step)."""
+        if not self.enabled:
+            return 0
+        node, i = self._roots.get(namespace, self.root), 0
+        while i < len(tokens) and (child := node.children.get(tokens[i])) is not None:
+            n = common_prefix_length(child.tokens, tokens, i)
+            i += n
+            if n < len(child.tokens):
+                break
+            node = child
+        return i
+
     def match_prefix(
         self, tokens: list[int], namespace: Hashable = None
     ) -> tuple[torch.Tensor, Node]:
         """Slots of the longest prefix of `tokens` cached in `namespace`, and the node where
         it ends (the root when nothing matched: a namespace's own root is never locked, so
-        that it is empty only when nothing in it is in use)."""
+        that it is empty only when nothing in it is in use). The path counts as used now
+        (LRU), and an edge the match ends inside is split there: call it to use the
+        prefix, `cached_length` to ask about it."""
         if not self.enabled:
             return self.root.slots, self.root
         node, i = self._descend(tokens, namespace)

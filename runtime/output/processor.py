@@ -1,10 +1,11 @@
 """OutputProcessor: sampled tokens become stream chunks, on the engine thread.
 
-For each request of a step: take the sampled token through the request's grammar (and the
-text it forces next: jump-forward), append it, detokenize, match stop strings and regexes,
-and say what to stream, with a last chunk when a stop condition holds. It decides that a
-request ends (`Request.finish_reason`); the engine then has the scheduler release its KV
-and publishes the chunks. A request that meets an error here fails alone.
+For each request of a step: take the sampled token through the request's constraint (and
+the text it forces next: jump-forward), append it, detokenize, match stop strings and
+regexes, and say what to stream, with a last chunk (its finish_reason set) when a stop
+condition holds. It writes a request's output and nothing of its lifecycle: the scheduler
+finishes the requests whose last chunk this made, then the engine publishes the chunks. A
+request that meets an error here fails alone.
 """
 
 from __future__ import annotations
@@ -13,12 +14,10 @@ import logging
 import time
 from collections import deque
 
-from braid.grammars.matcher import MatcherError
-from braid.runtime.constraint.service import GrammarService
 from braid.runtime.executor.model_runner import StepResult
 from braid.runtime.protocol.outputs import StreamChunk
+from braid.runtime.scheduler.batch import Batch
 from braid.runtime.scheduler.request import Request
-from braid.runtime.scheduler.scheduler import Batch
 from braid.runtime.stats import EngineStats
 
 log = logging.getLogger(__name__)
@@ -28,8 +27,7 @@ Update = tuple[Request, StreamChunk]
 
 
 class OutputProcessor:
-    def __init__(self, grammars: GrammarService, stats: EngineStats) -> None:
-        self.grammars = grammars
+    def __init__(self, stats: EngineStats) -> None:
         self.stats = stats  # token, request and latency counters are counted here
         # A summary of each request that ends, newest last, kept only while a dashboard
         # asks for them (it sets a bounded deque here; None: nothing is kept).
@@ -41,23 +39,22 @@ class OutputProcessor:
         with the prompt."""
         self.stats.add(prompt_tokens=len(r.prompt_ids))
         if (
-            r.matcher is None
+            r.constraint is None
             or r.max_new_tokens == 0
             or r.params.prompt_logprobs_from is not None  # its logits come before output
         ):
             return []
-        try:
-            forced = self.grammars.forced_tokens(r, None)
-        except MatcherError as e:
-            return [self.end(r, "abort", error=str(e), request_error=True)]
+        forced = r.constraint.start()
+        if r.constraint.error is not None:
+            return [self.end(r, "abort", error=r.constraint.error, request_error=True)]
         update = self._add_tokens(r, forced, [], time.monotonic())
         return [update] if update is not None else []
 
     def process(self, batch: Batch, results: list[StepResult]) -> list[Update]:
-        """The chunks a step's results make (the scheduler has counted the fed tokens)."""
+        """The chunks a step's results make (before the scheduler counts the fed tokens)."""
         now = time.monotonic()
         updates: list[Update] = []
-        for r, res in zip(batch.requests, results, strict=True):
+        for i, (r, res) in enumerate(zip(batch.requests, results, strict=True)):
             if r.trace is not None and r.trace.started is None:
                 # This step ran r first; it began where the step before it ended (or when r
                 # arrived, if the engine was idle then).
@@ -69,11 +66,11 @@ class OutputProcessor:
                     self._add_in_turn(r, res.steps, now, updates)
                 elif res.token is not None:
                     updates += self._add_sampled(r, res, now)
-                elif r.num_uncomputed == 0:  # prompt logprobs only (max_tokens=0)
+                elif batch.completes_feed(i):  # prompt logprobs only (max_tokens=0)
                     updates.append(self.end(r, "length"))
             except Exception as e:  # a bug met by this request: it alone fails
                 log.exception("request %d: processing its step failed", r.rid)
-                if r.finish_reason is None:
+                if not any(u[0] is r and u[1].finish_reason for u in updates):
                     updates.append(self.end(r, "abort", error=f"engine step failed: {e!r}"))
         self._step_end = now
         return updates
@@ -83,8 +80,9 @@ class OutputProcessor:
         (speculative verification): until one ends the request or the steps end."""
         try:
             for res in steps:
-                updates += self._add_sampled(r, res, now)
-                if r.finish_reason is not None:
+                added = self._add_sampled(r, res, now)
+                updates += added
+                if added and added[-1][1].finish_reason is not None:
                     break
         finally:
             steps.close()
@@ -93,19 +91,14 @@ class OutputProcessor:
         if res.token < 0:  # the sampler found no allowed token
             return [self.end(r, "abort", error=_no_token_error(r), request_error=True)]
         tokens, logprobs = [res.token], [(res.logprob, res.top_logprobs)]
-        if r.matcher is not None:
-            if r.grammar_error is None and res.token not in r.stop_ids:
-                try:
-                    if r.matcher.accept_token(res.token):
-                        # The sampled token may merge with the forced text that follows it:
-                        # the tokens replacing it carry no sampled logprob (0.0, forced).
-                        tokens = self.grammars.forced_tokens(r, res.token)
-                    else:
-                        r.grammar_error = f"token {res.token} is outside the grammar"
-                except MatcherError as e:
-                    r.grammar_error = str(e)
-            if r.grammar_error is not None:  # whatever was sampled, r's output stops here
-                return [self.end(r, "abort", error=r.grammar_error, request_error=True)]
+        constraint = r.constraint
+        if constraint is not None:
+            if constraint.error is None and res.token not in r.stop_ids:
+                # The sampled token may merge with the forced text that follows it: the
+                # tokens replacing it carry no sampled logprob (0.0, forced).
+                tokens = constraint.accept(res.token)
+            if constraint.error is not None:  # whatever was sampled, r's output stops here
+                return [self.end(r, "abort", error=constraint.error, request_error=True)]
             if tokens[0] != res.token:
                 logprobs = []
         update = self._add_tokens(r, tokens, logprobs, now)
@@ -132,7 +125,7 @@ class OutputProcessor:
             self.stats.observe("ttft_s", now - r.arrival)
         if len(tokens) > len(logprobs):
             self.stats.add(jump_forward_tokens=len(tokens) - len(logprobs))
-        r.output_ids.extend(tokens)
+        r.append_output(tokens)
         if r.trace is not None:
             r.trace.add_tokens(len(tokens), num_sampled=len(logprobs))
         if r.params.wants_logprobs:
@@ -146,7 +139,7 @@ class OutputProcessor:
         text = r.stop_matcher.add(r.detokenizer.add(tokens))
         if r.stop_matcher.stopped:
             return self.end(r, "stop", text=text, tokens=tokens)
-        if r.matcher is not None and r.matcher.is_terminated() and not cut:  # nothing follows
+        if r.constraint is not None and r.constraint.is_terminated() and not cut:  # nothing follows
             return self.end(r, "stop", text=text + r.stop_matcher.flush(), tokens=tokens)
         if len(r.output_ids) >= r.max_new_tokens:
             return self.end(r, "length", text=text + r.stop_matcher.flush(), tokens=tokens)
@@ -162,8 +155,7 @@ class OutputProcessor:
         request_error: bool = False,
     ) -> Update:
         """r ends for `reason`: it is counted, and its last chunk carries its counts (and
-        logprobs when it asked for them)."""
-        r.finish_reason = reason
+        logprobs when it asked for them); the scheduler finishes r when it sees the chunk."""
         now = time.monotonic()
         if reason == "abort":
             self.stats.add(requests_aborted=1)
@@ -224,7 +216,7 @@ def _summary(r: Request, reason: str, now: float, meta: dict) -> dict:
 
 def _no_token_error(r: Request) -> str:
     at = len(r.output_ids)
-    if r.matcher is not None and at < r.params.min_tokens:
+    if r.constraint is not None and at < r.params.min_tokens:
         return (
             f"no token may follow output token {at}: the constraint allows only tokens that "
             f"min_tokens={r.params.min_tokens} holds back (EOS and stop_token_ids)"

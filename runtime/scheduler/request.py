@@ -1,4 +1,11 @@
-"""Request: one sequence's state as it moves through the scheduler."""
+"""Request: one sequence's state as it moves through the engine.
+
+Each part has one writer. The scheduler writes the lifecycle: `status`, the KV slots
+(`slots`, `draft_slots`, `cache_node`, `num_tree_slots`), `num_computed`, `finish_reason`,
+the preemption count. Output processing appends the output (`append_output`) and its
+logprobs, and feeds the detokenizer, the stop matcher and the trace. The constraint's
+matcher is advanced only through `constraint` (runtime/constraint/state.py).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from braid.grammars.matcher import Matcher
+from braid.runtime.constraint.state import ConstraintState
 from braid.runtime.kvcache.radix_cache import Node
 from braid.runtime.output.detokenizer import IncrementalDetokenizer
 from braid.runtime.output.request_trace import RequestTrace
@@ -57,11 +64,10 @@ class Request:
     # (cache_namespace, program id) of the program state that sent it: its prefix is
     # leased to that state when it finishes (runtime/kvcache/leases.py); None for a plain request.
     lease_key: Hashable = None
-    matcher: Matcher | None = None  # the constraint's state, when the request has one
-    grammar_error: str | None = None  # the matcher failed (MatcherError): r fails, alone
+    constraint: ConstraintState | None = None  # the request's grammar position, if any
     arrival: float = field(default_factory=time.monotonic)
     status: Status = Status.WAITING
-    output_ids: list[int] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)  # grown by append_output only
     output_logprobs: list[float] = field(default_factory=list)
     output_top_logprobs: list[dict[int, float]] = field(default_factory=list)
     prompt_logprobs: list[float] = field(default_factory=list)
@@ -80,11 +86,22 @@ class Request:
     first_token_time: float | None = None
     finish_reason: str | None = None
     spec: SpecState | None = None  # speculative decoding's memory of this request
+    # The draft model's KV of spec.draft_ids, in its own pool (speculation with a draft model).
+    draft_slots: torch.Tensor = field(
+        default_factory=lambda: torch.empty(0, dtype=torch.int64), repr=False
+    )
     trace: RequestTrace | None = None  # kept only when params.trace asks for it
+    # prompt_ids + output_ids, kept as one list: the hot paths read it every step.
+    token_ids: list[int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self.token_ids = self.prompt_ids + self.output_ids
         if self.params.trace and self.trace is None:
             self.trace = RequestTrace()
+
+    def append_output(self, tokens: list[int]) -> None:
+        self.output_ids.extend(tokens)
+        self.token_ids.extend(tokens)
 
     @property
     def slots(self) -> torch.Tensor:
@@ -112,12 +129,8 @@ class Request:
         self._num_slots = end
 
     @property
-    def token_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
-
-    @property
     def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
+        return len(self.token_ids)
 
     @property
     def num_uncomputed(self) -> int:

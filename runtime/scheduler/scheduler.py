@@ -1,11 +1,17 @@
 """Scheduler: continuous batching with chunked or hybrid prefill, priorities and preemption.
 
-It owns every request from admission to finish. Each step it picks which requests feed how
-many tokens, within a token budget, and makes sure their KV slots exist (evicting cached
+It owns every request from admission to finish, and is the one writer of its lifecycle:
+queues, KV slots, `num_computed`, finishing. Each step it picks which requests feed how many
+tokens, within a token budget, and makes sure their KV slots exist (evicting cached
 prefixes, then preempting) before the forward; a request that cannot fit the pool even alone
-leaves with the batch (`Batch.out_of_kv`). After the forward it counts what was computed
-(`advance`), and a finished request gives its KV to the cache (`finish`), leased to its
-program state when it names one (runtime/kvcache/leases.py).
+leaves with the batch (`Batch.out_of_kv`). After the step, `postprocess` counts what the
+forward computed (and which draft nodes speculation kept) and finishes the requests whose
+last chunk output processing made: a finished request gives its KV to the cache, leased to
+its program state when it names one (runtime/kvcache/leases.py).
+
+Others that need KV slots ask it: speculation for draft tree nodes (`reserve`) and for the
+draft model's own pool (`resize_draft`, `grow_draft`), embeddings for a turn's inputs
+(`lend`, `take_back`).
 
 Under pressure, cached prefixes go in this order: unleased ones (LRU), then leases, least
 urgent first, before any running request is preempted. The first request of a program state
@@ -17,20 +23,17 @@ leases as it needs, so leases never hold it up.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections.abc import Hashable, Iterable, Sequence
 
 import torch
 
 from braid.runtime.config import EngineConfig
 from braid.runtime.kvcache.pool import KVPool
-from braid.runtime.kvcache.radix_cache import Node, RadixCache, common_prefix_length
+from braid.runtime.kvcache.radix_cache import RadixCache, common_prefix_length
+from braid.runtime.protocol.outputs import StreamChunk
+from braid.runtime.scheduler.batch import Batch
 from braid.runtime.scheduler.request import Request, Status
 from braid.runtime.stats import EngineStats
-
-if TYPE_CHECKING:
-    from braid.runtime.spec.tree import DraftTree
 
 # A waiting request whose prompt shares at least this many not-yet-cached tokens with a
 # request that is prefilling now waits for that prefill to reach the cache instead of
@@ -39,44 +42,20 @@ if TYPE_CHECKING:
 MIN_SHARED_TOKENS = 8
 
 
-@dataclass
-class Batch:
-    requests: list[Request]
-    num_new: list[int]  # tokens each request feeds in this step, draft tokens included
-    # A draft tree to verify after request i's last token (speculative decoding), or None.
-    drafts: list[DraftTree | None] = field(default_factory=list)
-    # Requests that cannot go on even with the whole pool to themselves: they end ("length").
-    out_of_kv: list[Request] = field(default_factory=list)
-
-    def draft(self, i: int) -> DraftTree | None:
-        return self.drafts[i] if i < len(self.drafts) else None
-
-    def subset(self, indices: list[int]) -> Batch:
-        """The batch of these requests only, each feeding what it feeds here."""
-        return Batch(
-            [self.requests[i] for i in indices],
-            [self.num_new[i] for i in indices],
-            [self.draft(i) for i in indices] if self.drafts else [],
-        )
-
-    def num_known(self, i: int) -> int:
-        """Tokens of request i's own sequence fed this step (the rest are draft tokens)."""
-        draft = self.draft(i)
-        return self.num_new[i] - (len(draft) if draft is not None else 0)
-
-    def samples(self, i: int) -> bool:
-        """Does request i get a new token from this step (its feed completes)?"""
-        r = self.requests[i]
-        return r.num_computed + self.num_known(i) == r.num_tokens and r.max_new_tokens > 0
-
-
 class Scheduler:
     def __init__(
-        self, config: EngineConfig, kv: KVPool, cache: RadixCache, stats: EngineStats
+        self,
+        config: EngineConfig,
+        kv: KVPool,
+        cache: RadixCache,
+        stats: EngineStats,
+        draft_kv: KVPool | None = None,
     ) -> None:
+        """`draft_kv`: a draft model's own pool (speculation with a draft model)."""
         self.config = config
         self.kv = kv
         self.cache = cache
+        self.draft_kv = draft_kv
         self.stats = stats  # steps, computed tokens, preemptions and evictions count here
         self.live: dict[int, Request] = {}  # every request admitted and not yet finished
         self.waiting: list[Request] = []
@@ -109,41 +88,64 @@ class Scheduler:
         if self.config.prefill_mode == "chunked":
             # Prefill-only and decode-only steps alternate while both have work.
             if not (decodes and self._last_step_prefilled):
-                batch = Batch([], [])
+                batch = Batch()
                 self._add_prefills(batch, budget)
                 if batch.requests:
                     self._last_step_prefilled = True
                     return batch
             self._last_step_prefilled = False
-            decodes = self._reserve_decode_slots(decodes)
-            return Batch(decodes, [1] * len(decodes))
+            return self._decode_batch(decodes)
         # Hybrid: every running decode gets its token, prefill chunks fill the rest.
-        decodes = self._reserve_decode_slots(decodes)
-        batch = Batch(decodes, [1] * len(decodes))
-        self._add_prefills(batch, budget - len(decodes))
+        batch = self._decode_batch(decodes)
+        self._add_prefills(batch, budget - len(batch.requests))
         return batch
 
-    def advance(self, batch: Batch) -> None:
-        """The batch's forward ran: count each request's fed tokens as computed, and put a
-        prefill's progress into the radix cache now, not at its finish, since others may be
-        waiting for that prefix."""
+    def _decode_batch(self, decodes: list[Request]) -> Batch:
+        batch = Batch()
+        for r in self._reserve_decode_slots(decodes):
+            batch.add(r, 1, is_prefill=False)
+        return batch
+
+    def postprocess(
+        self,
+        batch: Batch,
+        kept_nodes: Sequence[list[int] | None],
+        updates: Iterable[tuple[Request, StreamChunk]],
+    ) -> None:
+        """The step ran: count each request's fed tokens as computed (and, for a request with
+        a draft tree, the `kept_nodes` speculation followed), put a prefill's progress into
+        the radix cache now, not at its finish, since others may be waiting for that prefix;
+        then finish the requests whose last chunk is among `updates`."""
         num_decodes = 0
         for i, r in enumerate(batch.requests):
-            prefilling = not r.is_decoding
-            num_decodes += not prefilling
             r.num_computed += batch.num_known(i)
-            if prefilling:
+            if batch.is_prefill[i]:
                 self._cache_prefill_progress(r)
+            else:
+                num_decodes += 1
+            if batch.draft(i) is not None:
+                self._keep_draft_nodes(r, kept_nodes[i] or [], len(batch.draft(i)))
         num_known = sum(map(batch.num_known, range(len(batch.requests))))
         self.stats.add(
             forward_steps=1,
             prefill_tokens_computed=num_known - num_decodes,
             decode_tokens=num_decodes,
         )
+        self.finish_ended(updates)
 
-    def finish(self, req: Request) -> None:
+    def finish_ended(self, updates: Iterable[tuple[Request, StreamChunk]]) -> None:
+        """Finish each request whose last chunk is among `updates` (its finish_reason set)."""
+        for r, chunk in updates:
+            if chunk.finish_reason is not None:
+                self.finish(r, chunk.finish_reason)
+
+    def finish(self, req: Request, reason: str) -> None:
         """A finished or aborted request gives its KV to the cache and leaves; the prefix it
         computed is leased to its program state, if it names one."""
+        if req.status is Status.FINISHED:
+            return
+        req.finish_reason = reason
+        self._release_draft(req)
         if req in self.running:
             computed = req.token_ids[: req.num_computed]
             self._release(req)  # before leaving `running`: see Engine.stats
@@ -165,7 +167,49 @@ class Scheduler:
         """Program state `key` will not continue: its prefix is an ordinary cache entry."""
         self.cache.release(key)
 
-    def make_room(self, n: int, break_leases: bool = True) -> bool:
+    def reserve(self, r: Request, n: int) -> bool:
+        """n more slots for running request r this step (a draft tree's nodes), found by
+        evicting cached prefixes but never by preempting; False when they cannot be."""
+        if not self._make_room(n):
+            return False
+        r.add_slots(self.kv.allocate(n))
+        return True
+
+    def lend(self, n: int) -> torch.Tensor | None:
+        """n slots for work outside the requests (an embedding turn), found by evicting
+        cached prefixes; None when they cannot be. Hand them back with `take_back` before the
+        next step."""
+        return self.kv.allocate(n) if self._make_room(n) else None
+
+    def take_back(self, slots: torch.Tensor) -> None:
+        self.kv.free(slots)
+
+    def resize_draft(self, r: Request, keep: int, grow: int, headroom: int) -> bool:
+        """r's draft-model slots: the first `keep` kept, `grow` more added, when the draft
+        pool has room for `grow + headroom` (the draft steps to come); otherwise all of them
+        go and False."""
+        self.draft_kv.free(r.draft_slots[keep:])
+        r.draft_slots = r.draft_slots[:keep]
+        if not self.draft_kv.can_allocate(grow + headroom):
+            self._release_draft(r)
+            return False
+        r.draft_slots = torch.cat([r.draft_slots, self.draft_kv.allocate(grow)])
+        return True
+
+    def grow_draft(self, r: Request) -> bool:
+        """One more draft-model slot for r, if the draft pool has one free."""
+        if not self.draft_kv.can_allocate(1):
+            return False
+        r.draft_slots = torch.cat([r.draft_slots, self.draft_kv.allocate(1)])
+        return True
+
+    def _release_draft(self, r: Request) -> None:
+        if r.draft_slots.numel():
+            self.draft_kv.free(r.draft_slots)
+            r.draft_slots = r.draft_slots[:0]
+            r.spec.draft_ids = []
+
+    def _make_room(self, n: int, break_leases: bool = True) -> bool:
         """Ensure n free slots, evicting unused cached prefixes if needed (leased ones only
         if `break_leases`)."""
         if not self.kv.can_allocate(n):
@@ -188,9 +232,22 @@ class Scheduler:
         req.slots = torch.cat([prefix, req.slots[fed:]])  # (copied in: no aliasing)
         req.cache_node, req.num_tree_slots = node, fed
 
+    def _keep_draft_nodes(self, r: Request, kept: list[int], num_nodes: int) -> None:
+        """Of the draft tree's nodes (their slots follow r's computed ones), the `kept` ones,
+        whose tokens speculation appended, are computed now; the others' slots go back to the
+        pool, so rejected tokens never reach the radix cache."""
+        start = r.num_computed
+        nodes = r.slots[start : start + num_nodes].clone()
+        unused = torch.ones(num_nodes, dtype=torch.bool)
+        unused[kept] = False
+        self.kv.free(nodes[unused])
+        r.keep_slots(start)
+        r.add_slots(nodes[kept])
+        r.num_computed = start + len(kept)
+
     def _reserve_decode_slots(self, decodes: list[Request]) -> list[Request]:
         """One new slot per decoding request; preempt the least important when KV runs out."""
-        while decodes and not self.make_room(len(decodes)):
+        while decodes and not self._make_room(len(decodes)):
             if len(self.running) == 1:  # alone and still too long for the whole pool
                 self._out_of_kv.append(decodes.pop())
                 break
@@ -211,11 +268,10 @@ class Scheduler:
             if r.is_decoding or r in batch.requests:
                 continue
             n = min(r.num_uncomputed, budget, self.config.chunk_size)
-            if not self.make_room(n):
+            if not self._make_room(n):
                 return
             r.add_slots(self.kv.allocate(n))
-            batch.requests.append(r)
-            batch.num_new.append(n)
+            batch.add(r, n, is_prefill=True)
             budget -= n
         for r in self._admission_order():
             if budget <= 0 or len(self.running) >= self.config.max_running_requests:
@@ -223,10 +279,11 @@ class Scheduler:
             if self._new_state(r) and self.running and self._leases_full():
                 continue  # the program states that run need room to grow
             cacheable = r.token_ids[: r.max_cached_prefix]
-            prefix, node = self.cache.match_prefix(cacheable, r.cache_namespace)
-            if self._waits_for_shared_prefix(r, prefix.numel()):
+            if self._waits_for_shared_prefix(
+                r, self.cache.cached_length(cacheable, r.cache_namespace)
+            ):
                 continue
-            if not self._admit(r, prefix, node, batch, budget):
+            if not self._admit(r, cacheable, batch, budget):
                 return
             budget -= batch.num_new[-1]
 
@@ -236,7 +293,7 @@ class Scheduler:
             # cache entries they use warm.
             def key(r: Request):
                 cacheable = r.token_ids[: r.max_cached_prefix]
-                cached = self.cache.match_prefix(cacheable, r.cache_namespace)[0].numel()
+                cached = self.cache.cached_length(cacheable, r.cache_namespace)
                 return (-r.priority, r.lease_key not in leases, -cached, r.arrival)
         else:
 
@@ -247,16 +304,15 @@ class Scheduler:
         leases = self.cache.leases
         return sorted(self.waiting, key=key)
 
-    def _admit(
-        self, r: Request, prefix: torch.Tensor, node: Node, batch: Batch, budget: int
-    ) -> bool:
-        """Start r over its cached `prefix` (ending at `node`) with a first chunk."""
+    def _admit(self, r: Request, cacheable: list[int], batch: Batch, budget: int) -> bool:
+        """Start r over the cached prefix of `cacheable` with a first chunk."""
+        prefix, node = self.cache.match_prefix(cacheable, r.cache_namespace)
         self.cache.lock(node)  # keep our prefix out of the eviction below
         n = min(r.num_tokens - prefix.numel(), budget, self.config.chunk_size)
         # A new program state breaks no leases unless nothing runs (which could free room);
         # a plain request or a leased state may break them.
         break_leases = not (self._new_state(r) and self.running)
-        while not self.make_room(n, break_leases):
+        while not self._make_room(n, break_leases):
             # Only requests outside this step's batch can give their slots back now.
             lower = [
                 x
@@ -278,8 +334,7 @@ class Scheduler:
         r.status = Status.RUNNING
         self._dequeue(r)
         self.running.append(r)
-        batch.requests.append(r)
-        batch.num_new.append(n)
+        batch.add(r, n, is_prefill=True)
         return True
 
     def _new_state(self, r: Request) -> bool:

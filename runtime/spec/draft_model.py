@@ -13,12 +13,13 @@ from braid.runtime.executor.forward_batch import ForwardBatch
 from braid.runtime.executor.sampler import sample, sampling_probs, step_seed
 from braid.runtime.kvcache.pool import KVPool
 from braid.runtime.kvcache.radix_cache import common_prefix_length
+from braid.runtime.spec.constrained import draft_step
 from braid.runtime.spec.tree import ROOT, DraftTree
 from braid.runtime.spec.verify import race
 
 if TYPE_CHECKING:
     from braid.runtime.scheduler.request import Request
-    from braid.runtime.spec.worker import DraftMatcher
+    from braid.runtime.scheduler.scheduler import Scheduler
 
 # Seeds of the draft's own draws differ from the target's (salted request seed).
 DRAFT_SALT = 0x5DEECE66D
@@ -28,9 +29,10 @@ Forward = Callable[[ForwardBatch, KVPool], torch.Tensor]
 
 class DraftModelProposer:
     """Each request keeps the draft's KV of the tokens it has fed (`SpecState.draft_ids` in
-    `draft_slots`). A proposal first feeds whatever the draft lacks (after a rollback, the
-    tokens since the first one that differs), then one token per step for all requests at
-    once. Draft slots are freed when the request finishes or the pool runs short."""
+    `Request.draft_slots`, which the scheduler hands out from the draft's pool). A proposal
+    first feeds whatever the draft lacks (after a rollback, the tokens since the first one
+    that differs), then one token per step for all requests at once. Draft slots are freed
+    when the request finishes or the pool runs short."""
 
     def __init__(
         self, forward: Forward, kv: KVPool, vocab_size: int, tokenizer_size: int, device
@@ -42,24 +44,21 @@ class DraftModelProposer:
         self.device = device
         self.seconds_per_step = 0.0  # EMA of one draft forward, for the cost model
 
-    def release(self, r: Request) -> None:
-        st = r.spec
-        self.kv.free(st.draft_slots)
-        st.draft_slots, st.draft_ids = st.draft_slots[:0], []
-
     def propose(
-        self, reqs: list[Request], lengths: list[int], matchers: list[DraftMatcher]
+        self, reqs: list[Request], lengths: list[int], scheduler: Scheduler
     ) -> list[DraftTree | None]:
+        """A draft tree (or None) per request, at most lengths[i] tokens deep, its path
+        walked through the request's constraint (reset by the caller)."""
         trees = [DraftTree([], []) for _ in reqs]
         nodes = [ROOT] * len(reqs)
         feeds, active = [], []
         for i, r in enumerate(reqs):
-            if lengths[i] > 0 and self._catch_up(r, lengths[i]):
+            if lengths[i] > 0 and self._catch_up(r, lengths[i], scheduler):
                 feeds.append(r.token_ids[len(r.spec.draft_ids) :])
                 r.spec.draft_ids = list(r.token_ids)
                 active.append(i)
         while active:
-            tables = [reqs[i].spec.draft_slots for i in active]
+            tables = [reqs[i].draft_slots for i in active]
             started = time.perf_counter()
             fb = ForwardBatch.build(feeds, tables, device=self.device)
             logits = self.forward(fb, self.kv)[:, : self.vocab_size]
@@ -72,34 +71,28 @@ class DraftModelProposer:
             feeds, still = [], []
             for row, i in enumerate(active):
                 r, x = reqs[i], tokens[row]
-                got = matchers[i].push(x)
+                got = draft_step(r, x)
                 if got is None:
                     continue
                 for j, t in enumerate(got):
                     nodes[i] = trees[i].add(nodes[i], t, probs[row] if j == 0 else None)
                 done = len(got) > 1 or x in r.stop_ids or len(trees[i]) >= lengths[i]
-                if done or not self.kv.can_allocate(1):
+                if done or not scheduler.grow_draft(r):
                     continue
-                r.spec.draft_slots = torch.cat([r.spec.draft_slots, self.kv.allocate(1)])
                 r.spec.draft_ids.append(x)
                 feeds.append([x])
                 still.append(i)
             active = still
         return [t if len(t) else None for t in trees]
 
-    def _catch_up(self, r: Request, length: int) -> bool:
+    def _catch_up(self, r: Request, length: int, scheduler: Scheduler) -> bool:
         """Roll r's draft KV back to what still agrees with r's tokens and make room for the
         rest (the last token is always fed again: its logits give the first draft token)."""
         st = r.spec
         keep = min(common_prefix_length(st.draft_ids, r.token_ids), r.num_tokens - 1)
-        self.kv.free(st.draft_slots[keep:])
-        st.draft_slots, st.draft_ids = st.draft_slots[:keep], st.draft_ids[:keep]
-        need = r.num_tokens - keep + length - 1
-        if not self.kv.can_allocate(need):
-            self.release(r)
-            return False
-        st.draft_slots = torch.cat([st.draft_slots, self.kv.allocate(r.num_tokens - keep)])
-        return True
+        st.draft_ids = st.draft_ids[:keep]
+        grow = r.num_tokens - keep
+        return scheduler.resize_draft(r, keep, grow, headroom=length - 1)
 
     def _draw(
         self, logits: torch.Tensor, reqs: list[Request], depths: list[int]

@@ -2,28 +2,29 @@
 `run(batch)`.
 
 Each step it attaches draft trees to the batch's requests that sample after output tokens
-(with KV slots for their nodes), runs the target's forward over them, and hands back, for a
-request with a tree, its tokens drawn in turn along the tree (`StepResult.steps`): output
-processing appends each as a decode step would, and the walk follows the tree through what
-was appended. Here live the per-request state, the choice of draft length, the grammar
-pruning of drafts, verification, and the stats.
+(with KV slots for their nodes, which the scheduler reserves), runs the target's forward over
+them, and hands back, for a request with a tree, its tokens drawn in turn along the tree
+(`StepResult.steps`): output processing appends each as a decode step would, and the walk
+follows the tree through what was appended, recording the nodes it followed
+(`StepResult.kept_nodes`) for the scheduler to count as computed. Here live the per-request
+state, the choice of draft length, the grammar pruning of drafts, verification, and the
+stats.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
-from braid.grammars.matcher import MatcherError
 from braid.runtime.config import EngineConfig
 from braid.runtime.executor.model_runner import ModelRunner, StepResult
 from braid.runtime.executor.sampler import record_tokens, sample, sampling_probs, step_seed
-from braid.runtime.kvcache.pool import KVPool
 from braid.runtime.spec.adaptive import MAX_ADAPTIVE_LENGTH, Acceptance, StepCost
+from braid.runtime.spec.constrained import draft_step
 from braid.runtime.spec.draft_model import DraftModelProposer
 from braid.runtime.spec.ngram import NgramIndex
 from braid.runtime.spec.tree import DraftTree
@@ -31,15 +32,12 @@ from braid.runtime.spec.verify import rejection_sample
 from braid.runtime.stats import EngineStats
 
 if TYPE_CHECKING:
+    from braid.runtime.scheduler.batch import Batch
     from braid.runtime.scheduler.request import Request
-    from braid.runtime.scheduler.scheduler import Batch
+    from braid.runtime.scheduler.scheduler import Scheduler
 
 # The acceptance test's uniform comes from its own stream of the request's seed.
 ACCEPT_SALT = 0x2545F4914F6CDD1D
-
-# A forced-token callable: the tokens that replace a just-accepted token plus whatever text
-# the grammar forces after it (GrammarService.forced_tokens).
-Forced = Callable[["Request", int], list[int]]
 
 
 @dataclass(eq=False)
@@ -48,68 +46,29 @@ class SpecState:
 
     acceptance: Acceptance = field(default_factory=Acceptance)
     ngram: NgramIndex = field(default_factory=NgramIndex)
-    draft_ids: list[int] = field(default_factory=list)  # tokens whose draft-model KV exists
-    draft_slots: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
-
-
-class DraftMatcher:
-    """A request's grammar matcher walked along one draft path, then put back (`reset`).
-
-    A draft token the grammar refuses ends the path; text the grammar forces after a token
-    joins the path as free draft tokens (verification follows them like any other)."""
-
-    def __init__(self, r: Request, forced: Forced) -> None:
-        self.r, self.forced, self.accepted = r, forced, 0
-
-    def push(self, token: int) -> list[int] | None:
-        """The tokens the path takes for draft `token`: [token] plus any forced ones; None
-        when the grammar refuses it."""
-        m = self.r.matcher
-        if m is None or token in self.r.stop_ids:
-            return [token]
-        if self.r.grammar_error is not None:
-            return None
-        try:
-            if m.is_terminated() or not m.accept_token(token):
-                return None
-            tokens = self.forced(self.r, token)  # the matcher has accepted exactly these
-        except MatcherError as e:  # the engine fails r when it samples
-            self.r.grammar_error = str(e)
-            return None
-        if tokens[0] != token:  # token merged with forced text into other tokens: drop it
-            m.rollback(len(tokens))
-            return None
-        self.accepted += len(tokens)
-        return tokens
-
-    def reset(self) -> None:
-        if self.accepted:
-            self.r.matcher.rollback(self.accepted)
-            self.accepted = 0
+    # The tokens whose draft-model KV exists (in Request.draft_slots).
+    draft_ids: list[int] = field(default_factory=list)
 
 
 class SpecWorker:
-    """What the engine calls instead of the runner: `run` and `release`."""
+    """What the engine calls instead of the runner: `run`."""
 
     def __init__(
         self,
         config: EngineConfig,
         runner: ModelRunner,
         stats: EngineStats,
-        forced: Forced,
-        make_room: Callable[[int], bool],
+        scheduler: Scheduler,
         draft: DraftModelProposer | None = None,
     ) -> None:
-        """`make_room(n)`: the scheduler's, frees n KV slots by evicting cached prefixes."""
+        """`scheduler`: where the draft trees' KV slots (and the draft model's) come from."""
         self.runner = runner
-        self.kv: KVPool = runner.kv
         self.max_batch_tokens = config.max_batch_tokens
-        self.make_room = make_room
+        self.scheduler = scheduler
         self.method = config.spec_method
         self.fixed_length = config.spec_draft_length
         self.width = config.spec_tree_width
         self.stats = stats
-        self.forced = forced
         self.draft = draft
         self.cost = StepCost()
 
@@ -127,7 +86,7 @@ class SpecWorker:
         for i, res in enumerate(results):
             tree = batch.draft(i)
             if tree is not None:
-                res.steps = self._walk(batch.requests[i], tree, res.draft_logits)
+                res.steps = self._walk(batch.requests[i], tree, res)
         return results
 
     def _attach(self, batch: Batch, budget: int) -> None:
@@ -143,26 +102,26 @@ class SpecWorker:
         batch.drafts = [None] * len(batch.requests)
         trees = self.propose([batch.requests[i] for i in eligible], budget)
         for i, tree in zip(eligible, trees, strict=True):
-            if tree is None or len(tree) > budget or not self.make_room(len(tree)):
+            if tree is None or len(tree) > budget:
                 continue
-            r = batch.requests[i]
-            r.add_slots(self.kv.allocate(len(tree)))
+            if not self.scheduler.reserve(batch.requests[i], len(tree)):
+                continue
             batch.drafts[i] = tree
             batch.num_new[i] += len(tree)
             budget -= len(tree)
 
-    def _walk(self, r: Request, tree: DraftTree, logits: torch.Tensor) -> Iterator[StepResult]:
+    def _walk(self, r: Request, tree: DraftTree, root: StepResult) -> Iterator[StepResult]:
         """Decode along the draft tree: at each node draw the target's token as decoding would
-        (`_sample_node`) once the tokens before it are appended,
-        then continue from the child holding what was appended (the token and any forced
-        text), if the tree has one. The nodes walked through keep their KV; the other nodes'
-        slots go back to the pool, so rejected tokens never reach the radix cache.
+        (`_sample_node`) once the tokens before it are appended, then continue from the child
+        holding what was appended (the token and any forced text), if the tree has one. The
+        nodes walked through hold the KV of the tokens appended at their positions: they go
+        to `root.kept_nodes` when the walk is closed (the scheduler keeps their slots and
+        frees the others', so rejected tokens never reach the radix cache).
 
-        logits: [1 + len(tree), V], the root's row first, then node i's at row i + 1. The
-        consumer stops early (closing the walk) when r ends.
+        root.draft_logits: [1 + len(tree), V], the root's row first, then node i's at row
+        i + 1. The consumer stops early (closing the walk) when r ends.
         """
-        # r's step counted only its known tokens: the tree's slots are past num_computed.
-        base, draft_slots = r.slots[: r.num_computed].clone(), r.slots[r.num_computed :].clone()
+        logits = root.draft_logits
         kept: list[int] = []
         node = -1
         try:
@@ -176,21 +135,12 @@ class SpecWorker:
                 yield self._sample_node(logits[node + 1], r, drafted)
                 appended = r.output_ids[before:]
                 path = tree.follow(node, appended)
-                # The followed nodes' KV is that of the tokens just appended, at their positions.
                 kept += path
-                unused = torch.ones(len(tree), dtype=torch.bool)
-                unused[kept] = False
-                r.slots = torch.cat([base, draft_slots[kept], draft_slots[unused]])
-                r.num_computed += len(path)
                 if len(path) < len(appended):
                     return
                 node = path[-1]
         finally:
-            # A request that ended frees its slots past num_computed (the unused nodes') when
-            # the scheduler releases it.
-            if r.finish_reason is None:
-                self.kv.free(r.slots[r.num_computed :])
-                r.keep_slots(r.num_computed)
+            root.kept_nodes = kept
             self._record(r, tree, len(kept))
 
     def _sample_node(
@@ -227,31 +177,29 @@ class SpecWorker:
                 k = r.spec.acceptance.choose_length(token_cost, min(MAX_ADAPTIVE_LENGTH, limit))
             lengths.append(max(k, 0))
             budget -= k  # a tree may hold more nodes than its depth: trimmed below
-        matchers = [DraftMatcher(r, self.forced) for r in reqs]
         if self.draft is not None:
-            trees = self.draft.propose(reqs, lengths, matchers)
-            for m in matchers:
-                m.reset()
+            trees = self.draft.propose(reqs, lengths, self.scheduler)
+            for r in reqs:
+                if r.constraint is not None:
+                    r.constraint.reset_draft()
         else:
-            trees = [
-                self._ngram(r, k, m) if k else None
-                for r, k, m in zip(reqs, lengths, matchers, strict=True)
-            ]
+            trees = [self._ngram(r, k) if k else None for r, k in zip(reqs, lengths, strict=True)]
         return trees
 
-    def _ngram(self, r: Request, length: int, matcher: DraftMatcher) -> DraftTree | None:
+    def _ngram(self, r: Request, length: int) -> DraftTree | None:
         paths = []
         for path in r.spec.ngram.propose(r.token_ids, length, self.width):
             kept: list[int] = []
             while len(kept) < len(path):
-                got = matcher.push(path[len(kept)])
+                got = draft_step(r, path[len(kept)])
                 if got is None:
                     break
                 agrees = path[len(kept) : len(kept) + len(got)] == got
                 kept += got
                 if not agrees or got[-1] in r.stop_ids:
                     break
-            matcher.reset()
+            if r.constraint is not None:
+                r.constraint.reset_draft()
             if kept:
                 paths.append(kept)
         if not paths:
@@ -276,11 +224,6 @@ class SpecWorker:
             **{f"spec_{m}_steps": 1, f"spec_{m}_proposed_tokens": len(tree)},
             **{f"spec_{m}_accepted_tokens": accepted},
         )
-
-    def release(self, r: Request) -> None:
-        """r has finished: free what speculation held for it."""
-        if r.spec is not None and self.draft is not None:
-            self.draft.release(r)
 
 
 def _depths(tree: DraftTree) -> list[int]:

@@ -11,7 +11,6 @@ from conftest import assert_no_kv_leak, async_wait_for, wait_idle
 from shared_cases import PROMPT, reference_greedy
 
 from braid.runtime import Engine, SamplingParams
-from braid.runtime.engine.request_tree import TreeNode
 
 
 def greedy(**kw) -> SamplingParams:
@@ -151,31 +150,34 @@ def test_abandoned_stream_frees_kv(tiny_engine):
     assert_no_kv_leak(tiny_engine)
 
 
-def test_cancelled_tree_caller_aborts_its_leaves(tiny_engine):
+def test_cancelled_scoring_caller_aborts_what_it_submitted(tiny_engine):
     aborted = tiny_engine.stats()["requests_aborted"]
     finished = tiny_engine.stats()["requests_finished"]
     long = greedy(max_tokens=480, ignore_eos=True)
-    tree = TreeNode(PROMPT, [TreeNode(" once", params=long), TreeNode(" twice", params=long)])
+    ids = tiny_engine.encode(PROMPT)
+    leaves = [(ids + tiny_engine.encode(" once"), long), (ids + tiny_engine.encode(" twice"), long)]
     loop_errors = []
 
     async def cancel_midway():
         asyncio.get_running_loop().set_exception_handler(lambda _, ctx: loop_errors.append(ctx))
-        task = asyncio.create_task(tiny_engine.agenerate_tree(tree))
+        # The first leaf runs alone (it computes the prefix the others share): the second is
+        # never submitted before the cancel.
+        task = asyncio.create_task(tiny_engine.ascore_leaves(leaves))
         await async_wait_for(
-            lambda: tiny_engine.stats()["running_requests"] >= 2, what="both leaves to run"
+            lambda: tiny_engine.stats()["running_requests"] >= 1, what="the first leaf to run"
         )
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        # The task posted the two aborts before it ended. The engine thread handles its inbox
-        # in order, so once it has flushed the cache it has ended both leaves, and their
-        # reports back (call_soon_threadsafe) are queued on this loop ahead of this task's
-        # next step: one yield runs them, and any error they raise reaches the handler.
+        # The task posted the abort before it ended. The engine thread handles its inbox in
+        # order, so once it has flushed the cache it has ended the leaf, and its reports back
+        # (call_soon_threadsafe) are queued on this loop ahead of this task's next step: one
+        # yield runs them, and any error they raise reaches the handler.
         tiny_engine.flush_cache()
         await asyncio.sleep(0)
 
     asyncio.run(cancel_midway())
-    assert tiny_engine.stats()["requests_aborted"] == aborted + 2
+    assert tiny_engine.stats()["requests_aborted"] == aborted + 1
     assert tiny_engine.stats()["requests_finished"] == finished
     assert loop_errors == []
     assert_no_kv_leak(tiny_engine)

@@ -1,5 +1,5 @@
 """Grammar masks in sampling: a constrained batch mixed with unconstrained rows and a row whose
-matcher raises (its request's grammar_error set, its row sampled unmasked) samples what each
+matcher raises (its request's constraint error set, its row sampled unmasked) samples what each
 row alone does; greedy rows masked only where the mask refuses their argmax pick what
 masking every row picks."""
 
@@ -13,6 +13,7 @@ import torch
 from braid import grammars
 from braid.grammars.matcher import Matcher, MatcherError
 from braid.runtime import SamplingParams
+from braid.runtime.constraint.state import ConstraintState, JumpForward
 from braid.runtime.executor.sampler import _greedy, prepare_sampling, sample, sample_prepared
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
@@ -52,11 +53,11 @@ def _requests(vocab, temperature: float) -> list[SimpleNamespace]:
         (None, SamplingParams(temperature=t, repetition_penalty=1.3, min_tokens=4, seed=5)),
         (choices.matcher(), SamplingParams(temperature=t, top_p=0.9, seed=6)),
     ]
+    jump = JumpForward(None, vocab, enabled=False)  # masks only: nothing is accepted here
     return [
         SimpleNamespace(
             params=params,
-            matcher=matcher,
-            grammar_error=None,
+            constraint=None if matcher is None else ConstraintState(matcher, jump),
             seed=params.seed,
             token_ids=[1, 2, 3, 7 * i],
             output_ids=[7 * i],
@@ -78,10 +79,11 @@ def test_mixed_batch_with_a_failing_matcher(vocab, temperature):
         for i, r in enumerate(_requests(vocab, temperature))
     ]
     assert got == alone
-    assert [r.grammar_error for r in reqs] == [None, None, None, "out of states", None, None]
+    errors = [r.constraint and r.constraint.error for r in reqs]
+    assert errors == [None, None, None, "out of states", None, None]
     # The failing row sampled unmasked: as an unconstrained request with its params.
     unmasked = _requests(vocab, temperature)[3]
-    unmasked.matcher = None
+    unmasked.constraint = None
     assert got[3] == sample(logits[3:4], [unmasked], vocab.size)[0]
     # The constrained rows kept to their grammars.
     assert vocab.token_bytes[got[0]].isdigit()

@@ -21,7 +21,7 @@ import pytest
 from conftest import LiveServer, ServeProcess, assert_no_kv_leak, hold_engine, wait_idle
 
 from braid.interpreter import RemoteBackend
-from braid.runtime import Engine, SamplingParams, TreeNode
+from braid.runtime import Engine, SamplingParams
 from braid.runtime.server import create_app
 
 SECRET = "The PIN is 482913. Say it"
@@ -198,7 +198,7 @@ def test_engine_requests_share_only_under_one_salt(engine):
     assert engine.generate(prompt, params).meta["cached_tokens"] == 0
 
 
-def test_a_tree_shares_its_prefix_under_its_salt_only(engine):
+def test_branches_share_their_prefix_under_their_salt_only(engine):
     rng = random.Random(0)
     prefix = [rng.randrange(100, 40000) for _ in range(60)]
     branches = [[rng.randrange(100, 40000) for _ in range(5)] for _ in range(3)]
@@ -206,8 +206,7 @@ def test_a_tree_shares_its_prefix_under_its_salt_only(engine):
     engine.flush_cache()
     engine.generate(prefix + [7], params, cache_salt="a")
     before = engine.stats()["prefill_tokens_computed"]
-    tree = TreeNode(prefix, [TreeNode(b, params=params) for b in branches])
-    engine.generate_tree(tree, cache_salt="b")
+    engine.generate([prefix + b for b in branches], params, cache_salt="b")
     computed = engine.stats()["prefill_tokens_computed"] - before
     # The prefix once (not taken from salt a's), then each branch's own tokens.
     assert computed == len(prefix) + sum(len(b) for b in branches)

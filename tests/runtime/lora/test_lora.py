@@ -207,7 +207,7 @@ def test_load_and_unload(engine, adapters, tiny_model_path):
     rid = engine.submit(ids, params, emit, lora="qv2")
     started.wait()
     unloaded = ThreadPoolExecutor(1).submit(engine.unload_lora, "qv2")
-    wait_for(lambda: engine._inbox, what="the unload to be queued")
+    wait_for(lambda: engine._loop.num_queued, what="the unload to be queued")
     release.set()
     with pytest.raises(ValueError, match="in use"):
         unloaded.result()

@@ -14,7 +14,7 @@ import torch
 import transformers
 from conftest import assert_no_kv_leak, hold_engine, wait_idle
 
-from braid.runtime import Engine, SamplingParams, TreeNode
+from braid.runtime import Engine, SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 
@@ -369,43 +369,31 @@ def test_min_tokens_suppresses_eos(tiny_engine):
     assert eos not in out.token_ids[:5]
 
 
-# ---- request trees -------------------------------------------------------------------------
+# ---- branches of a shared prefix, all at once ------------------------------------------------
 
 
-def test_tree_fork_prefills_the_prefix_once_and_matches_solo(tiny_model_path, solo):
+def test_branches_prefill_their_prefix_once_and_match_solo(tiny_model_path, solo):
     rng = random.Random(5)
     prefix = [rng.randrange(100, 40000) for _ in range(120)]
     branches = [[rng.randrange(100, 40000) for _ in range(10)] for _ in range(4)]
-    tree = TreeNode(prefix, [TreeNode(b, params=GREEDY) for b in branches])
     engine = Engine(model=str(tiny_model_path), device="cpu", dtype="float32", max_kv_tokens=2048)
-    outs = engine.generate_tree(tree)
+    outs = engine.generate([prefix + b for b in branches], GREEDY)
     assert [o.token_ids for o in outs] == expected_outputs(solo, [prefix + b for b in branches])
     computed = engine.stats()["prefill_tokens_computed"]
     assert len(prefix) + 40 <= computed <= len(prefix) + 40 + 4
     engine.shutdown()
 
 
-def test_tree_scores_choices_with_prompt_logprobs(tiny_engine, hf):
-    """What select does: one leaf per choice, prompt logprobs of the choice tokens only."""
+def test_branches_score_choices_with_prompt_logprobs(tiny_engine, hf):
+    """What select does: one request per choice, prompt logprobs of the choice tokens only."""
     prefix = tiny_engine.encode("The best fruit is")
     choices = [
         tiny_engine.tokenizer.encode(c, add_special_tokens=False)
         for c in (" apple", " banana split", " cherry")
     ]
     score = SamplingParams(max_tokens=0, prompt_logprobs_from=len(prefix))
-    outs = tiny_engine.generate_tree(TreeNode(prefix, [TreeNode(c, params=score) for c in choices]))
+    outs = tiny_engine.generate([prefix + c for c in choices], score)
     for choice, out in zip(choices, outs, strict=True):
         ref = hf_logprobs(hf, prefix + choice)
         expected = [float(ref[len(prefix) + i - 1, t]) for i, t in enumerate(choice)]
         assert out.meta["prompt_logprobs"] == pytest.approx(expected, abs=1e-4)
-
-
-def test_tree_text_segments_tokenize_as_one_string(tiny_engine):
-    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
-    [out] = tiny_engine.generate_tree(TreeNode("Hello", [TreeNode(" world", params=params)]))
-    assert out.token_ids == tiny_engine.generate("Hello world", params).token_ids
-
-
-def test_tree_leaf_without_params_is_an_error(tiny_engine):
-    with pytest.raises(ValueError, match="a leaf needs SamplingParams"):
-        tiny_engine.generate_tree(TreeNode("x", [TreeNode("y")]))

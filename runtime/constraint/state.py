@@ -1,0 +1,151 @@
+"""ConstraintState: one request's constraint as decoding sees it, and the only code that
+advances its grammar matcher.
+
+The sampler asks it for the step's mask, output processing has it take each sampled token
+(and the text the grammar then forces: jump-forward), and speculative decoding walks draft
+paths through it and puts it back. A matcher that fails (MatcherError) leaves its message in
+`error`; the request then ends, alone.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from braid.grammars.matcher import Matcher, MatcherError
+from braid.grammars.vocabulary import TokenVocabulary
+
+
+class JumpForward:
+    """Turns the text a grammar forces into the tokens the model would write for it."""
+
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, vocab: TokenVocabulary, enabled: bool
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.vocab = vocab
+        self.enabled = enabled  # EngineConfig.jump_forward
+
+    def tokenize(self, data: bytes) -> list[int] | None:
+        """Token ids spelling exactly `data`, or None (a partial UTF-8 character, or text
+        the tokenizer would turn into special tokens)."""
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:
+            return None
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        spelled = [self.vocab.token_bytes[i] for i in ids]
+        if not ids or any(b is None for b in spelled) or b"".join(spelled) != data:
+            return None
+        return ids
+
+
+class ConstraintState:
+    def __init__(self, matcher: Matcher, jump: JumpForward) -> None:
+        self._matcher = matcher
+        self._jump = jump
+        self.error: str | None = None  # set when the matcher fails: the request then ends
+        self._num_drafted = 0  # draft tokens accepted since the last `reset_draft`
+
+    def fill_bitmask(self, row: torch.Tensor) -> bool:
+        """Write the tokens allowed next into `row`; False (row left as it was, the error
+        kept) when the matcher fails."""
+        if self.error is not None:
+            return False
+        try:
+            self._matcher.fill_bitmask(row)
+        except MatcherError as e:
+            self.error = str(e)
+            return False
+        return True
+
+    def is_terminated(self) -> bool:
+        return self._matcher.is_terminated()
+
+    def start(self) -> list[int]:
+        """The tokens of the text the grammar forces before anything is sampled (accepted);
+        [] with `error` set when the matcher fails."""
+        return self._guarded(lambda: self._forced(None))
+
+    def accept(self, token: int) -> list[int]:
+        """Take a sampled token: the tokens to append, `token` and those of the text the
+        grammar forces after it (the sampled token may merge into them: then the list does
+        not start with it). [] with `error` set when the grammar refuses the token or the
+        matcher fails."""
+
+        def take() -> list[int]:
+            if self._matcher.accept_token(token):
+                return self._forced(token)
+            self.error = f"token {token} is outside the grammar"
+            return []
+
+        return self._guarded(take)
+
+    def push_draft(self, token: int) -> list[int] | None:
+        """Walk one draft token: [token] plus the tokens the grammar then forces (the path
+        takes them as free draft tokens), or None where the path must end (the grammar
+        refuses the token, or it merges with the forced text into other tokens)."""
+        if self.error is not None:
+            return None
+        try:
+            if self._matcher.is_terminated() or not self._matcher.accept_token(token):
+                return None
+            tokens = self._forced(token)  # the matcher has accepted exactly these
+        except MatcherError as e:  # the request fails when it samples
+            self.error = str(e)
+            return None
+        if tokens[0] != token:
+            self._matcher.rollback(len(tokens))
+            return None
+        self._num_drafted += len(tokens)
+        return tokens
+
+    def reset_draft(self) -> None:
+        """Undo every draft token pushed since the last reset."""
+        if self._num_drafted:
+            self._matcher.rollback(self._num_drafted)
+            self._num_drafted = 0
+
+    def _guarded(self, take) -> list[int]:
+        try:
+            return take()
+        except MatcherError as e:
+            self.error = str(e)
+            return []
+
+    def _forced(self, sampled: int | None) -> list[int]:
+        """The tokens to append after `sampled` was accepted (None: at the start): `sampled`
+        itself plus the tokens of any text the grammar forces next.
+
+        The forced text is tokenized together with the sampled token when that spells the
+        same bytes, so the model sees the tokens it would have produced itself (`"` then
+        `name` would otherwise stand where the tokenizer writes `"name`). The matcher is
+        left having accepted exactly the returned tokens."""
+        matcher, jump = self._matcher, self._jump
+        tokens = [] if sampled is None else [sampled]
+        if not jump.enabled or matcher.is_terminated():
+            return tokens
+        forced = matcher.jump_forward().encode()
+        if not forced:
+            return tokens
+        if sampled is not None:
+            merged = jump.tokenize(jump.vocab.token_bytes[sampled] + forced)
+            if merged is not None:
+                matcher.rollback(1)
+                if _accept_all(matcher, merged):
+                    return merged
+                matcher.accept_token(sampled)
+        tail = jump.tokenize(forced)
+        if tail is not None and _accept_all(matcher, tail):
+            return tokens + tail
+        return tokens
+
+
+def _accept_all(matcher: Matcher, tokens: list[int]) -> bool:
+    """Accept every token or none."""
+    for n, t in enumerate(tokens):
+        if not matcher.accept_token(t):
+            if n:
+                matcher.rollback(n)
+            return False
+    return True
