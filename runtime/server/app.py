@@ -19,13 +19,14 @@ from braid.runtime.engine.engine import Engine
 from braid.runtime.server import dashboard, openapi
 from braid.runtime.server.http import guards
 from braid.runtime.server.http.disconnects import ClientGone
+from braid.runtime.server.request_context import set_tenant
 from braid.runtime.server.routes import anthropic as anthropic_routes
 from braid.runtime.server.routes import embeddings as embedding_routes
 from braid.runtime.server.routes import native as native_routes
 from braid.runtime.server.routes import openai as openai_routes
 from braid.runtime.server.routes import responses as responses_routes
 from braid.runtime.server.routes import tokens as token_routes
-from braid.runtime.server.service import TENANT, Overloaded, Service
+from braid.runtime.server.service import Overloaded, Service
 from braid.runtime.server.wire import ModelNotFound, error_body
 
 # Routes a load balancer or a scraper may call without the API key.
@@ -184,7 +185,8 @@ class ApiKey:
     """Every route but the open ones needs one of the keys, as `Authorization: Bearer <key>`
     (what the openai client sends) or `x-api-key: <key>` (what the anthropic client sends).
     `scoped` (--cache-scope key): each key is a tenant of its own, whose requests share cached
-    prefixes only with each other (service.TENANT)."""
+    prefixes only with each other (its place in the list is the tenant of every request
+    it makes: request_context.set_tenant)."""
 
     def __init__(self, app, keys: Sequence[str], scoped: bool = False) -> None:
         self.app = app
@@ -211,11 +213,6 @@ class ApiKey:
                 response = JSONResponse(error_body(401, "authentication_error", message), 401)
             await response(scope, receive, send)
             return
-        if not self.scoped:
-            await self.app(scope, receive, send)
-            return
-        tenant = TENANT.set(str(matches.index(True)))  # the key's place in the list
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            TENANT.reset(tenant)
+        if self.scoped:
+            set_tenant(scope, str(matches.index(True)))  # the key's place in the list
+        await self.app(scope, receive, send)

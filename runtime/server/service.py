@@ -5,14 +5,12 @@ response starts, engine streams timed for the metrics, and cancelling work whose
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import inspect
-import json
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from contextvars import ContextVar
+from functools import partial
 from typing import Any, TypeVar
 
 import msgspec
@@ -25,37 +23,14 @@ from braid.runtime.protocol.outputs import GenerateOutput, StreamChunk
 from braid.runtime.protocol.sampling_params import SamplingParams
 from braid.runtime.server.chat import tools
 from braid.runtime.server.metrics import Metrics
-from braid.runtime.server.wire import BadRequest, ChatCompletionRequest, ModelNotFound
+from braid.runtime.server.request_context import RequestContext
+from braid.runtime.server.wire import BadRequest, ModelNotFound
 from braid.runtime.text import template_render
 from braid.runtime.text.chat_template import ChatTemplate
 
 T = TypeVar("T")
 # A job's chunks from (prompt ids, params): Service.stream, or a route's wrapper of it.
 Streamer = Callable[[list[int], SamplingParams], AsyncIterator[StreamChunk]]
-
-# The prefix-cache scope of the HTTP request being served, in two parts: its API key's tenant
-# (set by app.ApiKey under --cache-scope key) and the request's own cache_salt (set by its
-# route once it has read the body). Context variables, so that every engine request the HTTP
-# request makes carries them, through whichever streamer or task (asyncio tasks and
-# starlette's streaming bodies start with a copy of the context they are made in).
-TENANT: ContextVar[str | None] = ContextVar("braid_tenant", default=None)
-REQUEST_SALT: ContextVar[str | None] = ContextVar("braid_request_salt", default=None)
-# The LoRA adapter the HTTP request's engine requests run under (its `model` names one, or
-# /generate's lora_path), set by its route like the salt; None: the base model.
-REQUEST_LORA: ContextVar[str | None] = ContextVar("braid_request_lora", default=None)
-# The program state /generate's engine requests come from (its program_id), set likewise.
-REQUEST_PROGRAM: ContextVar[str | None] = ContextVar("braid_request_program", default=None)
-
-
-def cache_salt() -> str | None:
-    """The engine's cache_salt for the request being served: its engine requests share
-    cached prefixes only with those of the same tenant and the same salt."""
-    tenant, salt = TENANT.get(), REQUEST_SALT.get()
-    if tenant is None and salt is None:
-        return None
-    # A digest of the pair: the radix cache keeps a namespace's key as long as it holds
-    # tokens, and a salt's length is the client's to choose.
-    return hashlib.sha256(json.dumps([tenant, salt]).encode()).hexdigest()
 
 
 class Overloaded(Exception):
@@ -89,7 +64,7 @@ class Service:
             self.chat_template: ChatTemplate | None = ChatTemplate.from_tokenizer(engine.tokenizer)
         except ValueError:  # the tokenizer has none
             self.chat_template = None
-        # Whether the chat template renders tools and tool turns itself (server/tools.py).
+        # Whether the chat template renders tools and tool turns itself (chat/tools.py).
         self.tools_in_template = tools.template_renders_tools(engine.tokenizer)
         # Tokenizing and rendering a request's text cost time in proportion to it: they run
         # here, off the event loop (the tokenizer releases the GIL while it works).
@@ -123,17 +98,6 @@ class Service:
         if not self.accept_any_model:
             raise ModelNotFound(name)
         return None
-
-    async def render_conversation(
-        self, req: ChatCompletionRequest, variables: dict[str, Any] | None = None
-    ) -> list[int]:
-        """A chat request's prompt tokens: its messages through the chat template, with its
-        tools, calls and tool results as tools.conversation writes them when it has any."""
-        if not tools.uses_tools(req):
-            return await self.render_chat([m.as_dict() for m in req.messages], variables)
-        system_role = self.chat_template is not None and "system" in self.chat_template.closing
-        messages, tool_list = tools.conversation(req, self.tools_in_template, system_role)
-        return await self.render_chat(messages, variables, tool_list)
 
     def reply_model(self, requested: object) -> str:
         """The model name a reply carries: the one the request gave (once checked: an alias,
@@ -269,20 +233,22 @@ class Service:
         self,
         ids: list[int],
         params: SamplingParams,
+        ctx: RequestContext,
         on_submit: Callable[[int], None] | None = None,
     ) -> AsyncIterator[StreamChunk]:
         """engine.stream for one sample per call (n is split into seeded samples by
-        `samples`), timed into the latency histograms; leaving early aborts it. A request
-        its own parameters failed raises BadRequest, an engine failure RuntimeError."""
+        `samples`), under the HTTP request's context (its cache scope, adapter and program),
+        timed into the latency histograms; leaving early aborts it. A request its own
+        parameters failed raises BadRequest, an engine failure RuntimeError."""
         start = time.monotonic()
         first, num_tokens = None, 0
         chunks = self.engine.stream(
             ids,
             params,
             on_submit=on_submit,
-            cache_salt=cache_salt(),
-            lora=REQUEST_LORA.get(),
-            program=REQUEST_PROGRAM.get(),
+            cache_salt=ctx.cache_salt,
+            lora=ctx.lora,
+            program=ctx.program,
         )
         async for chunk in chunks:
             if chunk.token_ids and first is None:
@@ -298,18 +264,22 @@ class Service:
                 raise (BadRequest if chunk.request_error else RuntimeError)(chunk.error)
             yield chunk
 
+    def streamer(self, ctx: RequestContext) -> Streamer:
+        """`stream` under `ctx`: what a route that reads its jobs' chunks as they come uses."""
+        return partial(self.stream, ctx=ctx)
+
     async def collect(
-        self, ids: list[int], params: SamplingParams, stream: Streamer | None = None
+        self, ids: list[int], params: SamplingParams, stream: Streamer
     ) -> GenerateOutput:
-        """One sample's whole output, read from `stream` (default: self.stream)."""
+        """One sample's whole output, read from `stream`."""
         text, token_ids = [], []
-        async for chunk in (stream or self.stream)(ids, params):
+        async for chunk in stream(ids, params):
             text.append(chunk.text)
             token_ids += chunk.token_ids
         return GenerateOutput("".join(text), token_ids, chunk.finish_reason, chunk.meta or {})
 
     async def collect_all(
-        self, jobs: list[tuple[list[int], SamplingParams]], stream: Streamer | None = None
+        self, jobs: list[tuple[list[int], SamplingParams]], stream: Streamer
     ) -> list[GenerateOutput]:
         """Every job's output, the jobs admitted together; one failing cancels the rest."""
         with self.admit(len(jobs)):

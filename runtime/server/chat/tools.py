@@ -1,5 +1,6 @@
-"""Function calling on /v1/chat/completions: tools and tool turns rendered into the prompt, the
-constraint a tool_choice puts on the output, and the calls read back out of it.
+"""Function calling on the conversational routes (chat completions, Responses, Messages): tools
+and tool turns rendered into the prompt, the constraint a tool_choice puts on the output, and
+the calls read back out of it.
 
 Calls are written in the Hermes format, which Qwen2.5, Qwen3, Hermes and other models are
 trained on and their chat templates render:
@@ -26,31 +27,23 @@ tokens, and once it has written `<tool_call>` it can only finish a call.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from braid.grammars.compile.constraint_regex import escape
-from braid.runtime.protocol.outputs import StreamChunk
 from braid.runtime.protocol.sampling_params import SamplingParams
-from braid.runtime.server.wire import (
-    BadRequest,
-    ChatCompletionRequest,
-    ChatMessage,
-    NamedToolChoice,
-    Tool,
-)
+from braid.runtime.server.chat.conversation import Conversation
+from braid.runtime.server.wire import BadRequest, ChatMessage, NamedToolChoice, Tool
 from braid.runtime.text import template_render
 from braid.runtime.text.template_render import TemplateLimitError
 
 if TYPE_CHECKING:
-    from braid.runtime.server.service import Service, Streamer
+    from braid.runtime.server.service import Service
 
 MARK = "<tool_call>"  # an output starting with this is calls
 _OPEN = MARK + '\n{"name": "'  # then the name
@@ -81,7 +74,7 @@ class ToolPlan:
         return self.mode != "none"
 
 
-def plan(req: ChatCompletionRequest) -> ToolPlan | None:
+def plan(req: Conversation) -> ToolPlan | None:
     """The request's tools checked against tool_choice; None without tools."""
     tools, choice = req.tools or [], req.tool_choice
     names: set[str] = set()
@@ -122,7 +115,7 @@ def parameters_schema(tool: Tool, i: int) -> dict[str, Any]:
     return {"type": "object", **schema}
 
 
-def uses_tools(req: ChatCompletionRequest) -> bool:
+def uses_tools(req: Conversation) -> bool:
     """Whether the conversation needs tool-aware rendering: tools, calls or tool results."""
     return bool(req.tools) or any(
         m.role == "tool" or m.tool_calls or m.function_call is not None for m in req.messages
@@ -160,7 +153,7 @@ def template_renders_tools(tokenizer) -> bool:
     )
 
 
-def rendered_chars(req: ChatCompletionRequest) -> int:
+def rendered_chars(req: Conversation) -> int:
     """Characters of the request that any rendering of it writes into the prompt: each
     message's text, its calls' names and arguments, each tool's name, description and
     parameters (as compact JSON). Counted before anything is rendered, so that a conversation
@@ -206,7 +199,7 @@ plain text."""
 
 
 def conversation(
-    req: ChatCompletionRequest, native: bool, system_role: bool
+    req: Conversation, native: bool, system_role: bool
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """(the messages, the tools) to hand the chat template. `native`: the template renders
     tools, calls and tool messages itself; otherwise they become plain system, user and
@@ -516,79 +509,9 @@ def parse(text: str) -> CallParser:
     return parser
 
 
-def message(text: str, engine_reason: str | None) -> tuple[dict[str, Any], str | None]:
-    """A whole output as a chat message with its tool_calls (those whole), and its
-    finish_reason."""
-    parser = parse(text)
-    if parser.is_text:
-        return {"role": "assistant", "content": text}, engine_reason
-    reply: dict[str, Any] = {"role": "assistant", "content": None}
-    if parser.calls:
-        reply["tool_calls"] = [c.as_json() for c in parser.calls]
-    return reply, finish_reason(parser, engine_reason)
-
-
 def finish_reason(parser: CallParser, engine_reason: str | None) -> str | None:
     """OpenAI's "tool_calls" when the output ended (not cut off) after whole calls; a
-    repeat ends it (ended_at_repeat aborts the request there)."""
+    repeat ends it (the conversation pipeline aborts the request there)."""
     if parser.complete and (engine_reason == "stop" or parser.repeated):
         return "tool_calls"
     return engine_reason
-
-
-def ended_at_repeat(svc: Service) -> Streamer:
-    """svc.stream for outputs that may be several calls: the request is aborted as soon as
-    its output repeats a call (CallParser), and its last chunk then says "stop"."""
-
-    async def stream(ids: list[int], params: SamplingParams) -> AsyncIterator[StreamChunk]:
-        rid: list[int] = []
-        watch = CallParser()
-        async for chunk in svc.stream(ids, params, on_submit=rid.append):
-            if not watch.repeated:
-                watch.feed(chunk.text)
-                if watch.repeated:
-                    svc.engine.abort(rid[0])
-            if watch.repeated and chunk.finish_reason == "abort" and chunk.error is None:
-                chunk = dataclasses.replace(chunk, finish_reason="stop")
-            yield chunk
-
-    return stream
-
-
-def delta(parser: CallParser, events: list[tuple]) -> dict[str, Any]:
-    """The streamed chunk's delta for these events: text as content, each whole call as
-    one OpenAI tool_calls piece (its id, type, name and arguments)."""
-    content = "".join(e[1] for e in events if e[0] == "text")
-    pieces: list[dict[str, Any]] = []
-    for e in events:
-        if e[0] == "call":
-            call = parser.calls[e[1]]
-            function = {"name": call.name, "arguments": ""}
-            pieces.append({"index": e[1], "id": call.id, "type": "function", "function": function})
-        elif e[0] == "arguments":
-            if pieces and pieces[-1]["index"] == e[1]:
-                pieces[-1]["function"]["arguments"] += e[2]
-            else:
-                pieces.append({"index": e[1], "function": {"arguments": e[2]}})
-    out: dict[str, Any] = {}
-    if content:
-        out["content"] = content
-    if pieces:
-        out["tool_calls"] = pieces
-    return out
-
-
-def legacy_message(reply: dict[str, Any], finish: str | None) -> tuple[dict, str | None]:
-    """A chat message as the legacy functions API answers: its one call as function_call."""
-    calls = reply.pop("tool_calls", None)
-    if calls:
-        reply["function_call"] = calls[0]["function"]
-    return reply, "function_call" if finish == "tool_calls" else finish
-
-
-def legacy_delta(delta: dict[str, Any]) -> dict[str, Any]:
-    """A streamed delta as the legacy functions API sends it (its one call whole)."""
-    pieces = delta.pop("tool_calls", None)
-    if pieces:
-        delta["function_call"] = pieces[0]["function"]
-    return delta

@@ -23,12 +23,12 @@ def event(obj: object) -> bytes:
 def event_stream(
     svc: Service,
     jobs: list[tuple[list[int], SamplingParams]],
+    stream: Streamer,
     render: Callable[[int, StreamChunk], Iterable[object]],
     last: Callable[[list[dict]], object] | None = None,
-    stream: Streamer | None = None,
     listings: bool = False,
 ) -> StreamingResponse:
-    """Stream the jobs' chunks (read from `stream`, default svc.stream), each rendered into
+    """Stream the jobs' chunks (read from `stream`: Service.streamer), each rendered into
     events by `render(job index, chunk)` (off the event loop when they list logprobs,
     `listings`: an echoed prompt's whole listing is one event); `last(final metas)` makes a
     closing event.
@@ -44,7 +44,7 @@ def event_stream(
         with svc.admit(len(jobs), checked=True):  # the headers are out: no 503 now
             metas: list[dict] = [{} for _ in jobs]
             try:
-                streams = [(stream or svc.stream)(ids, p) for ids, p in jobs]
+                streams = [stream(ids, p) for ids, p in jobs]
                 async for i, chunk in merged(streams):
                     if chunk.meta is not None:
                         metas[i] = chunk.meta

@@ -1,9 +1,9 @@
 """Anthropic's Messages API: POST /v1/messages and /v1/messages/count_tokens, for the anthropic
 SDK and Claude-style agents.
 
-A request is translated into the chat-completions request it means (a ChatCompletionRequest),
-so its prompt is rendered, its tools planned and constrained and its calls parsed exactly as on
-/v1/chat/completions (server/tools.py). Only the wire format is Anthropic's: content blocks,
+A request is translated into the conversation it means, which the conversation pipeline
+(chat/pipeline.py) renders, constrains, streams and parses exactly as for /v1/chat/completions.
+Only the wire format is Anthropic's: content blocks,
 tool_use blocks whose input is an object, stop reasons, usage split into fresh and cached input
 tokens, SSE events with `event:` names, and errors as
 {"type": "error", "error": {"type": ..., "message": ...}}.
@@ -25,15 +25,25 @@ from starlette.routing import Route
 
 from braid.runtime.config import RequestLimits
 from braid.runtime.protocol.sampling_params import SamplingParams
-from braid.runtime.server.chat import tools
+from braid.runtime.server.chat import pipeline, tools
+from braid.runtime.server.chat.conversation import Conversation, ConversationRequest
+from braid.runtime.server.chat.pipeline import Prepared
+from braid.runtime.server.chat.reply import Reply
 from braid.runtime.server.http.disconnects import unless_disconnected
 from braid.runtime.server.http.limits import check_schema
-from braid.runtime.server.service import REQUEST_LORA, REQUEST_SALT, Overloaded, Service
+from braid.runtime.server.request_context import context_of
+from braid.runtime.server.service import Overloaded, Service
 from braid.runtime.server.wire import (
     BadRequest,
     CacheSalt,
-    ChatCompletionRequest,
+    ChatMessage,
+    FunctionCall,
+    FunctionDefinition,
+    FunctionName,
     ModelNotFound,
+    NamedToolChoice,
+    Tool,
+    ToolCall,
     convert,
     decode_object,
     sampling_params,
@@ -119,6 +129,9 @@ class CountTokensRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     tool_choice: ToolChoice | None = None
     thinking: dict[str, Any] | None = None  # accepted: braid writes no thinking blocks
     cache_control: dict[str, Any] | None = None  # accepted, unused (see _Block)
+    # braid's, as on chat completions: variables for the model's chat template (Qwen3's
+    # enable_thinking...), never apply_chat_template's own arguments (Service checks).
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class MessagesRequest(CountTokensRequest):
@@ -202,9 +215,9 @@ def _text(blocks: str | list[TextBlock]) -> str:
 _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}  # "tool": a named function
 
 
-def _chat_request(req: CountTokensRequest) -> tuple[ChatCompletionRequest, str]:
-    """The chat-completions request `req` means, and the text of its final assistant message
-    (a prefill, which the reply continues) if it ends with one."""
+def _conversation(req: CountTokensRequest) -> Conversation:
+    """The conversation `req` means, a final assistant message of text its prefill (which
+    the reply continues)."""
     if not req.messages:
         raise BadRequest("messages must not be empty")
     turns, prefill = req.messages, ""
@@ -218,40 +231,33 @@ def _chat_request(req: CountTokensRequest) -> tuple[ChatCompletionRequest, str]:
                 "tool_result blocks"
             )
         prefill = _text(last.content)
-    messages = [{"role": "system", "content": _text(req.system)}] if req.system else []
+    messages = [ChatMessage(role="system", content=_text(req.system))] if req.system else []
     for i, m in enumerate(turns):
         messages += _chat_messages(m, i)
-    body: dict[str, Any] = {"messages": messages}
-    if req.tools:
-        body["tools"] = [
-            {
-                "type": "function",
-                "function": {
-                    "name": t.name,
-                    "description": t.description,
-                    "parameters": t.input_schema,
-                },
-            }
-            for t in req.tools
-        ]
-    choice = req.tool_choice
+    functions = [
+        Tool("function", FunctionDefinition(t.name, t.description, t.input_schema))
+        for t in req.tools or ()
+    ]
+    choice, tool_choice, parallel = req.tool_choice, None, None
     if choice is not None:
         if choice.type == "tool":
             if choice.name is None:
                 raise BadRequest("tool_choice of type 'tool' needs the tool's name")
-            body["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
+            tool_choice = NamedToolChoice("function", FunctionName(choice.name))
         else:
-            body["tool_choice"] = _TOOL_CHOICES[choice.type]
-        body["parallel_tool_calls"] = not choice.disable_parallel_tool_use
-    return convert(body, ChatCompletionRequest), prefill
+            tool_choice = _TOOL_CHOICES[choice.type]
+        parallel = not choice.disable_parallel_tool_use
+    return Conversation(
+        messages, functions or None, tool_choice, parallel, req.chat_template_kwargs, prefill
+    )
 
 
-def _chat_messages(m: Message, i: int) -> list[dict[str, Any]]:
+def _chat_messages(m: Message, i: int) -> list[ChatMessage]:
     """One Anthropic message as chat messages: an assistant's text and calls as one; a user's
     tool results as tool messages, then its text (Anthropic puts the results first, and a chat
     template wants them right after the calls they answer)."""
     if isinstance(m.content, str):
-        return [{"role": m.role, "content": m.content}]
+        return [ChatMessage(role=m.role, content=m.content)]
     texts, calls, results = [], [], []
     for block in m.content:
         if isinstance(block, TextBlock):
@@ -260,49 +266,25 @@ def _chat_messages(m: Message, i: int) -> list[dict[str, Any]]:
             if m.role != "assistant":
                 raise BadRequest(f"messages[{i}]: tool_use blocks belong in assistant messages")
             arguments = json.dumps(block.input, ensure_ascii=False)
-            function = {"name": block.name, "arguments": arguments}
-            calls.append({"id": block.id, "type": "function", "function": function})
+            calls.append(ToolCall(id=block.id, function=FunctionCall(block.name, arguments)))
         else:  # a tool_result (the other kinds were refused when decoded)
             if m.role != "user":
                 raise BadRequest(f"messages[{i}]: tool_result blocks belong in user messages")
             content = _text(block.content)
             if block.is_error:  # what the model needs to know of it
                 content = f"Error: {content}"
-            results.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": content})
+            results.append(
+                ChatMessage(role="tool", tool_call_id=block.tool_use_id, content=content)
+            )
     if m.role == "assistant":
-        message: dict[str, Any] = {"role": "assistant", "content": _text(texts)}
-        return [message | {"tool_calls": calls}] if calls else [message]
-    return results + ([{"role": "user", "content": _text(texts)}] if texts or not results else [])
+        return [ChatMessage(role="assistant", content=_text(texts), tool_calls=calls or None)]
+    texts_message = [ChatMessage(role="user", content=_text(texts))]
+    return results + (texts_message if texts or not results else [])
 
 
-async def _prompt(
-    request: Request, req: CountTokensRequest
-) -> tuple[list[int], tools.ToolPlan | None]:
-    """The prompt's token ids, the conversation rendered by the chat template as
-    /v1/chat/completions renders it (tools, calls and results included) and a prefill
-    appended; and the request's tool plan."""
-    svc: Service = request.app.state.service
-    chat, prefill = _chat_request(req)
-    plan = tools.plan(chat)
-    if prefill and plan is not None and plan.calls:
-        raise BadRequest(
-            "a final assistant message (a prefill) cannot be continued while the reply may "
-            "call tools: give tool_choice {'type': 'none'} or leave the prefill out"
-        )
-    # Tools and calls too (tools.rendered_chars), before anything is rendered.
-    svc.check_text_length(tools.rendered_chars(chat) + len(prefill), "messages")
-    ids = await svc.render_conversation(chat)
-    if prefill:
-        tokenizer = svc.engine.tokenizer
-        ids += await svc.off_loop(
-            functools.partial(tokenizer.encode, prefill, add_special_tokens=False)
-        )
-    return ids, plan
-
-
-def _sampling(req: MessagesRequest, max_tokens: int) -> SamplingParams:
+def _sampling(req: MessagesRequest) -> SamplingParams:
     fields = {
-        "max_tokens": max_tokens,
+        "max_tokens": req.max_tokens,
         "temperature": req.temperature,
         "top_p": req.top_p,
         "top_k": req.top_k,
@@ -335,16 +317,13 @@ class _Ending:
     length: str  # the stop_reason of an output that ran out of tokens
 
     def reason(
-        self,
-        engine_reason: str | None,
-        parser: tools.CallParser | None,
-        text: str,
-        token_ids: list[int],
+        self, engine_reason: str | None, reply: Reply, text: str, token_ids: list[int]
     ) -> tuple[str, str | None]:
         """The stop_reason and stop_sequence of an output the engine ended for
-        `engine_reason`. The engine cuts the output before a stop string without saying
-        which one matched: it is the first one the output's tokens spell past the text."""
-        if parser is not None and tools.finish_reason(parser, engine_reason) == "tool_calls":
+        `engine_reason` (`reply` read to its end). The engine cuts the output before a stop
+        string without saying which one matched: it is the first one the output's tokens
+        spell past the text."""
+        if reply.finish_reason == "tool_calls":
             return "tool_use", None
         if engine_reason == "length":
             return self.length, None
@@ -374,17 +353,17 @@ class _Blocks:
     """Streamed output as content-block events: text deltas in a text block; each call a
     tool_use block whose input arrives as pieces of JSON."""
 
-    def __init__(self, parser: tools.CallParser | None) -> None:
-        self.parser = parser
+    def __init__(self, reply: Reply) -> None:
+        self.reply = reply
         self.num_blocks = 0
         self.open: str | None = None  # the type of the block open, the last one
 
-    def feed(self, text: str) -> list[tuple[str, dict[str, Any]]]:
-        return self._events(self.parser.feed(text) if self.parser else [("text", text)])
+    def feed(self, text: str, finish_reason: str | None) -> list[tuple[str, dict[str, Any]]]:
+        """The events of a chunk's text (`finish_reason`: the engine's, on the last one)."""
+        return self._events(self.reply.read(text, finish_reason))
 
     def finish(self) -> list[tuple[str, dict[str, Any]]]:
-        events = self._events(self.parser.finish() if self.parser else [])
-        return events + self._close()
+        return self._close()
 
     def _events(self, parsed: list[tuple]) -> list[tuple[str, dict[str, Any]]]:
         events = []
@@ -396,7 +375,7 @@ class _Blocks:
                     events += self._start({"type": "text", "text": ""})
                 events.append(self._delta({"type": "text_delta", "text": rest[0]}))
             elif kind == "call":
-                events += self._start(_tool_use(self.parser.calls[rest[0]], whole=False))
+                events += self._start(_tool_use(self.reply.calls[rest[0]], whole=False))
             else:  # a piece of the open call's arguments
                 events.append(self._delta({"type": "input_json_delta", "partial_json": rest[1]}))
         return events
@@ -424,12 +403,7 @@ def _event(name: str, data: dict[str, Any]) -> bytes:
 
 
 def _stream(
-    svc: Service,
-    ids: list[int],
-    params: SamplingParams,
-    head: dict[str, Any],
-    parser: tools.CallParser | None,
-    ending: _Ending,
+    svc: Service, prepared: Prepared, head: dict[str, Any], ending: _Ending
 ) -> StreamingResponse:
     """The reply as Anthropic's events. Admission is checked now and held while it streams;
     a client that disconnects cancels it, which aborts the engine request. Once the response
@@ -439,21 +413,22 @@ def _stream(
     async def body() -> AsyncIterator[bytes]:
         with svc.admit(1, checked=True):  # the headers are out: no 529 now
             # The cached part of the prompt is known at the end: message_delta has the split.
-            usage = {"input_tokens": len(ids), "output_tokens": 0}
+            usage = {"input_tokens": len(prepared.ids), "output_tokens": 0}
             start = {"content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}
             yield _event("message_start", {"message": head | start})
-            blocks = _Blocks(parser)
+            reply = prepared.reply()
+            blocks = _Blocks(reply)
             text, token_ids = [], []
             try:
-                async for chunk in svc.stream(ids, params):
+                async for chunk in prepared.stream(prepared.ids, prepared.params):
                     text.append(chunk.text)
                     token_ids += chunk.token_ids
-                    for name, data in blocks.feed(chunk.text):
+                    for name, data in blocks.feed(chunk.text, chunk.finish_reason):
                         yield _event(name, data)
                 for name, data in blocks.finish():
                     yield _event(name, data)
                 reason, sequence = ending.reason(
-                    chunk.finish_reason, parser, "".join(text), token_ids
+                    chunk.finish_reason, reply, "".join(text), token_ids
                 )
                 delta = {"stop_reason": reason, "stop_sequence": sequence}
                 yield _event("message_delta", {"delta": delta, "usage": _usage(chunk.meta or {})})
@@ -476,24 +451,16 @@ async def messages(request: Request) -> Response:
     obj = decode_object(await request.body())
     _check_limits(obj, svc.limits)
     req = convert(obj, MessagesRequest)
-    REQUEST_LORA.set(svc.check_model(req.model))
-    REQUEST_SALT.set(req.cache_salt)
-    svc.check_room(1)
-    prompt, plan = await _prompt(request, req)
-    ids = await svc.encode(prompt)  # checked against the context and --max-prompt-tokens
+    ctx = context_of(request, salt=req.cache_salt, lora=svc.check_model(req.model))
     # As on Anthropic's newer models, a max_tokens past the context's end is not refused: the
     # reply stops there (so an agent may ask for the most without counting its prompt).
-    room = svc.engine.context_length - len(ids)
-    params = _sampling(req, min(req.max_tokens, room))
-    calling = plan is not None and plan.calls  # the output may be calls: constrained, parsed
-    if calling:
-        params = await tools.constrain(svc, plan, params)
-    await svc.check_params(params)
-    stops = params.stop  # as tools.constrain left them (none where the reply is calls)
+    conversation = ConversationRequest(_conversation(req), _sampling(req), fit_max_tokens=True)
+    prepared = await pipeline.prepare(svc, ctx, conversation)
+    stops = prepared.params.stop  # as the tool constraint left them (none for calls only)
     ending = _Ending(
         svc.engine.tokenizer,
         [stops] if isinstance(stops, str) else list(stops or []),
-        "max_tokens" if req.max_tokens <= room else "model_context_window_exceeded",
+        "model_context_window_exceeded" if prepared.max_tokens_cut else "max_tokens",
     )
     head = {
         "id": f"msg_{uuid.uuid4().hex[:24]}",
@@ -502,15 +469,16 @@ async def messages(request: Request) -> Response:
         "model": svc.reply_model(req.model),
     }
     if req.stream:
-        return _stream(svc, ids, params, head, tools.CallParser() if calling else None, ending)
+        return _stream(svc, prepared, head, ending)
 
-    [out] = await unless_disconnected(request, svc.collect_all([(ids, params)]))
-    parser = tools.parse(out.text) if calling else None
-    if parser is not None and parser.calls:
-        content = [_tool_use(call, whole=True) for call in parser.calls]
+    [out] = await unless_disconnected(request, svc.collect_all(prepared.jobs, prepared.stream))
+    reply = prepared.reply()
+    reply.read(out.text, out.finish_reason)
+    if reply.calls:
+        content = [_tool_use(call, whole=True) for call in reply.calls]
     else:
         content = [{"type": "text", "text": out.text}] if out.text else []
-    reason, sequence = ending.reason(out.finish_reason, parser, out.text, out.token_ids)
+    reason, sequence = ending.reason(out.finish_reason, reply, out.text, out.token_ids)
     body = {
         **head,
         "content": content,
@@ -529,7 +497,7 @@ async def count_tokens(request: Request) -> Response:
     _check_limits(obj, svc.limits)
     req = convert(obj, CountTokensRequest)
     svc.check_model(req.model)
-    prompt, _ = await _prompt(request, req)
+    prompt, _ = await pipeline.prompt(svc, _conversation(req))
     return JSONResponse({"input_tokens": len(prompt)})
 
 

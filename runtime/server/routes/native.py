@@ -19,14 +19,8 @@ from braid.runtime.server.http.disconnects import unless_disconnected
 from braid.runtime.server.http.limits import check_continuations, check_fields, check_max_tokens
 from braid.runtime.server.http.sse import event_stream
 from braid.runtime.server.metrics import CONTENT_TYPE
-from braid.runtime.server.service import (
-    REQUEST_LORA,
-    REQUEST_PROGRAM,
-    REQUEST_SALT,
-    Service,
-    cache_salt,
-    samples,
-)
+from braid.runtime.server.request_context import context_of
+from braid.runtime.server.service import Service, samples
 from braid.runtime.server.wire import (
     BadRequest,
     GenerateRequest,
@@ -42,9 +36,9 @@ from braid.runtime.server.wire import (
 async def generate(request: Request) -> Response:
     svc: Service = request.app.state.service
     req = convert(decode_object(await request.body()), GenerateRequest)
-    REQUEST_SALT.set(req.cache_salt)
-    REQUEST_LORA.set(req.lora_path)  # the engine refuses a name it has not loaded
-    REQUEST_PROGRAM.set(req.program_id)
+    # The engine refuses an adapter name it has not loaded.
+    ctx = context_of(request, salt=req.cache_salt, lora=req.lora_path, program=req.program_id)
+    stream = svc.streamer(ctx)
     prompts, batch = req.prompts()
     given_rids = req.rids(len(prompts))
     fields = _sampling_fields(req)
@@ -106,9 +100,9 @@ async def generate(request: Request) -> Response:
             ids[i] += chunk.token_ids
             yield result(i, "".join(texts[i]), list(ids[i]), chunk)
 
-        return event_stream(svc, jobs, render, listings=req.return_logprob)
+        return event_stream(svc, jobs, stream, render, listings=req.return_logprob)
 
-    outs = await unless_disconnected(request, svc.collect_all(jobs))
+    outs = await unless_disconnected(request, svc.collect_all(jobs, stream))
 
     def reply() -> Response:
         results = [result(i, o.text, o.token_ids, o) for i, o in enumerate(outs)]
@@ -228,11 +222,13 @@ async def health(request: Request) -> Response:
 
 
 async def health_generate(request: Request) -> Response:
-    """Healthy when the engine generates a token."""
+    """Healthy when the engine generates a token (under the caller's tenant, as any request
+    of its API key)."""
     svc: Service = request.app.state.service
+    ctx = context_of(request)
     params = SamplingParams(max_tokens=1, temperature=0)
     ids = await svc.encode("ok")
-    await unless_disconnected(request, svc.collect_all([(ids, params)]))
+    await unless_disconnected(request, svc.collect_all([(ids, params)], svc.streamer(ctx)))
     return Response(status_code=200)
 
 
@@ -248,7 +244,7 @@ async def score(request: Request) -> Response:
     and tokenized off the event loop; each is a sequence held in the queue limit."""
     svc: Service = request.app.state.service
     req = convert(decode_object(await request.body()), ScoreRequest)
-    REQUEST_SALT.set(req.cache_salt)
+    ctx = context_of(request, salt=req.cache_salt, lora=req.lora_path)
     prefix, continuations = req.prefix, req.continuations
     check_continuations(prefix, continuations, svc.limits)
     # With the prefix, each continuation is a prompt, bounded as any prompt is.
@@ -260,7 +256,7 @@ async def score(request: Request) -> Response:
         with svc.admit(len(continuations)):
             leaves = await svc.off_loop(svc.engine.score_leaves, prefix, continuations)
             svc.check_prompt_tokens(max(len(ids) for ids, _ in leaves))
-            return await svc.engine.ascore_leaves(leaves, cache_salt(), req.lora_path)
+            return await svc.engine.ascore_leaves(leaves, ctx.cache_salt, ctx.lora)
 
     logprobs = await unless_disconnected(request, run())  # a ValueError is a 400
     return JSONResponse({"logprobs": logprobs})
@@ -271,9 +267,9 @@ async def release(request: Request) -> Response:
     entry (a lease of another salt or tenant is another key, untouched)."""
     svc: Service = request.app.state.service
     req = convert(decode_object(await request.body()), ReleaseRequest)
-    REQUEST_SALT.set(req.cache_salt)
+    ctx = context_of(request, salt=req.cache_salt, lora=req.lora_path, program=req.program_id)
     try:
-        svc.engine.release_program(req.program_id, cache_salt(), req.lora_path)
+        svc.engine.release_program(ctx.program, ctx.cache_salt, ctx.lora)
     except ValueError as e:  # an adapter it has not loaded
         raise BadRequest(str(e)) from None
     return JSONResponse({"released": req.program_id})

@@ -8,6 +8,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import msgspec
 from starlette.requests import Request
@@ -16,11 +17,14 @@ from starlette.routing import Route
 
 from braid.runtime.protocol.outputs import StreamChunk
 from braid.runtime.protocol.sampling_params import SamplingParams
-from braid.runtime.server.chat import tools
+from braid.runtime.server.chat import pipeline
+from braid.runtime.server.chat.conversation import Conversation, ConversationRequest
+from braid.runtime.server.chat.reply import Reply
 from braid.runtime.server.http.disconnects import unless_disconnected
 from braid.runtime.server.http.limits import check_max_tokens, check_openai_body
 from braid.runtime.server.http.sse import event_stream
-from braid.runtime.server.service import REQUEST_LORA, REQUEST_SALT, Service, samples
+from braid.runtime.server.request_context import context_of
+from braid.runtime.server.service import Service, samples
 from braid.runtime.server.wire import (
     IGNORED_HEADER,
     BadRequest,
@@ -65,15 +69,14 @@ def _model_card(request: Request, name: str) -> dict:
 
 
 def _openai_request(request: Request, obj: dict, kind: type):
-    """The request's Struct, its SamplingParams and the fields it sent that braid ignores
-    (logged: _ignoring), its model checked first, then its fields against the limits; its
-    cache_salt is the salt of the engine requests it makes."""
+    """The request's Struct, its SamplingParams, the fields it sent that braid ignores
+    (logged: _ignoring) and the context of its engine requests (the adapter its model names,
+    its cache_salt), its model checked first, then its fields against the limits."""
     svc: Service = request.app.state.service
-    REQUEST_LORA.set(svc.check_model(obj.get("model")))
+    lora = svc.check_model(obj.get("model"))
     check_openai_body(obj, svc.limits)
     req, params, ignored = openai_request(obj, kind, svc.engine.context_length)
-    REQUEST_SALT.set(req.cache_salt)
-    return req, params, ignored
+    return req, params, ignored, context_of(request, salt=req.cache_salt, lora=lora)
 
 
 def _ignoring(response: Response, ignored: list[str], route: str) -> Response:
@@ -93,26 +96,27 @@ def _ignoring(response: Response, ignored: list[str], route: str) -> Response:
 _MAX_IGNORED_CHARS = 1024
 
 
-def _check_context(svc: Service, obj: dict, params: SamplingParams, prompt_ids: list) -> None:
-    """A max_tokens (or max_completion_tokens) the request gives must fit the model's context
-    with each prompt, as OpenAI requires; absent, it is the rest of the context."""
-    for field in ("max_completion_tokens", "max_tokens"):
-        if obj.get(field) is not None:
-            for ids in prompt_ids:
-                check_max_tokens(field, params.max_tokens, len(ids), svc.engine.context_length)
-            return
+def _max_tokens_field(obj: dict) -> str | None:
+    """The field that set max_tokens, if the request gave one: with each prompt it must fit
+    the model's context, as OpenAI requires; absent, max_tokens is the rest of the context."""
+    return next(
+        (f for f in ("max_completion_tokens", "max_tokens") if obj.get(f) is not None), None
+    )
 
 
 async def completions(request: Request) -> Response:
     svc: Service = request.app.state.service
     obj = decode_object(await request.body())
-    req, params, ignored = _openai_request(request, obj, CompletionRequest)
+    req, params, ignored, ctx = _openai_request(request, obj, CompletionRequest)
     prompts = _prompts(req.prompt)
     drawn = _best_of(req, params)  # best_of samples per prompt, of which n are returned
     svc.check_room(len(prompts) * drawn.n)  # before anything is tokenized or expanded
     prompt_ids = [await svc.encode(p) for p in prompts]
-    _check_context(svc, obj, params, prompt_ids)
+    field = _max_tokens_field(obj)
+    for ids in prompt_ids if field is not None else ():
+        check_max_tokens(field, params.max_tokens, len(ids), svc.engine.context_length)
     await svc.check_params(params)
+    stream = svc.streamer(ctx)
     jobs = [(ids, p) for ids in prompt_ids for p in samples(drawn)]
     head = {
         "id": f"cmpl-{uuid.uuid4().hex}",
@@ -174,10 +178,11 @@ async def completions(request: Request) -> Response:
             yield {**head, "object": "text_completion", "choices": [choice]}
 
         usage = _usage_chunk(req, head, "text_completion", params.n)
-        response = event_stream(svc, jobs, render, usage, listings=req.logprobs is not None)
+        listings = req.logprobs is not None
+        response = event_stream(svc, jobs, stream, render, usage, listings)
         return _ignoring(response, ignored, "completions")
 
-    outs = await unless_disconnected(request, svc.collect_all(jobs))
+    outs = await unless_disconnected(request, svc.collect_all(jobs, stream))
     metas = [o.meta for o in outs]  # every sample counts in the usage
     jobs, outs = _best(jobs, outs, drawn.n, params.n)
 
@@ -212,18 +217,19 @@ async def completions(request: Request) -> Response:
 async def chat_completions(request: Request) -> Response:
     svc: Service = request.app.state.service
     obj = decode_object(await request.body())
-    req, params, ignored = _openai_request(request, obj, ChatCompletionRequest)
-    svc.check_room(params.n)
-    plan = tools.plan(req)
-    svc.check_text_length(tools.rendered_chars(req), "messages")  # tools and calls too
-    variables = svc.template_variables(req.chat_template_kwargs)
-    ids = await svc.encode(await svc.render_conversation(req, variables))
-    _check_context(svc, obj, params, [ids])
-    calling = plan is not None and plan.calls  # the output may be calls: constrained, parsed
-    if calling:
-        params = await tools.constrain(svc, plan, params)
-    await svc.check_params(params)
-    jobs = [(ids, p) for p in samples(params)]
+    req, params, ignored, ctx = _openai_request(request, obj, ChatCompletionRequest)
+    conversation = Conversation(
+        req.messages,
+        req.tools,
+        req.tool_choice,
+        req.parallel_tool_calls,
+        req.chat_template_kwargs,
+    )
+    field = _max_tokens_field(obj)
+    prepared = await pipeline.prepare(
+        svc, ctx, ConversationRequest(conversation, params, max_tokens_field=field)
+    )
+    params, jobs = prepared.params, prepared.jobs
     head = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "created": int(time.time()),
@@ -243,10 +249,8 @@ async def chat_completions(request: Request) -> Response:
             content.append({**entry, "top_logprobs": alternatives})
         return {"content": content}
 
-    # Several calls may repeat themselves: such outputs end at the first repeat.
-    stream = tools.ended_at_repeat(svc) if calling and plan.parallel else None
     if req.stream:
-        parsers = [tools.CallParser() if calling else None for _ in jobs]
+        replies = [prepared.reply() for _ in jobs]
         started = [False for _ in jobs]
         # Each token's logprob goes out with the first chunk sent after it was sampled (a
         # chunk whose text is held back, or a call not yet whole, sends none).
@@ -254,24 +258,18 @@ async def chat_completions(request: Request) -> Response:
 
         def render(i: int, chunk: StreamChunk) -> Iterable[dict]:
             pending[i].add(chunk)
-            finish = chunk.finish_reason
-            if parsers[i] is None:
-                delta = {"content": chunk.text} if chunk.text else {}
-            else:
-                events = parsers[i].feed(chunk.text)
-                if finish is not None:
-                    events += parsers[i].finish()
-                    finish = tools.finish_reason(parsers[i], finish)
-                delta = tools.delta(parsers[i], events)
-                if req.legacy_functions:
-                    delta = tools.legacy_delta(delta)
-                    finish = "function_call" if finish == "tool_calls" else finish
+            reply = replies[i]
+            delta = _delta(reply, reply.read(chunk.text, chunk.finish_reason))
+            finish = reply.finish_reason
+            if req.legacy_functions:
+                delta = _legacy_delta(delta)
+                finish = "function_call" if finish == "tool_calls" else finish
             if not started[i]:  # the first chunk carries the role, whatever else it has
                 started[i] = True
                 delta = {"role": "assistant", **delta}
             elif not delta and finish is None:
                 return
-            if parsers[i] is None and "content" not in delta:
+            if not reply.parsed and "content" not in delta:
                 delta["content"] = ""
             choice = {
                 "index": i,
@@ -282,19 +280,20 @@ async def chat_completions(request: Request) -> Response:
             yield {**head, "object": "chat.completion.chunk", "choices": [choice]}
 
         usage = _usage_chunk(req, head, "chat.completion.chunk", params.n)
-        response = event_stream(svc, jobs, render, usage, stream, listings=params.wants_logprobs)
+        listings = params.wants_logprobs
+        response = event_stream(svc, jobs, prepared.stream, render, usage, listings)
         return _ignoring(response, ignored, "chat/completions")
 
-    outs = await unless_disconnected(request, svc.collect_all(jobs, stream))
+    outs = await unless_disconnected(request, svc.collect_all(jobs, prepared.stream))
 
     def reply() -> Response:
         choices = []
         for i, out in enumerate(outs):
-            message, finish = {"role": "assistant", "content": out.text}, out.finish_reason
-            if calling:
-                message, finish = tools.message(out.text, out.finish_reason)
-                if req.legacy_functions:
-                    message, finish = tools.legacy_message(message, finish)
+            read = prepared.reply()
+            read.read(out.text, out.finish_reason)
+            message, finish = _message(read, out.text), read.finish_reason
+            if req.legacy_functions:
+                message, finish = _legacy_message(message, finish)
             lps, tops = out.meta.get("logprobs", []), out.meta.get("top_logprobs", [])
             listing = logprobs(out.token_ids, lps, tops)
             choices.append(
@@ -310,6 +309,55 @@ async def chat_completions(request: Request) -> Response:
 
     response = await svc.build_reply(reply, params.wants_logprobs)
     return _ignoring(response, ignored, "chat/completions")
+
+
+def _message(reply: Reply, text: str) -> dict[str, Any]:
+    """A whole output as a chat message: its text, or its calls (those whole) as tool_calls."""
+    if reply.is_text:
+        return {"role": "assistant", "content": text}
+    message: dict[str, Any] = {"role": "assistant", "content": None}
+    if reply.calls:
+        message["tool_calls"] = [c.as_json() for c in reply.calls]
+    return message
+
+
+def _delta(reply: Reply, events: list[tuple]) -> dict[str, Any]:
+    """The streamed chunk's delta for these events: text as content, each whole call as
+    one OpenAI tool_calls piece (its id, type, name and arguments)."""
+    content = "".join(e[1] for e in events if e[0] == "text")
+    pieces: list[dict[str, Any]] = []
+    for e in events:
+        if e[0] == "call":
+            call = reply.calls[e[1]]
+            function = {"name": call.name, "arguments": ""}
+            pieces.append({"index": e[1], "id": call.id, "type": "function", "function": function})
+        elif e[0] == "arguments":
+            if pieces and pieces[-1]["index"] == e[1]:
+                pieces[-1]["function"]["arguments"] += e[2]
+            else:
+                pieces.append({"index": e[1], "function": {"arguments": e[2]}})
+    out: dict[str, Any] = {}
+    if content:
+        out["content"] = content
+    if pieces:
+        out["tool_calls"] = pieces
+    return out
+
+
+def _legacy_message(message: dict[str, Any], finish: str | None) -> tuple[dict, str | None]:
+    """A chat message as the legacy functions API answers: its one call as function_call."""
+    calls = message.pop("tool_calls", None)
+    if calls:
+        message["function_call"] = calls[0]["function"]
+    return message, "function_call" if finish == "tool_calls" else finish
+
+
+def _legacy_delta(delta: dict[str, Any]) -> dict[str, Any]:
+    """A streamed delta as the legacy functions API sends it (its one call whole)."""
+    pieces = delta.pop("tool_calls", None)
+    if pieces:
+        delta["function_call"] = pieces[0]["function"]
+    return delta
 
 
 def _best_of(req: CompletionRequest, params: SamplingParams) -> SamplingParams:

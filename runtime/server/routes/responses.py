@@ -1,13 +1,13 @@
 """OpenAI's Responses API: POST /v1/responses, GET and DELETE /v1/responses/{id}.
 
-A request becomes the chat request it amounts to: `instructions` a system message, then the
+A request becomes the conversation it amounts to: `instructions` a system message, then the
 stored conversation of `previous_response_id`, then the `input` items (messages; function_call
 items as an assistant's tool calls; function_call_output items as tool messages), with the
-function tools, tool_choice and parallel_tool_calls. From there it takes /v1/chat/completions'
-path: the chat template, tools.py's constraint and call parser, the Service's admission and
-limits. The output is a message item or function_call items; a call is output only once it is
-whole (its closing tag written), so one cut off by max_output_tokens never appears, streamed
-or not.
+function tools, tool_choice, parallel_tool_calls and chat_template_kwargs. The conversation
+pipeline (chat/pipeline.py) does the rest, as for /v1/chat/completions; this module writes its
+replies as Responses items and events. The output is a message item or function_call items; a
+call is output only once it is whole (its closing tag written), so one cut off by
+max_output_tokens never appears, streamed or not.
 """
 
 from __future__ import annotations
@@ -24,9 +24,11 @@ from starlette.routing import Route
 
 from braid.runtime.protocol.outputs import StreamChunk
 from braid.runtime.protocol.sampling_params import SamplingParams
-from braid.runtime.server.chat import tools
+from braid.runtime.server.chat import pipeline, tools
+from braid.runtime.server.chat.conversation import Conversation, ConversationRequest
+from braid.runtime.server.chat.reply import Reply
 from braid.runtime.server.http.disconnects import unless_disconnected
-from braid.runtime.server.http.limits import check_max_tokens
+from braid.runtime.server.request_context import context_of
 from braid.runtime.server.response_store import ResponseStore
 from braid.runtime.server.routes.responses_wire import (
     ResponsesRequest,
@@ -36,10 +38,9 @@ from braid.runtime.server.routes.responses_wire import (
     function_tools,
     tool_choice,
 )
-from braid.runtime.server.service import REQUEST_LORA, REQUEST_SALT, Service
+from braid.runtime.server.service import Service
 from braid.runtime.server.wire import (
     BadRequest,
-    ChatCompletionRequest,
     ChatMessage,
     Tool,
     decode_object,
@@ -56,11 +57,11 @@ class _Writer:
     output may be calls: read by tools.CallParser, which reports each once it is whole) are
     function_call items, so a call cut off by max_output_tokens never appears."""
 
-    def __init__(self, mode: str | None) -> None:
-        calls = mode in ("auto", "required", "named")  # plan.mode; None: no tools
-        self.parser = tools.CallParser() if calls else None
-        # Under "required" or a named function the output is calls: the text a parser gives
-        # back at the end (a cut-off start of the call marker) is not a reply.
+    def __init__(self, reply: Reply, mode: str | None) -> None:
+        self.reply = reply
+        # Under "required" or a named function (plan.mode; None: no tools) the output is
+        # calls: the text a parser gives back at the end (a cut-off start of the call marker)
+        # is not a reply.
         self.text_allowed = mode not in ("required", "named")
         self.items: list[dict[str, Any]] = []
         self.seq = 0
@@ -71,15 +72,13 @@ class _Writer:
         self.seq += 1
         return kind, {"type": kind, "sequence_number": self.seq - 1, **fields}
 
-    def feed(self, text: str) -> list[tuple[str, dict]]:
-        if self.parser is None:
-            return self._add_text(text)
-        return self._read(self.parser.feed(text))
+    def feed(self, text: str, finish_reason: str | None = None) -> list[tuple[str, dict]]:
+        """The events of a chunk's text (`finish_reason`: the engine's, on the last one)."""
+        return self._read(self.reply.read(text, finish_reason))
 
     def finish(self, finish_reason: str | None) -> list[tuple[str, dict]]:
-        out = self._read(self.parser.finish()) if self.parser is not None else []
-        is_text = self.parser is None or self.parser.is_text
-        if self._message is None and self.text_allowed and is_text:
+        out = []
+        if self._message is None and self.text_allowed and self.reply.is_text:
             out += self._open_message()  # an empty reply is still a message
         if self._message is not None:
             out += self._close_message("incomplete" if finish_reason == "length" else "completed")
@@ -91,7 +90,7 @@ class _Writer:
             if e[0] == "text" and self.text_allowed:
                 out += self._add_text(e[1])
             elif e[0] == "call":  # whole: its arguments come with it
-                out += self._add_call(self.parser.calls[e[1]])
+                out += self._add_call(self.reply.calls[e[1]])
         return out
 
     def _add_text(self, text: str) -> list[tuple[str, dict]]:
@@ -189,10 +188,10 @@ def _usage(meta: dict[str, Any]) -> dict[str, Any]:
 async def create_response(request: Request) -> Response:
     svc: Service = request.app.state.service
     obj = decode_object(await request.body())
-    REQUEST_LORA.set(svc.check_model(obj.get("model")))
+    lora = svc.check_model(obj.get("model"))
     check_limits(obj, svc.limits)
     req, fields = decode(obj)
-    REQUEST_SALT.set(req.cache_salt)
+    ctx = context_of(request, salt=req.cache_salt, lora=lora)
     store = _store(request)
     history: list[ChatMessage] = []
     if req.previous_response_id is not None:
@@ -207,34 +206,26 @@ async def create_response(request: Request) -> Response:
     system = (
         [] if req.instructions is None else [ChatMessage(role="system", content=req.instructions)]
     )
-    chat = ChatCompletionRequest(
-        messages=system + history,
-        tools=function_tools(req.tools),
-        tool_choice=tool_choice(req.tool_choice),
-        parallel_tool_calls=req.parallel_tool_calls,
+    conversation = Conversation(
+        system + history,
+        function_tools(req.tools),
+        tool_choice(req.tool_choice),
+        req.parallel_tool_calls,
+        req.chat_template_kwargs,
+        named_as="input",
     )
-    if not chat.messages:
+    if not conversation.messages:
         raise BadRequest("input must not be empty (or give previous_response_id)")
     fields.setdefault("max_tokens", svc.engine.context_length)  # the engine caps it there
-    params = sampling_params(fields)
-    svc.check_room(1)
-    plan = tools.plan(chat)
-    svc.check_text_length(tools.rendered_chars(chat), "input")  # tools and calls too
-    ids = await svc.encode(await svc.render_conversation(chat))
-    if req.max_output_tokens is not None:
-        check_max_tokens(
-            "max_output_tokens", params.max_tokens, len(ids), svc.engine.context_length
-        )
-    calling = plan is not None and plan.calls
-    if calling:
-        params = await tools.constrain(svc, plan, params)
-    await svc.check_params(params)
-    # Several calls may repeat themselves: such outputs end at the first repeat (as chat's).
-    stream = tools.ended_at_repeat(svc) if calling and plan.parallel else svc.stream
+    field = "max_output_tokens" if req.max_output_tokens is not None else None
+    prepared = await pipeline.prepare(
+        svc, ctx, ConversationRequest(conversation, sampling_params(fields), field)
+    )
+    ids, params, plan = prepared.ids, prepared.params, prepared.plan
 
     now = int(time.time())
-    shell = _shell(req, obj, chat.tools, svc.reply_model(req.model), now, params)
-    writer = _Writer(plan.mode if plan is not None else None)
+    shell = _shell(req, obj, conversation.tools, svc.reply_model(req.model), now, params)
+    writer = _Writer(prepared.reply(), plan.mode if plan is not None else None)
 
     def finish(finish_reason: str | None, meta: dict[str, Any]) -> dict[str, Any]:
         """The finished response (stored unless `store: false`), once the output has ended."""
@@ -252,9 +243,9 @@ async def create_response(request: Request) -> Response:
         return body
 
     if req.stream:
-        return _event_stream(svc, stream(ids, params), writer, shell, finish)
-    [out] = await unless_disconnected(request, svc.collect_all([(ids, params)], stream))
-    writer.feed(out.text)
+        return _event_stream(svc, prepared.stream(ids, params), writer, shell, finish)
+    [out] = await unless_disconnected(request, svc.collect_all(prepared.jobs, prepared.stream))
+    writer.feed(out.text, out.finish_reason)
     writer.finish(out.finish_reason)
     return JSONResponse(finish(out.finish_reason, out.meta))
 
@@ -281,7 +272,7 @@ def _event_stream(
             try:
                 finish_reason, meta = None, {}
                 async for chunk in chunks:
-                    for e in writer.feed(chunk.text):
+                    for e in writer.feed(chunk.text, chunk.finish_reason):
                         yield sse(*e)
                     if chunk.finish_reason is not None:
                         finish_reason, meta = chunk.finish_reason, chunk.meta or {}

@@ -95,6 +95,9 @@ class ResponsesRequest(_Strict):
     background: bool | None = None
     max_tool_calls: int | None = None  # accepted: it bounds built-in tools, braid has none
     cache_salt: CacheSalt | None = None  # braid's (vLLM's name): see wire.CacheSalt
+    # braid's, as on chat completions: variables for the model's chat template (Qwen3's
+    # enable_thinking...), never apply_chat_template's own arguments (Service checks).
+    chat_template_kwargs: dict[str, Any] | None = None
     # Sent by OpenAI clients and agent frameworks; accepted and unused here.
     service_tier: str | None = None
     prompt_cache_key: str | None = None

@@ -19,6 +19,7 @@ from family_models import tiny_model
 
 from braid.runtime import Engine, SamplingParams
 from braid.runtime.server.chat import tools
+from braid.runtime.server.chat.conversation import Conversation
 from braid.runtime.server.wire import ChatCompletionRequest, convert
 
 # Each template is a short one in the family's own format (its real one, less the branches
@@ -257,7 +258,9 @@ def test_a_tool_call_round_trip(served):
     body = dict(messages=history, tools=[WEATHER_TOOL], tool_choice="none")
     out = served.chat(**body)
     req = convert({"model": "tiny", **body}, ChatCompletionRequest)
-    messages, tool_list = tools.conversation(req, native=native, system_role=True)
+    messages, tool_list = tools.conversation(
+        Conversation(req.messages, req.tools), native=native, system_role=True
+    )
     assert served.prompts[0] == served.rendered(messages, tool_list)
     text = served.tokenizer.decode(served.prompts[0])
     assert '{"temperature": 21}' in text and arguments["city"] in text

@@ -14,6 +14,7 @@ from shared_cases import HERMES_TEMPLATE
 
 from braid.runtime import Engine
 from braid.runtime.server.chat import tools
+from braid.runtime.server.chat.conversation import Conversation
 from braid.runtime.server.wire import ChatCompletionRequest, convert
 
 ORDER = {
@@ -407,7 +408,9 @@ def test_default_rendering_for_a_template_without_tools(engine):
     plain system, assistant and user messages."""
     assert not tools.template_renders_tools(engine.tokenizer)
     req = convert(HISTORY, ChatCompletionRequest)
-    messages, tool_list = tools.conversation(req, native=False, system_role=True)
+    messages, tool_list = tools.conversation(
+        Conversation(req.messages, req.tools), native=False, system_role=True
+    )
     assert tool_list is None
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
     assert messages[0]["content"].startswith("Be useful.\n\n# Tools")
@@ -422,8 +425,9 @@ def test_default_rendering_for_a_template_without_tools(engine):
     text = engine.tokenizer.apply_chat_template(messages, tokenize=False)
     assert "# Tools" in text and "pong" in text
     # A template without a system role gets the preamble in the first user message.
+    req = convert({**HISTORY, "messages": HISTORY["messages"][1:]}, ChatCompletionRequest)
     messages, _ = tools.conversation(
-        convert({**HISTORY, "messages": HISTORY["messages"][1:]}, ChatCompletionRequest),
+        Conversation(req.messages, req.tools),
         native=False,
         system_role=False,
     )
@@ -435,7 +439,9 @@ def test_a_template_with_tools_renders_them_itself(default_model_path):
     tokenizer.chat_template = HERMES_TEMPLATE
     assert tools.template_renders_tools(tokenizer)
     req = convert(HISTORY, ChatCompletionRequest)
-    messages, tool_list = tools.conversation(req, native=True, system_role=True)
+    messages, tool_list = tools.conversation(
+        Conversation(req.messages, req.tools), native=True, system_role=True
+    )
     assert tool_list == [tools.tool_json(t) for t in req.tools]
     assert messages[2]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
     assert messages[3] == {
@@ -522,7 +528,9 @@ def test_a_server_on_a_template_with_tools_uses_it(engine):
         )
         check_calls(out.choices[0], names=("get_weather", "ping"))
         req = convert(HISTORY, ChatCompletionRequest)
-        messages, tool_list = tools.conversation(req, native=True, system_role=True)
+        messages, tool_list = tools.conversation(
+            Conversation(req.messages, req.tools), native=True, system_role=True
+        )
         prompt = engine.tokenizer.apply_chat_template(
             messages, tools=tool_list, add_generation_prompt=True, tokenize=True, return_dict=False
         )

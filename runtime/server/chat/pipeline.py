@@ -1,0 +1,118 @@
+"""The conversation pipeline: a ConversationRequest made ready to run, once for every
+conversational route (chat completions, Responses, Messages).
+
+In order: the tools planned against tool_choice, the request's text checked by its length,
+the conversation rendered through the chat template with its variables (tools, calls and
+results as tools.conversation writes them) and a prefill appended, the prompt encoded and
+checked against the context, max tokens bounded, the tool constraint put on the params, the
+params compiled; then each sample streamed under the request's context, ending at a repeated
+call, and read by a Reply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import msgspec
+
+from braid.runtime.protocol.outputs import StreamChunk
+from braid.runtime.protocol.sampling_params import SamplingParams
+from braid.runtime.server.chat import tools
+from braid.runtime.server.chat.conversation import Conversation, ConversationRequest
+from braid.runtime.server.chat.reply import Reply
+from braid.runtime.server.chat.tools import ToolPlan
+from braid.runtime.server.http.limits import check_max_tokens
+from braid.runtime.server.request_context import RequestContext
+from braid.runtime.server.service import Service, Streamer, samples
+from braid.runtime.server.wire import BadRequest
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A conversation request ready to run: its prompt, its params (constrained to the tool
+    plan, compiled), and the streamer of its samples."""
+
+    ids: list[int]
+    params: SamplingParams  # n samples: see `jobs`
+    plan: ToolPlan | None
+    stream: Streamer  # Service.stream under the request's context, ending at a repeated call
+    max_tokens_cut: bool  # fit_max_tokens cut max_tokens to the room the prompt leaves
+
+    @property
+    def jobs(self) -> list[tuple[list[int], SamplingParams]]:
+        """One job per sample (Service.samples)."""
+        return [(self.ids, p) for p in samples(self.params)]
+
+    def reply(self) -> Reply:
+        """A reader of one sample's output."""
+        return Reply(self.plan)
+
+
+async def prompt(svc: Service, conv: Conversation) -> tuple[list[int], ToolPlan | None]:
+    """The conversation's prompt tokens (not yet checked against the context: `prepare`
+    encodes them) and its tool plan (None without tools)."""
+    plan = tools.plan(conv)
+    if conv.prefill and plan is not None and plan.calls:
+        raise BadRequest(
+            "a final assistant message (a prefill) cannot be continued while the reply may "
+            "call tools: give tool_choice {'type': 'none'} or leave the prefill out"
+        )
+    # Tools and calls too (tools.rendered_chars), before anything is rendered.
+    svc.check_text_length(tools.rendered_chars(conv) + len(conv.prefill), conv.named_as)
+    variables = svc.template_variables(conv.template_variables)
+    if tools.uses_tools(conv):
+        system_role = svc.chat_template is not None and "system" in svc.chat_template.closing
+        messages, tool_list = tools.conversation(conv, svc.tools_in_template, system_role)
+        ids = await svc.render_chat(messages, variables, tool_list)
+    else:
+        ids = await svc.render_chat([m.as_dict() for m in conv.messages], variables)
+    if conv.prefill:
+        encode = functools.partial(
+            svc.engine.tokenizer.encode, conv.prefill, add_special_tokens=False
+        )
+        ids += await svc.off_loop(encode)
+    return ids, plan
+
+
+async def prepare(svc: Service, ctx: RequestContext, req: ConversationRequest) -> Prepared:
+    """The request checked, rendered, encoded, bounded, constrained and compiled: every 400
+    and 503 it can get before its response starts."""
+    params = req.params
+    svc.check_room(params.n)
+    ids, plan = await prompt(svc, req.conversation)
+    ids = await svc.encode(ids)  # checked against the context and --max-prompt-tokens
+    context = svc.engine.context_length
+    cut = req.fit_max_tokens and params.max_tokens > context - len(ids)
+    if req.max_tokens_field is not None:
+        check_max_tokens(req.max_tokens_field, params.max_tokens, len(ids), context)
+    elif cut:
+        params = msgspec.structs.replace(params, max_tokens=context - len(ids))
+    calling = plan is not None and plan.calls  # the output may be calls: constrained, parsed
+    if calling:
+        params = await tools.constrain(svc, plan, params)
+    await svc.check_params(params)
+    # Several calls may repeat themselves: such outputs end at the first repeat.
+    stream = _ended_at_repeat(svc, ctx) if calling and plan.parallel else svc.streamer(ctx)
+    return Prepared(ids, params, plan, stream, cut)
+
+
+def _ended_at_repeat(svc: Service, ctx: RequestContext) -> Streamer:
+    """svc.stream for outputs that may be several calls: the request is aborted as soon as
+    its output repeats a call (CallParser), and its last chunk then says "stop"."""
+
+    async def stream(ids: list[int], params: SamplingParams) -> AsyncIterator[StreamChunk]:
+        rid: list[int] = []
+        watch = tools.CallParser()
+        async for chunk in svc.stream(ids, params, ctx, on_submit=rid.append):
+            if not watch.repeated:
+                watch.feed(chunk.text)
+                if watch.repeated:
+                    svc.engine.abort(rid[0])
+            if watch.repeated and chunk.finish_reason == "abort" and chunk.error is None:
+                chunk = dataclasses.replace(chunk, finish_reason="stop")
+            yield chunk
+
+    return stream
