@@ -1,7 +1,12 @@
 """Runs programs: each state's operations on an event loop, against a backend that turns
 gens into engine requests and selects into request trees."""
 
-from braid.interpreter.backend import Backend, default_backend, set_default_backend
+from braid.interpreter.backend import (
+    Backend,
+    TextOnlyBackend,
+    default_backend,
+    set_default_backend,
+)
 from braid.interpreter.executor import ProgramError, StreamExecutor
 from braid.interpreter.local_backend import LocalBackend
 from braid.interpreter.openai_backend import OpenAIBackend
@@ -18,6 +23,7 @@ __all__ = [
     "RayBackend",
     "RemoteBackend",
     "StreamExecutor",
+    "TextOnlyBackend",
     "default_backend",
     "set_default_backend",
 ]

@@ -4,7 +4,7 @@
 OpenAI-compatible API, `RayBackend` engines in Ray actors. Every backend implements every
 member; where one cannot do a thing, its member says so as the member's contract states (a
 "not available" value, doing nothing, or an error naming the backend), so no caller probes
-for a member.
+for a member. `TextOnlyBackend` holds those answers for a backend that sees only text.
 """
 
 from __future__ import annotations
@@ -73,6 +73,32 @@ class Backend(Protocol):
     def get_server_info(self) -> dict:
         """The engine's (or server's) configuration and counters. Raises
         NotImplementedError, naming the backend, where it cannot report them."""
+
+
+class TextOnlyBackend:
+    """The members beyond text of a backend that has neither the model's tokenizer at hand
+    nor a runtime that takes a program's hints: OpenAIBackend (an API that speaks text) and
+    RayBackend (its engines are in actors, each request routed on its own). Token texts,
+    pieces and prompt offsets are not available; nothing compiles ahead; no lease is kept,
+    so none is released."""
+
+    def compile_ahead(self, params: SamplingParams) -> None:
+        """Does nothing: the constraint compiles when its gen runs."""
+
+    async def release_program(self, program: str, lora: str | None = None) -> None:
+        """Does nothing: no lease was kept."""
+
+    def token_texts(self, token_ids: list[int]) -> list[str | None]:
+        """Not available: None for each token."""
+        return [None] * len(token_ids)
+
+    def token_pieces(self, prompt: str, token_ids: list[int]) -> list[str] | None:
+        """Not available: None."""
+        return None
+
+    def prompt_chars(self, prompt: str, num_tokens: int) -> int | None:
+        """Not available: None."""
+        return None
 
 
 _default: Backend | None = None

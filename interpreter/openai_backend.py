@@ -15,6 +15,7 @@ import json
 import re
 from collections.abc import Callable
 
+from braid.interpreter.backend import TextOnlyBackend
 from braid.interpreter.http import HttpClient
 from braid.runtime.protocol import GenerateOutput, SamplingParams
 from braid.runtime.text.chat_template import ROLES, ChatTemplate
@@ -34,7 +35,7 @@ _EXTRA_FIELDS = ("top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_e
 _EXTRA_FIELDS += ("stop_token_ids", "stop_regex", "regex", "choices", "grammar")
 
 
-class OpenAIBackend:
+class OpenAIBackend(TextOnlyBackend):
     def __init__(
         self,
         base_url: str,
@@ -126,24 +127,6 @@ class OpenAIBackend:
                 raise ValueError("select needs text before the choices to score them against")
             out.append(scored)
         return out
-
-    def compile_ahead(self, params: SamplingParams) -> None:
-        """Does nothing: the API has no call for it (the constraint compiles with its gen)."""
-
-    async def release_program(self, program: str, lora: str | None = None) -> None:
-        """Does nothing: the API keeps no leases."""
-
-    def token_texts(self, token_ids: list[int]) -> list[str | None]:
-        """Not available (None each): the API names tokens by their text, not their ids."""
-        return [None] * len(token_ids)
-
-    def token_pieces(self, prompt: str, token_ids: list[int]) -> list[str] | None:
-        """Not available: the API reports no token ids."""
-        return None
-
-    def prompt_chars(self, prompt: str, num_tokens: int) -> int | None:
-        """Not available: the endpoint's tokenizer is not at hand."""
-        return None
 
     def flush_cache(self) -> None:
         raise NotImplementedError(

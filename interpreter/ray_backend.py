@@ -16,12 +16,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from braid.interpreter.backend import TextOnlyBackend
 from braid.runtime.cluster.affinity import AffinityConfig, PrefixAffinity
 from braid.runtime.protocol import GenerateOutput, SamplingParams
 from braid.runtime.text.chat_template import ChatTemplate
 
 
-class RayBackend:
+class RayBackend(TextOnlyBackend):
     """`num_actors` engines on the Ray cluster (`ray.init()` first to join one; otherwise
     Ray starts a local one), each `Engine(model=model, **engine_config)`.
     `actor_options` go to Ray's `.options()` for each actor: {"num_cpus": 1} by default;
@@ -76,24 +77,6 @@ class RayBackend:
         self, prefix: str, continuations: list[str], lora: str | None = None
     ) -> list[list[float]]:
         return await self._call("score", prefix, prefix, continuations, lora)
-
-    def compile_ahead(self, params: SamplingParams) -> None:
-        """Does nothing: which actor a gen goes to is known only when it runs."""
-
-    async def release_program(self, program: str, lora: str | None = None) -> None:
-        """Does nothing: the actors keep no leases (see `generate`)."""
-
-    def token_texts(self, token_ids: list[int]) -> list[str | None]:
-        """Not available (None each): the tokenizer is in the actors."""
-        return [None] * len(token_ids)
-
-    def token_pieces(self, prompt: str, token_ids: list[int]) -> list[str] | None:
-        """Not available: the tokenizer is in the actors."""
-        return None
-
-    def prompt_chars(self, prompt: str, num_tokens: int) -> int | None:
-        """Not available: the tokenizer is in the actors."""
-        return None
 
     async def _call(self, method: str, routing_text: str, *args: Any) -> Any:
         exceptions = self._ray.exceptions
