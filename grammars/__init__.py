@@ -1,4 +1,4 @@
-"""Constraints (regex, JSON schema, choices, EBNF) compiled into token bitmasks.
+"""Constraints (regex, JSON schema, choices, EBNF, tool calls) compiled into token bitmasks.
 
 `compile(constraint, vocab)` gives a Grammar; `Grammar.matcher()` tracks one request.
 """
@@ -14,11 +14,14 @@ _EXPORTS = {
     "compile": "braid.grammars.compile.compiler",
     "CharPattern": "braid.grammars.regex.char_regex",
     "CharRegex": "braid.grammars.regex.char_regex",
+    "AnyText": "braid.grammars.constraints",
     "Choices": "braid.grammars.constraints",
     "Constraint": "braid.grammars.constraints",
     "Ebnf": "braid.grammars.constraints",
     "JsonSchema": "braid.grammars.constraints",
     "Regex": "braid.grammars.constraints",
+    "ToolCalls": "braid.grammars.constraints",
+    "ToolSchema": "braid.grammars.constraints",
     "dtype_constraint": "braid.grammars.constraints",
     "Grammar": "braid.grammars.matcher",
     "Matcher": "braid.grammars.matcher",

@@ -96,7 +96,47 @@ class Ebnf:
     grammar: str
 
 
-Constraint = Regex | JsonSchema | Choices | Ebnf
+@dataclass(frozen=True)
+class ToolSchema:
+    """A tool a call may name, and the JSON schema of its arguments as compact JSON text (as
+    JsonSchema keeps it: build it with `ToolSchema.of`). `where` is what errors call the
+    schema (the request's field that gave it)."""
+
+    name: str
+    parameters: str
+    where: str
+
+    @classmethod
+    def of(cls, name: str, parameters: dict[str, Any] | str, where: str) -> ToolSchema:
+        try:
+            schema = JsonSchema.of(parameters).schema
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+        return cls(name, schema, where)
+
+
+@dataclass(frozen=True)
+class AnyText:
+    """Any text that does not start with the call marker (grammars/tool_calls.py's MARK)."""
+
+
+@dataclass(frozen=True)
+class ToolCalls:
+    """Output must be calls of these tools in the format of grammars/tool_calls.py, each
+    naming one of them with arguments valid under its schema: one call, or several with
+    `parallel`. `text` is what may stand instead of calls (tool_choice "auto"): None (calls
+    only), AnyText(), or text under a JsonSchema or Choices constraint (response_format)."""
+
+    tools: tuple[ToolSchema, ...]
+    parallel: bool = False
+    text: AnyText | JsonSchema | Choices | None = None
+
+    def __post_init__(self) -> None:
+        if not self.tools:
+            raise ValueError("tool calls need at least one tool")
+
+
+Constraint = Regex | JsonSchema | Choices | Ebnf | ToolCalls
 
 # `gen(dtype=...)`: what each Python type looks like as text.
 DTYPE_REGEXES: dict[type, str] = {

@@ -12,9 +12,10 @@ back its results in order (`Results.next`).
 - A stop regex (CharPattern): its character automaton, a CharRegex (grammars/regex/char_regex.py).
 - An EBNF grammar: lark's parse table over terminal automata (grammars/ebnf/grammar.py), sent
   without the vocabulary structures every EBNF grammar shares.
-- A regex, JSON schema or choices: their regex (grammars/compile/constraint_regex.py), then, where
-  `index` asks, its outlines index (grammars/regex/outlines_index.py) or None. The regex becomes
-  the lazy automaton (grammars/regex/lazy.py), which makes states and masks as they are reached:
+- A regex, JSON schema, choices or tool calls: their regex (grammars/compile/constraint_regex.py;
+  for tool calls grammars/tool_calls.py, from each tool's schema), then, where `index` asks,
+  its outlines index (grammars/regex/outlines_index.py) or None. The regex becomes the lazy
+  automaton (grammars/regex/lazy.py), which makes states and masks as they are reached:
   compiling costs milliseconds, and each state's mask one walk of the vocabulary the first
   time it is needed. An index (every state x every token, built up front: up to seconds for
   a JSON schema) is asked for only where the lazy automaton cannot serve: without a C++
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from braid.grammars.compile.constraint_regex import constraint_regex
-from braid.grammars.constraints import Choices, Constraint, Ebnf, JsonSchema, Regex
+from braid.grammars.constraints import Choices, Constraint, Ebnf, JsonSchema, Regex, ToolCalls
 from braid.grammars.regex.char_regex import CharPattern, CharRegex
 
 if TYPE_CHECKING:
@@ -147,10 +148,12 @@ def _ebnf_shared_bytes(vocab: TokenVocabulary) -> int:
     return trie_memory_bytes(vocab)
 
 
-# ---- regexes, JSON schemas, choices --------------------------------------------------------
+# ---- regexes, JSON schemas, choices, tool calls ---------------------------------------------
+
+RegexJob = Regex | JsonSchema | Choices | ToolCalls  # compiled through their regex
 
 
-def _regex(job: Regex | JsonSchema | Choices, vocab: TokenVocabulary, index: bool) -> Iterator:
+def _regex(job: RegexJob, vocab: TokenVocabulary, index: bool) -> Iterator:
     """The job's regex, then, where `index` asks, its outlines index or None (too large for
     an index, past outlines' limits, or out of memory building it)."""
     pattern = constraint_regex(job)
@@ -179,9 +182,7 @@ def _dump_regex_result(result) -> bytes:
         return pickle.dumps(None)
 
 
-def _regex_grammar(
-    job: Regex | JsonSchema | Choices, vocab: TokenVocabulary, run: Run, max_state_mb: int
-) -> Grammar:
+def _regex_grammar(job: RegexJob, vocab: TokenVocabulary, run: Run, max_state_mb: int) -> Grammar:
     from braid.grammars.regex.grammar import RegexGrammar
     from braid.grammars.regex.lazy import LazyRegexGrammar, LazyUnsupported, lazy_available
 
@@ -228,4 +229,5 @@ KINDS: dict[type, JobKind] = {
     Regex: _REGEX,
     JsonSchema: _REGEX,
     Choices: _REGEX,
+    ToolCalls: _REGEX,
 }

@@ -1,0 +1,80 @@
+"""Tool calls: the text a model writes them as, and the regex of what a ToolCalls constraint
+allows. Kept free of torch: the compile worker process runs it.
+
+Calls are written in the Hermes format, which Qwen2.5, Qwen3, Hermes and other models are
+trained on and their chat templates render:
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city":"Paris"}}
+    </tool_call>
+
+several calls one after another, a newline between them (optional in the constraint).
+
+Each call is the fixed text above with the name one of the tools' names and the arguments the
+regex braid's JSON-schema compiler makes of that tool's schema, so a call that is complete
+validates against its schema. With text allowed instead (tool_choice "auto") the regex is
+`TEXT | CALLS`, TEXT being any text that does not start with MARK (or the reply's own JSON
+schema or choices): whether the model calls is decided by its first tokens, and once it has
+written MARK it can only finish a call.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from braid.grammars.compile.constraint_regex import constraint_regex, escape
+from braid.grammars.constraints import AnyText, ToolCalls
+from braid.grammars.json_schema.convert import schema_to_regex
+
+MARK = "<tool_call>"  # an output starting with this is calls
+OPEN = MARK + '\n{"name": "'  # then the name
+MID = '", "arguments": '  # then the arguments object
+CLOSE = "}\n</tool_call>"
+SEPARATOR = "\n"  # between calls
+# What errors call the constraint on the text that may stand instead of calls.
+REPLY = "the reply's constraint"
+
+
+def tool_calls_regex(constraint: ToolCalls) -> str:
+    """The regex of the outputs `constraint` allows; a ValueError names the tool's schema
+    (ToolSchema.where) or the reply's constraint it comes from."""
+    arguments = [_located(tool.where, _arguments, tool.parameters) for tool in constraint.tools]
+    options = "|".join(
+        f"({escape(tool.name)}{escape(MID)}({regex}))"
+        for tool, regex in zip(constraint.tools, arguments, strict=True)
+    )
+    call = f"{escape(OPEN)}({options}){escape(CLOSE)}"
+    calls = f"({call}({escape(SEPARATOR)})?)+" if constraint.parallel else call
+    text = constraint.text
+    if text is None:
+        return calls
+    if isinstance(text, AnyText):
+        return f"({not_starting_with(MARK)})|({calls})"
+    return f"({_located(REPLY, constraint_regex, text)})|({calls})"
+
+
+def _arguments(parameters: str) -> str:
+    """The regex of a tool's arguments (a JsonSchema's compact JSON text), as JsonSchema's."""
+    return schema_to_regex(json.loads(parameters))
+
+
+def _located(where: str, convert: Callable[[Any], str], part: Any) -> str:
+    """convert(part), its errors prefixed with where the part comes from."""
+    try:
+        return convert(part)
+    except RecursionError:
+        raise ValueError(f"{where} is nested too deeply to compile") from None
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def not_starting_with(prefix: str) -> str:
+    """A regex of every text (newlines included) that does not start with `prefix`: empty, a
+    proper prefix of it, or its first i characters and then another character."""
+    regex = ""
+    for c in reversed(prefix):
+        inner = f"|{escape(c)}{regex}" if regex else ""
+        regex = rf"([^{escape(c)}][\s\S]*{inner})?"
+    return regex
