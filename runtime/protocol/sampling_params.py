@@ -7,10 +7,10 @@ from typing import Any
 
 import msgspec
 
-from braid.grammars.constraints import Choices, Constraint, Ebnf, JsonSchema, Regex
+from braid.grammars.constraints import Choices, Constraint, Ebnf, JsonSchema, Regex, ToolCalls
 from braid.runtime.protocol.stop_regex import check_stop_regex
 
-_CONSTRAINTS = ("regex", "json_schema", "choices", "grammar")
+_CONSTRAINTS = ("regex", "json_schema", "choices", "grammar", "tool_calls")
 _INT64 = 2**63
 
 
@@ -57,6 +57,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     json_schema: dict[str, Any] | str | None = None
     choices: list[str] | None = None
     grammar: str | None = None
+    # Or be calls of a chat request's tools (a grammars.ToolCalls), which the server sets from
+    # its tools and tool_choice (runtime/server/chat/tools.py). Never read from a request body:
+    # it is typed loosely because msgspec cannot decode a ToolCalls (its `text` is a union of
+    # dataclasses), and __post_init__ refuses anything else.
+    tool_calls: Any = None
 
     def __post_init__(self) -> None:
         # Ints a kernel or the sampler reads as int64 are bounded by it; floats must be finite
@@ -103,6 +108,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             raise ValueError(f"SamplingParams: give at most one constraint, got {given}")
         if self.choices is not None and not self.choices:
             raise ValueError("SamplingParams: choices must not be empty")
+        if self.tool_calls is not None and not isinstance(self.tool_calls, ToolCalls):
+            raise ValueError(
+                "SamplingParams: tool_calls must be a grammars.ToolCalls; it is not a request "
+                "field (the server makes it of a chat request's tools and tool_choice)"
+            )
 
     @property
     def constraint(self) -> Constraint | None:
@@ -115,7 +125,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             return Choices(tuple(self.choices))
         if self.grammar is not None:
             return Ebnf(self.grammar)
-        return None
+        return self.tool_calls
 
     @property
     def stop_strings(self) -> tuple[str, ...]:

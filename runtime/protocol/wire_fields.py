@@ -9,8 +9,10 @@ from braid.runtime.protocol.sampling_params import SamplingParams
 
 # How many logprobs a request reports is each API's own field, not a sampling field.
 REPORTING_FIELDS = frozenset({"logprobs", "top_logprobs", "prompt_logprobs_from"})
-SAMPLING_FIELDS = (
-    frozenset(f.name for f in msgspec.structs.fields(SamplingParams)) - REPORTING_FIELDS
+# The constraint the server makes of a chat request's tools (SamplingParams.tool_calls) is
+# never sent.
+SAMPLING_FIELDS = frozenset(f.name for f in msgspec.structs.fields(SamplingParams)) - (
+    REPORTING_FIELDS | {"tool_calls"}
 )
 
 

@@ -10,6 +10,7 @@ import pytest
 from conftest import assert_no_kv_leak, async_wait_for, wait_idle
 from shared_cases import PROMPT, reference_greedy
 
+from braid.grammars import ToolCalls, ToolSchema
 from braid.runtime import Engine, SamplingParams
 
 
@@ -223,11 +224,19 @@ def test_prompt_longer_than_context(tiny_engine):
         ("top_k", -1, "top_k must be >= 0"),
         ("min_p", 2.0, "min_p must be in"),
         ("stop", [""], "stop strings must not be empty"),
+        ("tool_calls", {"tools": []}, "tool_calls must be a grammars.ToolCalls"),  # the wire's
     ],
 )
 def test_bad_sampling_params(field, value, match):
     with pytest.raises(ValueError, match=match):
         SamplingParams(**{field: value})
+
+
+def test_tool_calls_are_one_more_constraint():
+    calls = ToolCalls((ToolSchema.of("ping", {"type": "object"}, "tools[0].function.parameters"),))
+    assert SamplingParams(tool_calls=calls).constraint is calls
+    with pytest.raises(ValueError, match="at most one constraint"):
+        SamplingParams(tool_calls=calls, regex="a")
 
 
 def test_unknown_architecture_names_supported_ones(tiny_model_copy):

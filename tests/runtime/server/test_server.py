@@ -369,6 +369,7 @@ def test_bad_requests_on_the_native_and_chat_routes(server, client):
         {"text": "a", "sampling_params": {"max_new_tokens": -1}},
         {"text": "a", "sampling_params": {"nonsense": 1}},
         {"text": "a", "sampling_params": {"json_schema": "{not json"}},
+        {"text": "a", "sampling_params": {"tool_calls": {"tools": [], "parallel": True}}},
         {"sampling_params": {}},
     ]
     for body in bad:
