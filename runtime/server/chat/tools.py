@@ -16,17 +16,16 @@ model's among them) `conversation` writes them as plain messages: a system pream
 the tools and the format, each call in its assistant message's text, tool results as user
 messages of <tool_response> blocks.
 
-The output is constrained by one regex (`call_regex`): each call is the fixed text above with
-the name one of the tools' names and the arguments the regex braid's JSON-schema compiler makes
-of that tool's parameters schema, so a call that is complete validates against its schema. In
-auto mode the regex is `TEXT | CALLS`, TEXT being any text that does not start with
-`<tool_call>` (or the response_format's JSON): whether the model calls is decided by its first
-tokens, and once it has written `<tool_call>` it can only finish a call.
+The output is constrained by a grammars.ToolCalls, which the engine compiles like any other
+constraint; grammars/tool_calls.py defines the format above and the regex: each call names one
+of the tools, with arguments valid under that tool's parameters schema once complete. In auto
+mode text may stand instead: any text that does not start with `<tool_call>` (or the
+response_format's JSON); whether the model calls is decided by its first tokens, and once it
+has written `<tool_call>` it can only finish a call.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import uuid
@@ -35,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from braid.grammars.compile.constraint_regex import escape
+from braid.grammars.constraints import AnyText, ToolCalls, ToolSchema
+from braid.grammars.tool_calls import CLOSE, MARK, MID, OPEN, REPLY, SEPARATOR
 from braid.runtime.protocol.sampling_params import SamplingParams
 from braid.runtime.server.chat.conversation import Conversation
 from braid.runtime.server.wire import BadRequest, ChatMessage, NamedToolChoice, Tool
@@ -45,11 +45,6 @@ from braid.runtime.text.template_render import TemplateLimitError
 if TYPE_CHECKING:
     from braid.runtime.server.service import Service
 
-MARK = "<tool_call>"  # an output starting with this is calls
-_OPEN = MARK + '\n{"name": "'  # then the name
-_MID = '", "arguments": '  # then the arguments object
-_CLOSE = "}\n</tool_call>"
-_SEPARATOR = "\n"  # between calls (optional in the constraint)
 # OpenAI's rule for function names (letters, digits, _ and -), and dots (namespaced tools):
 # none needs escaping in JSON or a regex.
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -254,7 +249,7 @@ def conversation(
 
 def call_text(name: str, arguments: str) -> str:
     """One call as the model writes it (arguments: JSON text)."""
-    return f"{_OPEN}{name}{_MID}{arguments}{_CLOSE}"
+    return f"{OPEN}{name}{MID}{arguments}{CLOSE}"
 
 
 def _native(m: ChatMessage, names: dict[str, str]) -> dict[str, Any]:
@@ -289,18 +284,19 @@ def _loads(arguments: str) -> Any:
 async def constrain(svc: Service, plan: ToolPlan, params: SamplingParams) -> SamplingParams:
     """params constrained to what plan.mode allows: calls of plan.callable (one, or several
     with plan.parallel), or in auto mode text instead (the request's own json_schema or
-    choices constraint, which response_format sets, applies to that text)."""
+    choices constraint, which response_format sets, applies to that text). The constraint is
+    a grammars.ToolCalls, which the engine compiles like any other; its errors name where
+    they come from: tools[i].function.parameters, or the reply's constraint."""
     index = {id(t): i for i, t in enumerate(plan.tools)}
-    arguments = await asyncio.gather(
-        *(
-            _regex_of(
-                svc,
-                SamplingParams(json_schema=parameters_schema(t, index[id(t)])),
-                f"tools[{index[id(t)]}].function.parameters",
-            )
-            for t in plan.callable
-        )
-    )
+    tools = []
+    for tool in plan.callable:
+        i = index[id(tool)]
+        where = f"tools[{i}].function.parameters"
+        schema = parameters_schema(tool, i)
+        try:
+            tools.append(ToolSchema.of(tool.function.name, schema, where))
+        except ValueError as e:
+            raise BadRequest(str(e)) from None
     text = None
     if plan.mode == "auto":
         if params.regex is not None or params.grammar is not None:
@@ -308,58 +304,23 @@ async def constrain(svc: Service, plan: ToolPlan, params: SamplingParams) -> Sam
                 "regex and grammar cannot be combined with tools in tool_choice 'auto' "
                 "(response_format json_schema and choices can)"
             )
-        if params.json_schema is not None or params.choices is not None:
-            own = SamplingParams(json_schema=params.json_schema, choices=params.choices)
-            text = await _regex_of(svc, own, "the reply's constraint")
-            if params.choices is not None and any(c.startswith(MARK) for c in params.choices):
-                raise BadRequest(f"with tools, choices must not start with {MARK}")
-    names = [t.function.name for t in plan.callable]
-    regex = call_regex(names, list(arguments), plan.parallel, plan.mode == "auto", text)
-    fields = {"regex": regex, "json_schema": None, "choices": None, "grammar": None}
+        try:
+            own = params.constraint  # response_format's json_schema or choices, or None
+        except ValueError as e:
+            raise BadRequest(f"{REPLY}: {e}") from None
+        text = AnyText() if own is None else own
+        if params.choices is not None and any(c.startswith(MARK) for c in params.choices):
+            raise BadRequest(f"with tools, choices must not start with {MARK}")
+    fields = {
+        "tool_calls": ToolCalls(tuple(tools), plan.parallel, text),
+        "regex": None,
+        "json_schema": None,
+        "choices": None,
+        "grammar": None,
+    }
     if plan.mode != "auto":  # the output is calls: a stop string could only cut one short
         fields |= {"stop": None, "stop_regex": None}
     return msgspec.structs.replace(params, **fields)
-
-
-async def _regex_of(svc: Service, params: SamplingParams, what: str) -> str:
-    """The regex the engine compiles a json_schema or choices constraint to, compiled in its
-    bounded workers (and cached there)."""
-    try:
-        prepared = await asyncio.wrap_future(svc.engine.prepare(params))
-    except ValueError as e:
-        raise BadRequest(f"{what}: {e}") from None
-    return prepared.grammar.source
-
-
-def call_regex(
-    names: list[str],
-    arguments: list[str],
-    parallel: bool,
-    text_allowed: bool,
-    text: str | None = None,
-) -> str:
-    """The regex of the outputs allowed: calls, each naming one of `names` with arguments
-    matching the regex beside it (one call, or several with `parallel`); with
-    `text_allowed`, or else text: `text` (a regex) or any text not starting with MARK."""
-    options = "|".join(
-        f"({escape(name)}{escape(_MID)}({args}))"
-        for name, args in zip(names, arguments, strict=True)
-    )
-    call = f"{escape(_OPEN)}({options}){escape(_CLOSE)}"
-    calls = f"({call}({escape(_SEPARATOR)})?)+" if parallel else call
-    if not text_allowed:
-        return calls
-    return f"({text if text is not None else not_starting_with(MARK)})|({calls})"
-
-
-def not_starting_with(prefix: str) -> str:
-    """A regex of every text (newlines included) that does not start with `prefix`: empty, a
-    proper prefix of it, or its first i characters and then another character."""
-    regex = ""
-    for c in reversed(prefix):
-        inner = f"|{escape(c)}{regex}" if regex else ""
-        regex = rf"([^{escape(c)}][\s\S]*{inner})?"
-    return regex
 
 
 # ---- reading calls back ----------------------------------------------------------------------
@@ -378,7 +339,7 @@ class Call:
 
 @dataclass
 class CallParser:
-    """Reads an output constrained by `call_regex` as it streams. `feed` takes text and gives
+    """Reads an output constrained by `constrain` as it streams. `feed` takes text and gives
     what it completes: ("text", str) for text, and for each call once it is whole ("call",
     i) then ("arguments", i, its arguments), the call then being `calls[i]`.
 
@@ -417,7 +378,7 @@ class CallParser:
             state = self._state
             if state == "start":
                 if self._buffer.startswith(MARK):
-                    self._fixed(_OPEN, "name")
+                    self._fixed(OPEN, "name")
                 elif MARK.startswith(self._buffer):
                     break  # maybe a call: wait
                 else:
@@ -439,20 +400,20 @@ class CallParser:
                     break
                 self._current = Call(f"call_{uuid.uuid4().hex[:24]}", self._buffer[:end])
                 self._buffer = self._buffer[end:]
-                self._fixed(_MID, "arguments")
+                self._fixed(MID, "arguments")
                 self._depth, self._in_string, self._escaped = 0, False, False
             elif state == "arguments":
                 end = self._scan()
                 self._current.arguments += self._buffer[:end]
                 self._buffer = self._buffer[end:]
                 if self._depth == 0:  # the object closed
-                    self._fixed(_CLOSE, "called")
+                    self._fixed(CLOSE, "called")
             elif state == "called":
                 events += self._whole(self._current)
             elif state == "between":
-                self._buffer = self._buffer.lstrip(_SEPARATOR)
+                self._buffer = self._buffer.lstrip(SEPARATOR)
                 if self._buffer:
-                    self._fixed(_OPEN, "name")
+                    self._fixed(OPEN, "name")
             else:  # ended at a repeat, or broken: the rest is dropped
                 self._buffer = ""
         if self._state == "called":  # the close was the last text fed

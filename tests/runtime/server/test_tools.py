@@ -455,7 +455,7 @@ def test_a_template_with_tools_renders_them_itself(default_model_path):
     assert "<tool_response>\npong\n</tool_response>" in text and '"ping"' in text
 
 
-# ---- the parser and the regex ------------------------------------------------------------------
+# ---- the parser --------------------------------------------------------------------------------
 
 
 def test_parser_reads_calls_split_anywhere():
@@ -497,16 +497,6 @@ def test_parser_reports_whole_calls_only_and_ends_at_a_repeat():
     assert looping.repeated and looping.complete
     assert tools.finish_reason(looping, "length") == "tool_calls"
     assert tools.finish_reason(cut, "length") == "length"
-
-
-def test_text_regex_refuses_only_the_marker():
-    import re
-
-    regex = re.compile(tools.not_starting_with(tools.MARK))
-    for text in ("", "<", "<tool_cal", "hi\n<tool_call>", "<tool_calx", "\n<tool_call>"):
-        assert regex.fullmatch(text), text
-    for text in ("<tool_call>", "<tool_call>\n{"):
-        assert not regex.fullmatch(text), text
 
 
 def test_a_server_on_a_template_with_tools_uses_it(engine):
