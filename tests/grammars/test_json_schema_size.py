@@ -14,7 +14,8 @@ import pytest
 
 from braid import grammars
 from braid.grammars.json_schema import convert as json_schema
-from braid.grammars.json_schema.convert import _members, schema_to_regex
+from braid.grammars.json_schema.convert import schema_to_regex
+from braid.grammars.json_schema.objects import members_regex
 from braid.grammars.regex.lazy import LazyRegexGrammar
 from braid.grammars.regex.outlines_index import fits_index
 
@@ -23,7 +24,7 @@ from braid.grammars.regex.outlines_index import fits_index
 def test_members_are_every_ordered_subset_with_required_ones(size):
     for required in itertools.product([False, True], repeat=size):
         members = [(f"m{i}", req) for i, req in enumerate(required)]
-        regex = re.compile(_members(members, ""))
+        regex = re.compile(members_regex(members, ""))
         for present in itertools.product([False, True], repeat=size):
             text = ",".join(f"m{i}" for i in range(size) if present[i])
             allowed = all(p or not r for p, r in zip(present, required, strict=True))
