@@ -10,6 +10,7 @@ import re
 
 import jsonschema
 import pytest
+from conftest import WEATHER
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,21 +20,13 @@ from braid.grammars.compile.constraint_regex import constraint_regex, escape
 from braid.grammars.constraints import AnyText, Choices, JsonSchema, ToolCalls, ToolSchema
 from braid.grammars.tool_calls import CLOSE, MARK, MID, OPEN, SEPARATOR, not_starting_with
 
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 20},
-        "unit": {"enum": ["c", "f"]},
-    },
-    "required": ["city"],
-}
 ORDER = {
     "type": "object",
     "properties": {
-        "sku": {"enum": ["A1", "B2"]},
-        "qty": {"type": "integer", "minimum": 1, "maximum": 9},
+        "items": {"type": "array", "items": {"enum": ["A1", "B2"]}, "minItems": 1, "maxItems": 2},
+        "express": {"type": "boolean"},
     },
-    "required": ["sku", "qty"],
+    "required": ["items"],
 }
 SEARCH = {
     "type": "object",
@@ -47,18 +40,18 @@ PING = {"type": "object", "properties": {}, "additionalProperties": False}  # no
 TOOLS = {
     "get_weather": (
         WEATHER,
-        ['{"city":"Paris"}', '{"city":"Oslo","unit":"f"}', '{"city":"a \\"b\\" \\n c"}'],
+        ['{"city":"Paris","unit":"celsius"}', '{"city":"a \\"b\\"\\nc","unit":"fahrenheit"}'],
         [
-            '{"unit":"c"}',
-            '{"city":3}',
+            '{"city":"Paris"}',
+            '{"city":3,"unit":"celsius"}',
             '{"city":"Paris","unit":"k"}',
-            '{"city":"' + "x" * 21 + '"}',
+            '{"city":"' + "x" * 11 + '","unit":"celsius"}',
         ],
     ),
     "place_order": (
         ORDER,
-        ['{"sku":"A1","qty":3}', '{"sku":"B2","qty":9}'],
-        ['{"sku":"A1","qty":0}', '{"sku":"Z9","qty":1}', '{"sku":"A1"}', '{"sku":"A1","qty":1.5}'],
+        ['{"items":["A1"]}', '{"items":["B2","A1"],"express":true}'],
+        ['{"items":[]}', '{"items":["Z9"]}', '{"express":false}', '{"items":["A1","A1","B2"]}'],
     ),
     "search": (SEARCH, ['{"query":"a b"}', '{"query":"","limit":5}'], ['{"limit":5}', "{}"]),
     "ping": (PING, ["{}"], ['{"x":1}', "[]"]),
@@ -203,8 +196,11 @@ def test_calls_are_allowed_exactly_as_before(tool_set, output):
 @settings(max_examples=40, deadline=None)
 @given(
     st.fixed_dictionaries(
-        {"city": st.text(st.characters(min_codepoint=32, max_codepoint=0x2FF), max_size=24)},
-        optional={"unit": st.sampled_from(["c", "f", "k"])},
+        {},
+        optional={
+            "city": st.text(st.characters(min_codepoint=32, max_codepoint=0x2FF), max_size=14),
+            "unit": st.sampled_from(["celsius", "fahrenheit", "kelvin"]),
+        },
     )
 )
 def test_arguments_are_accepted_as_jsonschema_validates_them(arguments):
@@ -219,7 +215,7 @@ def test_arguments_are_accepted_as_jsonschema_validates_them(arguments):
 
 
 def test_each_mode_accepts_and_refuses():
-    weather, ping = call("get_weather", '{"city":"Paris"}'), call("ping", "{}")
+    weather, ping = call("get_weather", '{"city":"Paris","unit":"celsius"}'), call("ping", "{}")
     one = re.compile(constraint_regex(constraint(["get_weather", "ping"], False, "none")))
     assert one.fullmatch(weather) and one.fullmatch(ping)
     for text in (weather + SEPARATOR + ping, weather + ping, "hello", "", weather + " ok"):
@@ -227,7 +223,7 @@ def test_each_mode_accepts_and_refuses():
     several = re.compile(constraint_regex(constraint(["get_weather", "ping"], True, "none")))
     for text in (weather, weather + SEPARATOR + ping + SEPARATOR, weather + ping + weather):
         assert several.fullmatch(text), text
-    for text in (weather + SEPARATOR + "done", call("get_weather", '{"unit":"c"}'), "hi"):
+    for text in (weather + SEPARATOR + "done", call("get_weather", '{"city":"Paris"}'), "hi"):
         assert not several.fullmatch(text), text
     assert not several.fullmatch(call(UNKNOWN, "{}"))
     auto = re.compile(constraint_regex(constraint(["ping"], True, "any")))
@@ -260,11 +256,13 @@ def test_text_regex_is_every_text_not_starting_with_the_prefix(text, prefix):
 
 
 def test_the_constraint_compiles_to_masks(vocab, feeds):
-    weather = call("get_weather", '{"city":"Paris","unit":"c"}')
+    weather = call("get_weather", '{"city":"Paris","unit":"celsius"}')
     ping = call("ping", "{}")
     calls = compiler.compile(constraint(["get_weather", "ping"], True, "none"), vocab)
     assert feeds(calls, weather) and feeds(calls, weather + SEPARATOR + ping)
-    assert not feeds(calls, "Sunny.") and not feeds(calls, call("get_weather", '{"city":1}'))
+    assert not feeds(calls, "Sunny.") and not feeds(
+        calls, call("get_weather", '{"city":1,"unit":"celsius"}')
+    )
     auto = compiler.compile(constraint(["get_weather"], False, "any"), vocab)
     assert feeds(auto, "Sunny in Paris.") and feeds(auto, weather)
     assert not feeds(auto, MARK + "Sunny") and not feeds(auto, weather + SEPARATOR + weather)
