@@ -1,12 +1,14 @@
 """Fields other servers' clients send: unknown ones ignored and named, vLLM's constraint
-fields, fields braid lacks that would change the reply refused, chat_template_kwargs, and the
-legacy functions API. Through the official openai client where it can send them."""
+fields, fields braid lacks that would change the reply refused, chat_template_kwargs (on every
+conversational route), and the legacy functions API. Through the official clients where they
+can send them."""
 
 from __future__ import annotations
 
 import json
 import re
 
+import anthropic
 import httpx
 import jsonschema
 import openai
@@ -145,6 +147,35 @@ def test_chat_template_kwargs_set_the_templates_variables(engine, client):
                 max_tokens=1,
                 extra_body={"chat_template_kwargs": {taken: "x"}},
             )
+
+
+def test_responses_and_messages_take_chat_template_kwargs(engine, server, client):
+    """braid's extension on every conversational route: the variables reach the template
+    (the prompt's count is the template's with them), its own arguments are refused."""
+    loud_prompt = engine.tokenizer.apply_chat_template(ASK, shout=True, return_dict=False)
+    loud_kwargs = {"chat_template_kwargs": {"shout": True}}
+    request = dict(model="tiny", input=ASK, max_output_tokens=1)
+    loud = client.responses.create(**request, extra_body=loud_kwargs)
+    quiet = client.responses.create(**request)
+    assert loud.usage.input_tokens == len(loud_prompt) > quiet.usage.input_tokens
+    with pytest.raises(openai.BadRequestError, match="may not set tokenize"):
+        client.responses.create(**request, extra_body={"chat_template_kwargs": {"tokenize": 1}})
+
+    def prompt_tokens(usage) -> int:
+        return usage.input_tokens + usage.cache_read_input_tokens
+
+    request = dict(model="tiny", messages=ASK, max_tokens=1)
+    with anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0) as messages:
+        loud = messages.messages.create(**request, extra_body=loud_kwargs)
+        quiet = messages.messages.create(**request)
+        assert prompt_tokens(loud.usage) == len(loud_prompt) > prompt_tokens(quiet.usage)
+        with pytest.raises(anthropic.BadRequestError, match="may not set tokenize"):
+            taken = {"chat_template_kwargs": {"tokenize": 1}}
+            messages.messages.create(**request, extra_body=taken)
+    counted = httpx.post(
+        server.url + "/v1/messages/count_tokens", json={"messages": ASK, **loud_kwargs}
+    )
+    assert counted.json() == {"input_tokens": len(loud_prompt)}
 
 
 def test_legacy_functions(client):
