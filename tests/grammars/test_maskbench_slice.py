@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from braid import grammars
-from braid.runtime.cli.bench.grammar import _score_one, load_case
+from braid.runtime.cli.bench.grammar_cases import load_case
+from braid.runtime.cli.bench.grammar_maskbench import score_one
 
 MASKBENCH = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "maskbench"
 pytestmark = pytest.mark.skipif(not MASKBENCH.is_dir(), reason="../shared/data absent")
@@ -24,7 +25,7 @@ def test_slice_has_no_invalidation_errors(tokenizer, vocab, strict):
     results = []
     try:
         for path in random.Random(7).sample(paths, 12):
-            results.append(_score_one(load_case(path), compiler, tokenizer, mask, strict))
+            results.append(score_one(load_case(path), compiler, tokenizer, mask, strict))
     finally:
         compiler.close()
     for result in results:

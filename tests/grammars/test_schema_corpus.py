@@ -25,13 +25,8 @@ from jsonschema.validators import validator_for
 from braid import grammars
 from braid.grammars.json_schema.convert import schema_to_regex
 from braid.grammars.matcher import allowed_token_ids
-from braid.runtime.cli.bench.grammar import (
-    CORPUS_DIR,
-    feed,
-    load_corpus,
-    schema_features,
-    serialize,
-)
+from braid.runtime.cli.bench.grammar_cases import CORPUS_DIR, feed, load_corpus, serialize
+from braid.runtime.cli.bench.grammar_corpus import schema_features
 
 CASES = {case.name: case for case in load_corpus(CORPUS_DIR)}
 COMPILED = [name for name, case in CASES.items() if case.expect == "compiled"]
