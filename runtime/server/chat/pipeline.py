@@ -84,12 +84,11 @@ async def prepare(svc: Service, ctx: RequestContext, req: ConversationRequest) -
     svc.check_room(params.n)
     ids, plan = await prompt(svc, req.conversation)
     ids = await svc.encode(ids)  # checked against the context and --max-prompt-tokens
-    context = svc.engine.context_length
-    cut = req.fit_max_tokens and params.max_tokens > context - len(ids)
+    context, cut = svc.engine.context_length, False
     if req.max_tokens_field is not None:
         check_max_tokens(req.max_tokens_field, params.max_tokens, len(ids), context)
-    elif cut:
-        params = msgspec.structs.replace(params, max_tokens=context - len(ids))
+    elif req.fit_max_tokens and params.max_tokens > context - len(ids):
+        params, cut = msgspec.structs.replace(params, max_tokens=context - len(ids)), True
     calling = plan is not None and plan.calls  # the output may be calls: constrained, parsed
     if calling:
         params = await tools.constrain(svc, plan, params)

@@ -248,7 +248,12 @@ def _conversation(req: CountTokensRequest) -> Conversation:
             tool_choice = _TOOL_CHOICES[choice.type]
         parallel = not choice.disable_parallel_tool_use
     return Conversation(
-        messages, functions or None, tool_choice, parallel, req.chat_template_kwargs, prefill
+        messages,
+        tools=functions or None,
+        tool_choice=tool_choice,
+        parallel_tool_calls=parallel,
+        template_variables=req.chat_template_kwargs,
+        prefill=prefill,
     )
 
 

@@ -220,10 +220,10 @@ async def chat_completions(request: Request) -> Response:
     req, params, ignored, ctx = _openai_request(request, obj, ChatCompletionRequest)
     conversation = Conversation(
         req.messages,
-        req.tools,
-        req.tool_choice,
-        req.parallel_tool_calls,
-        req.chat_template_kwargs,
+        tools=req.tools,
+        tool_choice=req.tool_choice,
+        parallel_tool_calls=req.parallel_tool_calls,
+        template_variables=req.chat_template_kwargs,
     )
     field = _max_tokens_field(obj)
     prepared = await pipeline.prepare(
@@ -289,9 +289,9 @@ async def chat_completions(request: Request) -> Response:
     def reply() -> Response:
         choices = []
         for i, out in enumerate(outs):
-            read = prepared.reply()
-            read.read(out.text, out.finish_reason)
-            message, finish = _message(read, out.text), read.finish_reason
+            parsed = prepared.reply()
+            parsed.read(out.text, out.finish_reason)
+            message, finish = _message(parsed, out.text), parsed.finish_reason
             if req.legacy_functions:
                 message, finish = _legacy_message(message, finish)
             lps, tops = out.meta.get("logprobs", []), out.meta.get("top_logprobs", [])

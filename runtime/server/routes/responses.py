@@ -208,10 +208,10 @@ async def create_response(request: Request) -> Response:
     )
     conversation = Conversation(
         system + history,
-        function_tools(req.tools),
-        tool_choice(req.tool_choice),
-        req.parallel_tool_calls,
-        req.chat_template_kwargs,
+        tools=function_tools(req.tools),
+        tool_choice=tool_choice(req.tool_choice),
+        parallel_tool_calls=req.parallel_tool_calls,
+        template_variables=req.chat_template_kwargs,
         named_as="input",
     )
     if not conversation.messages:
