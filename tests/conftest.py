@@ -194,17 +194,25 @@ def kernels_built_with(flags: tuple[str, ...]):
 
 
 def random_gguf():
-    """scripts/random_gguf.py (not a package: tests load it by path), which writes random
-    GGUF files and random blocks of any GGUF type."""
-    import importlib.util
+    """scripts/random_gguf.py, which writes random GGUF files of Llama shapes and random
+    blocks of any GGUF type."""
+    return _script("random_gguf")
 
-    if "random_gguf" not in sys.modules:
-        path = Path(__file__).resolve().parents[1] / "scripts" / "random_gguf.py"
-        spec = importlib.util.spec_from_file_location("random_gguf", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses look their module up there
-        spec.loader.exec_module(module)
-    return sys.modules["random_gguf"]
+
+def hf_gguf():
+    """scripts/hf_gguf.py, which writes a tiny transformers model of another family as a GGUF
+    laid out as llama.cpp's converter writes it."""
+    return _script("hf_gguf")
+
+
+def _script(name: str):
+    # scripts/ is not a package: its files import each other by name, as when run from there.
+    import importlib
+
+    scripts = str(Path(__file__).resolve().parents[1] / "scripts")
+    if scripts not in sys.path:
+        sys.path.append(scripts)
+    return importlib.import_module(name)
 
 
 @pytest.fixture(scope="session")

@@ -26,7 +26,7 @@ def small_tokenizer() -> tuple:
     of a file (about 2 s for all 49152), too slow to read back one file per type."""
     return tuple(
         (key, value[:SMALL_VOCAB] if isinstance(value, list) else value, vtype, sub_type)
-        for key, value, vtype, sub_type in tool._tokenizer_fields()
+        for key, value, vtype, sub_type in tool.tokenizer_fields()
     )
 
 
@@ -62,7 +62,7 @@ def expected_type(name: str, type: str) -> gguf.GGMLQuantizationType:
 
 @pytest.mark.parametrize("type", tool.TYPES)
 def test_each_type_reads_back(type, small_tokenizer, tmp_path, monkeypatch):
-    monkeypatch.setattr(tool, "_tokenizer_fields", lambda: small_tokenizer)
+    monkeypatch.setattr(tool, "tokenizer_fields", lambda: small_tokenizer)
     path = tool.write_random_gguf(tmp_path / "tiny.gguf", "tiny", type, seed=1)
 
     reader = gguf.GGUFReader(path)
@@ -97,7 +97,7 @@ def test_metadata_and_default_tokenizer(tmp_path):
     assert value("llama.rope.freq_base") == tool.ROPE_THETA
     assert value("llama.vocab_size") == 49152
     # The default model's tokenizer fields (as the tool read them), with their value types.
-    default = tool._tokenizer_fields()
+    default = tool.tokenizer_fields()
     assert [key for key, *_ in default] == [key for key in fields if key.startswith("tokenizer.")]
     for key, default_value, vtype, sub_type in default:
         assert fields[key].types == ([vtype, sub_type] if sub_type else [vtype]), key
@@ -113,38 +113,3 @@ def test_rows_not_a_multiple_of_256_use_llama_cpp_fallbacks():
     assert types["blk.3.attn_v.weight"] == "Q5_0"  # Q4_K
     assert types["blk.0.ffn_down.weight"] == "Q6_K"
     assert types["blk.3.ffn_down.weight"] == "Q4_K"
-
-
-def test_gemma3_from_transformers_as_llama_cpp_lays_it_out(tmp_path):
-    """write_gemma3_gguf: llama.cpp's gemma3 names and keys, norms stored as 1 + w, q/k rows
-    as transformers has them, Q8_0 matrices."""
-    import torch
-    import transformers
-    from safetensors.numpy import load_file
-
-    vocab = len(next(v for k, v, *_ in tool._tokenizer_fields() if k == "tokenizer.ggml.tokens"))
-    config = transformers.Gemma3TextConfig(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=32, sliding_window=16,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = transformers.Gemma3ForCausalLM(config)
-    with torch.no_grad():
-        model.model.layers[1].post_feedforward_layernorm.weight.normal_()
-    model.save_pretrained(tmp_path / "hf")
-    path = tool.write_gemma3_gguf(tmp_path / "g.gguf", tmp_path / "hf", "Q8_0")
-    reader = gguf.GGUFReader(path)
-    assert reader.fields["general.architecture"].contents() == "gemma3"
-    assert reader.fields["gemma3.attention.sliding_window"].contents() == 16
-    assert reader.fields["gemma3.attention.key_length"].contents() == 32
-    tensors = {t.name: t for t in reader.tensors}
-    assert "output.weight" not in tensors  # tied
-    assert tensors["blk.0.attn_q.weight"].tensor_type == gguf.GGMLQuantizationType.Q8_0
-    hf = load_file(tmp_path / "hf" / "model.safetensors")
-    for name, hf_name in [
-        ("blk.1.post_ffw_norm.weight", "model.layers.1.post_feedforward_layernorm.weight"),
-        ("blk.0.attn_k_norm.weight", "model.layers.0.self_attn.k_norm.weight"),
-    ]:
-        np.testing.assert_allclose(tensors[name].data, hf[hf_name] + 1)
-    q = gguf.quants.dequantize(tensors["blk.1.attn_q.weight"].data, gguf.GGMLQuantizationType.Q8_0)
-    np.testing.assert_allclose(q, hf["model.layers.1.self_attn.q_proj.weight"], atol=2e-3)

@@ -1,7 +1,7 @@
 """GGUF files of the families transformers' GGUF reader does not know (Mixtral as llama.cpp's
 "llama" with experts, in its stacked and its old per-expert layout; "olmoe"; "smollm3" with
 its NoPE layers) and Phi-3 on its own fused blocks: written from tiny random HF models the way
-llama.cpp's converter lays them out (scripts/random_gguf.py), read back to transformers'
+llama.cpp's converter lays them out (scripts/hf_gguf.py), read back to transformers'
 config and logits (F32), run on their quantized blocks (Q8_0) through the model and the
 engine, and, `slow`, against llama.cpp on the same Q8_0 file."""
 
@@ -81,9 +81,9 @@ def _random_norms_and_routers(name: str, p: torch.nn.Parameter) -> None:
 def families(tmp_path_factory, default_model_path):
     """Per variant: the HF directory and its GGUF files, F32 and Q8_0 (and Mixtral's old
     per-expert layout of both)."""
-    from conftest import random_gguf
+    from conftest import hf_gguf
 
-    writer = random_gguf()
+    writer = hf_gguf()
     out = tmp_path_factory.mktemp("gguf-families")
     files = {}
     for variant, (config_cls, fields) in VARIANTS.items():
@@ -220,14 +220,14 @@ def test_smollm3_with_another_nope_pattern_is_refused_by_the_writer(families, tm
     import json
     import shutil
 
-    from conftest import random_gguf
+    from conftest import hf_gguf
 
     other = shutil.copytree(families["smollm3", "hf"], tmp_path / "other")
     config = json.loads((other / "config.json").read_text())
     config["no_rope_layers"] = [1, 0, 1, 0]
     (other / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="every fourth layer NoPE"):
-        random_gguf().write_hf_gguf(tmp_path / "other.gguf", other, "F32")
+        hf_gguf().write_hf_gguf(tmp_path / "other.gguf", other, "F32")
 
 
 @pytest.mark.slow

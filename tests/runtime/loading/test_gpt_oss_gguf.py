@@ -1,4 +1,4 @@
-"""GPT-OSS from GGUF files laid out as llama.cpp's converter writes them (scripts/random_gguf.py:
+"""GPT-OSS from GGUF files laid out as llama.cpp's converter writes them (scripts/hf_gguf.py:
 gate and up apart, biases beside every projection, the sinks as attn_sinks): the F32 file reads
 as its HF directory (config and transformers' logits); MXFP4 experts stay MXFP4 blocks and give
 our float model over the same experts dequantized; Q8_0 blocks with their float biases; greedy
@@ -72,13 +72,13 @@ def _randomize(name: str, p: torch.nn.Parameter) -> None:
 @pytest.fixture(scope="module")
 def files(tmp_path_factory, default_model_path):
     """The HF directory and its GGUF files, one per type in TYPES."""
-    from conftest import random_gguf
+    from conftest import hf_gguf
 
     out = tmp_path_factory.mktemp("gpt-oss-gguf")
     hf = tiny_model(out / "hf", default_model_path, transformers.GptOssConfig, TINY, _randomize)
     paths = {"hf": hf}
     for t in TYPES:
-        paths[t] = random_gguf().write_gpt_oss_gguf(out / f"gpt-oss-{t}.gguf", hf, t)
+        paths[t] = hf_gguf().write_gpt_oss_gguf(out / f"gpt-oss-{t}.gguf", hf, t)
     return paths
 
 
@@ -249,13 +249,13 @@ def test_engine_greedy_on_the_mxfp4_blocks(files):
 def test_writer_refuses_what_llama_cpp_cannot_read(files, tmp_path, change, message):
     """llama.cpp has no key for GPT-OSS's SwiGLU limit, its layer pattern or YaRN's
     truncation: a model with other values cannot be written as its file."""
-    from conftest import random_gguf
+    from conftest import hf_gguf
 
     other = shutil.copytree(files["hf"], tmp_path / "other")
     config = json.loads((other / "config.json").read_text()) | change
     (other / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=message):
-        random_gguf().write_gpt_oss_gguf(tmp_path / "other.gguf", other, "F32")
+        hf_gguf().write_gpt_oss_gguf(tmp_path / "other.gguf", other, "F32")
 
 
 def test_what_llama_cpp_files_may_hold_beyond_this_is_refused(files, monkeypatch):

@@ -337,11 +337,11 @@ def test_triton_path_past_the_window_matches_transformers(make_model, variant):
 @pytest.fixture(scope="module")
 def gemma3_gguf(make_model, tmp_path_factory):
     """The gemma3-gguf model's weights as llama.cpp's converter writes them: F32 and Q8_0."""
-    from conftest import random_gguf
+    from conftest import hf_gguf
 
     out = tmp_path_factory.mktemp("gemma3-gguf")
     path = make_model("gemma3-gguf")
-    return {t: random_gguf().write_gemma3_gguf(out / f"{t}.gguf", path, t) for t in ("F32", "Q8_0")}
+    return {t: hf_gguf().write_gemma3_gguf(out / f"{t}.gguf", path, t) for t in ("F32", "Q8_0")}
 
 
 def test_gguf_gives_the_hf_config_and_logits(make_model, gemma3_gguf, tmp_path, monkeypatch):

@@ -207,14 +207,14 @@ def test_int8_and_int4_experts_stay_near_the_floats(make_model, variant, quantiz
 @pytest.fixture(scope="module")
 def moe_gguf(make_model, tmp_path_factory):
     """The GGUF variants' weights as llama.cpp's converter writes them: F32 and Q8_0."""
-    from conftest import random_gguf
+    from conftest import hf_gguf
 
     out = tmp_path_factory.mktemp("moe-gguf")
     files = {}
     for variant in GGUF_VARIANTS:
         path = make_model(variant)
         for t in ("F32", "Q8_0"):
-            files[variant, t] = random_gguf().write_moe_gguf(out / f"{variant}-{t}.gguf", path, t)
+            files[variant, t] = hf_gguf().write_moe_gguf(out / f"{variant}-{t}.gguf", path, t)
     return files
 
 

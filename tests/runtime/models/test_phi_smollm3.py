@@ -239,11 +239,11 @@ def test_int8_phi4_mini_decodes_in_the_one_call_decoder(make_model):
 @pytest.fixture(scope="module")
 def phi3_gguf(make_model, tmp_path_factory):
     """The phi3 and phi4-mini models' weights as llama.cpp's converter writes them (F32)."""
-    from conftest import random_gguf
+    from conftest import hf_gguf
 
     out = tmp_path_factory.mktemp("phi3-gguf")
     return {
-        v: random_gguf().write_phi3_gguf(out / f"{v}.gguf", make_model(v), "F32")
+        v: hf_gguf().write_phi3_gguf(out / f"{v}.gguf", make_model(v), "F32")
         for v in ("phi3", "phi4-mini")
     }
 
