@@ -9,9 +9,9 @@ from braid._lazy import lazy_exports
 # grammars.jobs, and importing this package must not pull in torch and transformers
 # (seconds) before it can serve its first constraint.
 _EXPORTS = {
-    "CompileQueueFull": "braid.grammars.compile.compiler",
-    "GrammarCompiler": "braid.grammars.compile.compiler",
-    "compile": "braid.grammars.compile.compiler",
+    "CompileQueueFull": "braid.grammars.compiling.compiler",
+    "GrammarCompiler": "braid.grammars.compiling.compiler",
+    "compile": "braid.grammars.compiling.compiler",
     "CharPattern": "braid.grammars.regex.char_regex",
     "CharRegex": "braid.grammars.regex.char_regex",
     "AnyText": "braid.grammars.constraints",

@@ -24,7 +24,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from braid.grammars.compile.constraint_regex import constraint_regex, escape
+from braid.grammars.compiling.constraint_regex import constraint_regex, escape
 from braid.grammars.constraints import AnyText, ToolCalls
 from braid.grammars.json_schema.convert import schema_to_regex
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from math import perm
 from typing import Any
 
-from braid.grammars.compile.constraint_regex import escape
+from braid.grammars.compiling.constraint_regex import escape
 from braid.grammars.json_schema.errors import InvalidSchema, UnsupportedSchema
 from braid.grammars.json_schema.values import is_valid, json_equal
 

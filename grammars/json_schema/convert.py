@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
-from braid.grammars.compile.constraint_regex import escape
+from braid.grammars.compiling.constraint_regex import escape
 from braid.grammars.json_schema.all_of import all_of_regex
 from braid.grammars.json_schema.arrays import array_regex
 from braid.grammars.json_schema.conditional import unconditional, without_dependencies

@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from braid.grammars.compile.constraint_regex import escape
+from braid.grammars.compiling.constraint_regex import escape
 from braid.grammars.json_schema.errors import InvalidSchema, UnsupportedSchema
 from braid.grammars.json_schema.json_text import CHAR, STRING, alternatives, compact_json
 from braid.grammars.json_schema.pattern import pattern_regex

@@ -233,7 +233,7 @@ def _separate(gen: Facts, other: Facts, apart) -> Facts | None:
     for name in writable:
         if apart(gen.props[name], other.props.get(name)):
             return _require(gen, name)
-    for name in other.required:
+    for name in sorted(other.required):  # (sorted: the same regex in every process)
         if name not in gen.required:
             return _forbid(gen, name)
     if not other.open:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from braid.grammars.compile.constraint_regex import escape
+from braid.grammars.compiling.constraint_regex import escape
 from braid.grammars.json_schema.errors import UnsupportedSchema
 from braid.grammars.json_schema.formats import FORMAT_LENGTHS, FORMATS, MISSING_FORMATS
 from braid.grammars.json_schema.json_text import CHAR, STRING
@@ -18,8 +18,8 @@ from braid.grammars.json_schema.pattern import pattern_regex
 # take plain characters and the two-character escapes (a quote or a newline in a bounded
 # description is ordinary) but not \u escapes (stricter, hence safe); a maxLength above
 # MAX_STRING_CHARS generates at most that many. (Which backend compiles the regex, an eager
-# outlines index or the lazy automaton, is grammars/compile/jobs.py's choice.) Patterns and formats
-# under length bounds count plain characters only.
+# outlines index or the lazy automaton, is grammars/compiling/jobs.py's choice.) Patterns and
+# formats under length bounds count plain characters only.
 PLAIN_CHAR = r'[^"\\\x00-\x1f]'
 COUNTED_CHAR = r'([^"\\\x00-\x1f]|\\["\\/bfnrt])'
 MAX_STRING_CHARS = 4096

@@ -3,7 +3,7 @@ could still grow into a match. EBNF terminals and stop regexes are read this way
 
 Parsing a pattern is cheap and done where a request is validated (`check_pattern`); building
 its automaton can take seconds and gigabytes for counted repetitions (`a{20000}`), so it runs
-in the compile worker (grammars.compiler), under its time and memory limits.
+in the compile worker (grammars/compiling/), under its time and memory limits.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from functools import lru_cache
 
 from outlines_core import Index, Vocabulary
 
-from braid.grammars.compile.constraint_regex import short
+from braid.grammars.compiling.constraint_regex import short
 from braid.grammars.vocabulary import TokenVocabulary
 
 # Past these an outlines index takes seconds and gigabytes: a long regex means many states,

@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
-from braid.grammars.compile.compiler import COMPILER_STATS, Compiled, Job
+from braid.grammars.compiling.compiler import COMPILER_STATS, Compiled, Job
 from braid.grammars.matcher import Grammar
 from braid.grammars.regex.char_regex import CharPattern, CharRegex
 from braid.grammars.vocabulary import TokenVocabulary, build_vocabulary
@@ -72,7 +72,7 @@ class GrammarService:
         return _gather(futures, combine)
 
     def compile(self, job: Job) -> Future[Compiled]:
-        from braid.grammars.compile.compiler import GrammarCompiler
+        from braid.grammars.compiling.compiler import GrammarCompiler
 
         vocab = self.vocab
         with self._lock:

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from braid.grammars.compile.compiler import CompileQueueFull
+from braid.grammars.compiling.compiler import CompileQueueFull
 from braid.runtime.config import RequestLimits
 from braid.runtime.engine.engine import Engine
 from braid.runtime.loading.model_loader import resolve_model_dir

@@ -1,7 +1,7 @@
-"""The compile cache's memory budget (grammars/compile/cache.py): however many distinct constraints
-a server compiles, the cache's grammars and the vocabulary structures they share stay within
-it, the least recently used evicted first, and what is cached still works; and a compile
-worker killed mid-compile fails only its own job and is replaced."""
+"""The compile cache's memory budget (grammars/compiling/cache.py): however many distinct
+constraints a server compiles, the cache's grammars and the vocabulary structures they share
+stay within it, the least recently used evicted first, and what is cached still works; and a
+compile worker killed mid-compile fails only its own job and is replaced."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from conftest import wait_for
 
 from braid import grammars
-from braid.grammars.compile.cache import GrammarCache
+from braid.grammars.compiling.cache import GrammarCache
 from braid.grammars.regex.char_regex import CharPattern
 
 NUM_CONSTRAINTS = 200

@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from braid import grammars
-from braid.grammars.compile import compiler
-from braid.grammars.compile.constraint_regex import constraint_regex, escape
+from braid.grammars.compiling import compiler
+from braid.grammars.compiling.constraint_regex import constraint_regex, escape
 from braid.grammars.constraints import AnyText, Choices, JsonSchema, ToolCalls, ToolSchema
 from braid.grammars.tool_calls import CLOSE, MARK, MID, OPEN, SEPARATOR, not_starting_with
 

@@ -76,7 +76,7 @@ def _is_utf8(data: bytes) -> bool:
 
 
 def test_compile_takes_a_tokenizer_and_builds_its_vocabulary_once(tokenizer, vocab, feeds):
-    from braid.grammars.compile.compiler import as_vocabulary
+    from braid.grammars.compiling.compiler import as_vocabulary
 
     built = as_vocabulary(tokenizer)
     assert as_vocabulary(tokenizer) is built  # cached per tokenizer

@@ -1,10 +1,10 @@
 """compile(job, vocab) -> Grammar (or CharRegex), cached; GrammarCompiler runs it in bounded
 workers.
 
-What each kind of job compiles to, and how, is declared once in grammars/compile/jobs.py. Compiling
-can take seconds and gigabytes for a hostile input, so the runtime runs a job's costly part in
-worker processes with a memory limit and kills one past a time limit: a hostile or huge
-constraint fails its own request and nothing else.
+What each kind of job compiles to, and how, is declared once in jobs.py. Compiling can take
+seconds and gigabytes for a hostile input, so the runtime runs a job's costly part in worker
+processes with a memory limit and kills one past a time limit: a hostile or huge constraint
+fails its own request and nothing else.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-from braid.grammars.compile.cache import GrammarCache
-from braid.grammars.compile.jobs import Job, JobKind, ResultLost, kind_of, run_here
+from braid.grammars.compiling.cache import GrammarCache
+from braid.grammars.compiling.jobs import Job, JobKind, ResultLost, kind_of, run_here
 from braid.grammars.matcher import Grammar
 from braid.grammars.regex.char_regex import CharRegex
 from braid.grammars.regex.lazy import STATE_MEMORY_MB, lazy_available, vocab_memory_bytes
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 Compiled = Grammar | CharRegex  # what a compiler gives for a Job
 
 _CACHE_SIZE = 256  # compiled jobs kept per cache, however small
-# Memory of a cache's grammars and the vocabulary structures they share (grammars/compile/cache.py).
+# Memory of a cache's grammars and the vocabulary structures they share (cache.py).
 GRAMMAR_MEMORY_MB = 1024
 _TRIM_INTERVAL_S = 1.0  # an idle compile thread measures the cache again this often
 _ABANDON_CHECK_S = 0.05  # a compile thread checks this often whether its job's callers left
@@ -107,7 +107,7 @@ class GrammarCompiler:
     job that runs to the time limit holds up one thread, not every constrained request.
     Results are cached, and concurrent submissions of one job share one compile. The cache
     keeps the grammars and the vocabulary structures they share within `max_cache_mb`
-    (grammars/compile/cache.py); a server has one compiler, so that is its grammars' whole memory.
+    (grammars/compiling/cache.py); a server has one compiler, so that is its grammars' whole memory.
 
     A caller that cancels its future (a client gone) gives up its place: a job nobody waits
     for any more is skipped, or its worker stopped if it is compiling, so abandoned jobs do
@@ -190,7 +190,7 @@ class GrammarCompiler:
                 self._cache.discard(pending.job, shared)
 
     def trim(self) -> None:
-        """Measure the cache and evict what is past its budget (see grammars/compile/cache.py)."""
+        """Measure the cache and evict what is past its budget (see grammars/compiling/cache.py)."""
         self._last_trim = time.monotonic()
         self._cache.trim()
 
@@ -286,7 +286,7 @@ class _Worker:
     """A process that compiles jobs one at a time under a memory limit (a schema's regex can
     grow large before its index does).
 
-    It is a plain `python -m braid.grammars.compile.worker` child talking over its stdin and
+    It is a plain `python -m braid.grammars.compiling.worker` child talking over its stdin and
     stdout, not a multiprocessing one: spawn would re-run the user's main script in it (a
     script without an `if __name__ == "__main__"` guard would crash), and fork would copy a
     process full of threads. Each job goes with a number its results come back with, so a
@@ -296,7 +296,7 @@ class _Worker:
         self.vocab = vocab
         self.max_memory_mb = max_memory_mb
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "braid.grammars.compile.worker", str(max_memory_mb)],
+            [sys.executable, "-m", "braid.grammars.compiling.worker", str(max_memory_mb)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )

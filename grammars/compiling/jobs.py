@@ -12,7 +12,7 @@ back its results in order (`Results.next`).
 - A stop regex (CharPattern): its character automaton, a CharRegex (grammars/regex/char_regex.py).
 - An EBNF grammar: lark's parse table over terminal automata (grammars/ebnf/grammar.py), sent
   without the vocabulary structures every EBNF grammar shares.
-- A regex, JSON schema, choices or tool calls: their regex (grammars/compile/constraint_regex.py;
+- A regex, JSON schema, choices or tool calls: their regex (grammars/compiling/constraint_regex.py;
   for tool calls grammars/tool_calls.py, from each tool's schema), then, where `index` asks,
   its outlines index (grammars/regex/outlines_index.py) or None. The regex becomes the lazy
   automaton (grammars/regex/lazy.py), which makes states and masks as they are reached:
@@ -35,12 +35,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from braid.grammars.compile.constraint_regex import constraint_regex
+from braid.grammars.compiling.constraint_regex import constraint_regex
 from braid.grammars.constraints import Choices, Constraint, Ebnf, JsonSchema, Regex, ToolCalls
 from braid.grammars.regex.char_regex import CharPattern, CharRegex
 
 if TYPE_CHECKING:
-    from braid.grammars.compile.compiler import Compiled
+    from braid.grammars.compiling.compiler import Compiled
     from braid.grammars.matcher import Grammar
     from braid.grammars.vocabulary import TokenVocabulary
 

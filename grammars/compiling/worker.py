@@ -1,9 +1,9 @@
-"""The compile worker's process: `python -m braid.grammars.compile.worker MAX_MEMORY_MB`.
+"""The compile worker's process: `python -m braid.grammars.compiling.worker MAX_MEMORY_MB`.
 
 Reads a TokenVocabulary from stdin, then jobs, each (number, job, whether an outlines index
-is wanted); runs the job's kind's `produce` (grammars/compile/jobs.py) and writes each result to
+is wanted); runs the job's kind's `produce` (grammars/compiling/jobs.py) and writes each result to
 stdout as it is made, as (number, True, the kind's `dump` of it), or (number, False, an error
-message). Started and killed by braid.grammars.compile.compiler._Worker.
+message). Started and killed by braid.grammars.compiling.compiler._Worker.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import resource
 import sys
 from multiprocessing.connection import Connection
 
-from braid.grammars.compile.jobs import kind_of
+from braid.grammars.compiling.jobs import kind_of
 
 
 def main() -> None:
