@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pytest
 from conftest import LiveServer, stream_events
 
 from braid.runtime import Engine
@@ -16,9 +18,11 @@ from braid.runtime import Engine
 VICTIM_TOKENS = 200
 
 
-def isolation_engine(tiny_model_path: Path) -> Engine:
-    """The tiny model with room for 16 running requests and a 2 s compile limit."""
-    return Engine(
+@pytest.fixture(scope="module")
+def engine(tiny_model_path: Path) -> Iterator[Engine]:
+    """The engine the isolation files attack: the tiny model with room for 16 running
+    requests and a 2 s compile limit."""
+    engine = Engine(
         model=str(tiny_model_path),
         device="cpu",
         dtype="float32",
@@ -26,6 +30,8 @@ def isolation_engine(tiny_model_path: Path) -> Engine:
         max_running_requests=16,
         grammar_compile_timeout_s=2.0,
     )
+    yield engine
+    engine.shutdown()
 
 
 async def _victim(url: str, http: httpx.AsyncClient, i: int, started: asyncio.Event) -> dict:

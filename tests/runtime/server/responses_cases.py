@@ -1,9 +1,29 @@
-"""What the Responses API's test files share: the tools their requests list, the same
-conversation through /v1/chat/completions, a streamed response's events."""
+"""What the Responses API's test files share: their engine and client fixtures, the tools
+their requests list, the same conversation through /v1/chat/completions, a streamed
+response's events."""
 
 from __future__ import annotations
 
+import openai
+import pytest
 from conftest import WEATHER
+
+from braid.runtime import Engine
+
+
+@pytest.fixture(scope="module")
+def engine(long_tiny_model):
+    path = long_tiny_model(0.01, tied=True)
+    engine = Engine(model=str(path), device="cpu", dtype="float32", max_kv_tokens=8192)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
+        yield client
+
 
 ORDER = {
     "type": "object",

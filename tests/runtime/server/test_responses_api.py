@@ -12,13 +12,16 @@ import jsonschema
 import openai
 import pydantic
 import pytest
+import responses_cases
 from conftest import LiveServer
 from openai.types.responses import Response, ResponseStreamEvent
 from responses_cases import TOOLS, chat_text, events_of
 
-from braid.runtime import Engine
 from braid.runtime.server.response_store import ResponseStore
 from braid.runtime.server.wire import ChatMessage
+
+# The engine and client fixtures both Responses test files use.
+engine, client = responses_cases.engine, responses_cases.client
 
 OK_SCHEMA = {
     "type": "object",
@@ -27,20 +30,6 @@ OK_SCHEMA = {
     "additionalProperties": False,
 }
 EVENTS = pydantic.TypeAdapter(ResponseStreamEvent)
-
-
-@pytest.fixture(scope="module")
-def engine(long_tiny_model):
-    path = long_tiny_model(0.01, tied=True)
-    engine = Engine(model=str(path), device="cpu", dtype="float32", max_kv_tokens=8192)
-    yield engine
-    engine.shutdown()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
-        yield client
 
 
 # ---- text ------------------------------------------------------------------------------------

@@ -8,30 +8,18 @@ from __future__ import annotations
 import json
 
 import jsonschema
-import openai
 import pytest
+import responses_cases
 from conftest import WEATHER
 from responses_cases import ORDER, TOOLS, chat_text, events_of
 
-from braid.runtime import Engine
 from braid.runtime.server.chat import tools
+
+# The engine and client fixtures both Responses test files use.
+engine, client = responses_cases.engine, responses_cases.client
 
 SCHEMAS = {"get_weather": WEATHER, "place_order": ORDER, "ping": {"type": "object"}}
 ASK = "What is the weather in Paris?"
-
-
-@pytest.fixture(scope="module")
-def engine(long_tiny_model):
-    path = long_tiny_model(0.01, tied=True)
-    engine = Engine(model=str(path), device="cpu", dtype="float32", max_kv_tokens=8192)
-    yield engine
-    engine.shutdown()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
-        yield client
 
 
 def check_calls(response, names=tuple(SCHEMAS)) -> list:

@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 
+import hostile_cases
 import httpx
 import pytest
 from conftest import LiveServer, assert_no_kv_leak, async_wait_for, compile_taken, wait_idle
@@ -17,7 +18,6 @@ from hostile_cases import (
     VICTIM_TOKENS,
     assert_refused,
     decoding_victims,
-    isolation_engine,
     under_attack,
 )
 
@@ -25,12 +25,8 @@ from braid import grammars
 from braid.runtime import SamplingParams
 from braid.runtime.output.processor import OutputProcessor
 
-
-@pytest.fixture(scope="module")
-def engine(tiny_model_path):
-    engine = isolation_engine(tiny_model_path)
-    yield engine
-    engine.shutdown()
+# The engine both isolation test files attack.
+engine = hostile_cases.engine
 
 
 @pytest.fixture(scope="module")

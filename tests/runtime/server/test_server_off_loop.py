@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+import hostile_cases
 import httpx
 import pytest
 from conftest import LiveServer, assert_no_kv_leak, async_wait_for, wait_idle
@@ -18,7 +19,6 @@ from hostile_cases import (
     VICTIM_TOKENS,
     assert_refused,
     decoding_victims,
-    isolation_engine,
     probe_health,
     under_attack,
 )
@@ -26,12 +26,8 @@ from hostile_cases import (
 from braid.runtime import Engine
 from braid.runtime.server.service import Service
 
-
-@pytest.fixture(scope="module")
-def engine(tiny_model_path):
-    engine = isolation_engine(tiny_model_path)
-    yield engine
-    engine.shutdown()
+# The engine both isolation test files attack.
+engine = hostile_cases.engine
 
 
 # ---- a select (/braid/score) ------------------------------------------------------------------
