@@ -94,12 +94,12 @@ class _Timed:
         self.release_program = backend.release_program
         self.compile_ahead = backend.compile_ahead if ahead else lambda params: None
 
-    async def generate(self, prompt, params, on_text, **kw):
+    async def generate(self, prompt, params, on_text, lora=None, program=None):
         if params.constraint is not None:
             t = time.perf_counter()
             await asyncio.wrap_future(self.backend.engine.prepare(params))
             self.waits.append(time.perf_counter() - t)
-        return await self.backend.generate(prompt, params, on_text, **kw)
+        return await self.backend.generate(prompt, params, on_text, lora, program)
 
     async def score(self, *args, **kw):
         return await self.backend.score(*args, **kw)

@@ -91,7 +91,7 @@ async def prepare(svc: Service, ctx: RequestContext, req: ConversationRequest) -
         params, cut = msgspec.structs.replace(params, max_tokens=context - len(ids)), True
     calling = plan is not None and plan.calls  # the output may be calls: constrained, parsed
     if calling:
-        params = await tools.constrain(svc, plan, params)
+        params = tools.constrain(plan, params)
     await svc.check_params(params)
     # Several calls may repeat themselves: such outputs end at the first repeat.
     stream = _ended_at_repeat(svc, ctx) if calling and plan.parallel else svc.streamer(ctx)

@@ -30,7 +30,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
@@ -41,9 +41,6 @@ from braid.runtime.server.chat.conversation import Conversation
 from braid.runtime.server.wire import BadRequest, ChatMessage, NamedToolChoice, Tool
 from braid.runtime.text import template_render
 from braid.runtime.text.template_render import TemplateLimitError
-
-if TYPE_CHECKING:
-    from braid.runtime.server.service import Service
 
 # OpenAI's rule for function names (letters, digits, _ and -), and dots (namespaced tools):
 # none needs escaping in JSON or a regex.
@@ -281,7 +278,7 @@ def _loads(arguments: str) -> Any:
 # ---- the constraint --------------------------------------------------------------------------
 
 
-async def constrain(svc: Service, plan: ToolPlan, params: SamplingParams) -> SamplingParams:
+def constrain(plan: ToolPlan, params: SamplingParams) -> SamplingParams:
     """params constrained to what plan.mode allows: calls of plan.callable (one, or several
     with plan.parallel), or in auto mode text instead (the request's own json_schema or
     choices constraint, which response_format sets, applies to that text). The constraint is
