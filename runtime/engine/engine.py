@@ -77,9 +77,10 @@ class Engine:
         self.runner, self.dtype, self.tp_ranks = core.runner, core.dtype, core.tp_ranks
         self.kv, self.cache, self.scheduler = core.kv, core.cache, core.scheduler
         self.outputs, self.worker = core.outputs, core.worker
+        self._registry = core.adapters
         # Registered LoRA adapters by name: written on the engine thread only (load_lora,
         # unload_lora), read by callers to resolve a request's `lora`.
-        self.adapters = core.adapters.by_name
+        self.adapters = self._registry.by_name
         _RUNNING.add(self)
 
     @property
@@ -127,8 +128,8 @@ class Engine:
     ) -> list[list[float]]:
         """For each continuation, the logprobs of its tokens after `prefix`, all counted from
         the first token position where any of them departs from the prefix's tokens (one
-        request tree, under `cache_salt` and `lora`; see runtime.scoring). Tokenizing runs in
-        a thread."""
+        request per continuation, under `cache_salt` and `lora`; see scoring.py). Tokenizing
+        runs in a thread."""
         adapter = self.adapter(lora)
         leaves = await asyncio.to_thread(self.score_leaves, prefix, continuations)
         return await self._score(leaves, cache_salt, adapter)
@@ -280,17 +281,17 @@ class Engine:
     def adapter(self, name: str | None) -> LoraAdapter | None:
         """The loaded LoRA adapter called `name` (None for None); ValueError naming the
         loaded ones otherwise."""
-        return self._loop.core.adapters.get(name)
+        return self._registry.get(name)
 
     def load_lora(self, name: str, path: str) -> None:
         """Load a PEFT LoRA adapter directory under `name` (ValueError if the name is taken
         or the adapter is not one this engine can serve); returns once requests may use it."""
-        self._on_engine_thread(functools.partial(self._loop.core.adapters.register, name, path))
+        self._on_engine_thread(functools.partial(self._registry.register, name, path))
 
     def unload_lora(self, name: str) -> None:
         """Forget the adapter `name`; ValueError while a queued or running request uses it.
         Its cached prefixes are never matched again and go when the cache needs room."""
-        self._on_engine_thread(functools.partial(self._loop.core.adapters.unregister, name))
+        self._on_engine_thread(functools.partial(self._registry.unregister, name))
 
     def _on_engine_thread(self, job: Callable[[], None]) -> None:
         done: Future[None] = Future()
@@ -363,8 +364,8 @@ class Engine:
             program_leases=len(self.cache.leases),
             running_requests=running,
             waiting_requests=waiting,
-            lora_adapters_loaded=self._loop.core.adapters.memory.num_held,
-            lora_adapter_reloads=self._loop.core.adapters.memory.num_reloads,
+            lora_adapters_loaded=self._registry.memory.num_held,
+            lora_adapter_reloads=self._registry.memory.num_reloads,
             **self.grammars.stats(),
         )
         draft = self.worker.draft if isinstance(self.worker, SpecWorker) else None

@@ -109,7 +109,7 @@ class Scheduler:
     def postprocess(
         self,
         batch: Batch,
-        kept_nodes: Sequence[list[int] | None],
+        kept_nodes: Sequence[list[int]],
         updates: Iterable[tuple[Request, StreamChunk]],
     ) -> None:
         """The step ran: count each request's fed tokens as computed (and, for a request with
@@ -123,8 +123,8 @@ class Scheduler:
                 self._cache_prefill_progress(r)
             else:
                 num_decodes += 1
-            if batch.draft(i) is not None:
-                self._keep_draft_nodes(r, kept_nodes[i] or [], len(batch.draft(i)))
+            if (draft := batch.draft(i)) is not None:
+                self._keep_draft_nodes(r, kept_nodes[i], len(draft))
         num_known = sum(map(batch.num_known, range(len(batch.requests))))
         self.stats.add(
             forward_steps=1,
