@@ -112,6 +112,11 @@ class EngineConfig:
         "outputs independent of what else is in the batch: batch-invariant linears and "
         "attention row by row (CPU kernels only; slower), for evals that must reproduce",
     )
+    reasoning_format: str = _setting(
+        "auto",
+        "how the model marks its thoughts: auto (think tags or harmony where the tokenizer and "
+        "chat template show them), none, think (<think>...</think>) or harmony (GPT-OSS)",
+    )
     jump_forward: bool = _setting(
         True, "append the text a grammar forces (a JSON key, say) without a forward per token"
     )

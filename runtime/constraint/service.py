@@ -17,6 +17,7 @@ from transformers import PreTrainedTokenizerBase
 
 from braid.grammars.compiling.compiler import COMPILER_STATS, Compiled, Job
 from braid.grammars.matcher import Grammar
+from braid.grammars.phases import FreeMatcher, PhasedMatcher, Phases, TokenClasses
 from braid.grammars.regex.char_regex import CharPattern, CharRegex
 from braid.grammars.vocabulary import TokenVocabulary, build_vocabulary
 from braid.runtime.config import EngineConfig
@@ -45,6 +46,7 @@ class GrammarService:
         self._vocab: TokenVocabulary | None = None
         self._compiler = None  # started with the first constrained request
         self._jump: JumpForward | None = None
+        self._classes: TokenClasses | None = None
 
     @property
     def vocab(self) -> TokenVocabulary:
@@ -108,15 +110,21 @@ class GrammarService:
                 self._compiler.close()
                 self._compiler = None
 
-    def constraint(self, grammar: Grammar) -> ConstraintState:
-        """A new request's state in `grammar` (a fresh matcher)."""
+    def constraint(self, grammar: Grammar | None, phases: Phases | None = None) -> ConstraintState:
+        """A new request's state in `grammar` (a fresh matcher; None: an answer held to
+        nothing), in `phases` when the request reasons first."""
         with self._lock:
+            vocab = self._vocab_locked()
             if self._jump is None:
-                self._jump = JumpForward(
-                    self.tokenizer, self._vocab_locked(), self.config.jump_forward
-                )
-            jump = self._jump
-        return ConstraintState(grammar.matcher(), jump)
+                self._jump = JumpForward(self.tokenizer, vocab, self.config.jump_forward)
+            if phases is not None and self._classes is None:
+                self._classes = TokenClasses.of(vocab.token_bytes)
+            jump, classes = self._jump, self._classes
+        if phases is None:
+            assert grammar is not None
+            return ConstraintState(grammar.matcher(), jump)
+        inner = grammar.matcher() if grammar is not None else FreeMatcher(classes, vocab.eos_token_ids)
+        return ConstraintState(PhasedMatcher(inner, phases, classes), jump)
 
 
 def _gather(futures: list[Future], combine: Callable[[list], T]) -> Future[T]:

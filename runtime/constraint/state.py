@@ -13,6 +13,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from braid.grammars.matcher import Matcher, MatcherError
+from braid.grammars.phases import PhasedMatcher
 from braid.grammars.vocabulary import TokenVocabulary
 
 
@@ -61,6 +62,19 @@ class ConstraintState:
 
     def is_terminated(self) -> bool:
         return self._matcher.is_terminated()
+
+    @property
+    def reasoning_tokens(self) -> int | None:
+        """The tokens of the output's thought, markers included (None: not a reasoning
+        request)."""
+        m = self._matcher
+        return m.reasoning_tokens if isinstance(m, PhasedMatcher) else None
+
+    def close_candidate(self) -> int | None:
+        """The token that would close the thought where a soft thinking budget offers it now
+        (the sampler forces it when the model ranks it high), else None."""
+        m = self._matcher
+        return m.close_candidate() if isinstance(m, PhasedMatcher) else None
 
     def start(self) -> list[int]:
         """The tokens of the text the grammar forces before anything is sampled (accepted);

@@ -20,6 +20,9 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Hashable
 from concurrent.futures import Future
 
+from braid.grammars.constraints import ToolCalls
+from braid.grammars.phases import Phases
+from braid.grammars.tool_calls import MARK
 from braid.runtime.config import EngineConfig
 from braid.runtime.constraint.service import GrammarService, Prepared
 from braid.runtime.engine.core import build_core
@@ -38,6 +41,7 @@ from braid.runtime.protocol.sampling_params import SamplingParams
 from braid.runtime.scheduler.request import Request
 from braid.runtime.spec import SpecWorker
 from braid.runtime.stats import EngineStats
+from braid.runtime.text.reasoning import ReasoningFormat, detect, prompt_opening
 from braid.runtime.text.tokenizer import eos_token_ids, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -66,6 +70,11 @@ class Engine:
         self.device = c.torch_device
         self.eos_token_ids = eos_token_ids(path, mc, self.tokenizer)
         self.context_length = mc.max_position_embeddings
+        template = self.tokenizer.chat_template
+        # How the model marks its thoughts (None: it does not think, or was told not to).
+        self.reasoning_format: ReasoningFormat | None = detect(
+            self.tokenizer, template if isinstance(template, str) else None, c.reasoning_format
+        )
         self._stats = EngineStats()
         self._rids = itertools.count()
         self.grammars = GrammarService(self.tokenizer, self.eos_token_ids, c)
@@ -429,6 +438,11 @@ class Engine:
             bad = [t for t in ids or () if not 0 <= t < vocab]
             if bad:
                 raise ValueError(f"{field} token ids must be in [0, {vocab}); got {bad[:5]}")
+        if params.reasoning and self.reasoning_format is None:
+            raise ValueError(
+                "reasoning: this model has no reasoning format (its tokenizer and chat template "
+                "show no think tags or harmony channels; --reasoning-format names one)"
+            )
         return self.grammars.prepare(params)
 
     @functools.cached_property
@@ -460,6 +474,8 @@ class Engine:
         namespace = _namespace(adapter, cache_salt)
         leases = self.config.program_leases and self.config.prefix_cache
         grammar = prepared.grammar
+        phases = self._phases(ids, params, stop_ids) if params.reasoning else None
+        keep_special = phases is not None and self.reasoning_format.special
         streams = []
         for i in range(params.n):
             stream = RequestStream(next(self._rids), loop, on_chunk)
@@ -469,7 +485,7 @@ class Engine:
                 params=params,
                 seed=base_seed + i,
                 emit=stream.put,
-                detokenizer=IncrementalDetokenizer(self.tokenizer, ids),
+                detokenizer=IncrementalDetokenizer(self.tokenizer, ids, keep_special),
                 stop_matcher=StopMatcher(params.stop_strings, prepared.stop_regexes),
                 stop_ids=frozenset(stop_ids),
                 max_new_tokens=min(params.max_tokens, self.context_length - len(ids)),
@@ -477,11 +493,40 @@ class Engine:
                 cache_namespace=namespace,
                 lora=adapter,
                 lease_key=(namespace, program) if leases and program is not None else None,
-                constraint=self.grammars.constraint(grammar) if grammar is not None else None,
+                constraint=(
+                    self.grammars.constraint(grammar, phases)
+                    if grammar is not None or phases is not None
+                    else None
+                ),
             )
             self._loop.post(Add(r))
             streams.append(stream)
         return streams
+
+
+    def _phases(self, ids: list[int], params: SamplingParams, stop_ids: set[int]) -> Phases:
+        """A reasoning request's phases: where its prompt leaves the model, its markers, and
+        its budget. A format's answer header is forced only where the answer is held to
+        something (a constraint or a budget); a free answer after a free thought is the
+        model's to open."""
+        fmt = self.reasoning_format
+        budget = params.thinking_budget
+        soft = budget is not None and params.thinking_budget_mode == "soft"
+        held = params.constraint is not None or budget is not None
+        closers = frozenset()
+        if isinstance(params.constraint, ToolCalls):
+            closers = frozenset(self.tokenizer.encode(MARK, add_special_tokens=False)[:1])
+        return Phases(
+            opening=prompt_opening(fmt, self.tokenizer, ids),
+            start_ids=fmt.start_ids,
+            end_ids=fmt.end_ids,
+            answer_ids=fmt.answer_ids if held else (),
+            direct_ids=fmt.direct_ids if held else (),
+            closer_ids=closers,
+            excluded=frozenset(stop_ids),
+            budget=budget,
+            soft_from=budget - budget // 5 if soft else None,
+        )
 
 
 def _namespace(adapter: LoraAdapter | None, cache_salt: str | None) -> Hashable:

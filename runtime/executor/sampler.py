@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from braid import kernels
-from braid.grammars.matcher import allocate_bitmask
+from braid.grammars.matcher import allocate_bitmask, set_bits
 from braid.kernels import cpu
 from braid.kernels.reference.sampling import apply_bitmask, filtered_logprobs
 from braid.kernels.reference.sampling import sample as reference_sample
@@ -86,6 +86,7 @@ def sample_prepared(logits: torch.Tensor, args: SamplingArgs) -> list[int]:
     # steps came out slower than the fill it hid.
     bitmask = _grammar_bitmask(args.reqs, args.grammar_vocab_size)
     if bitmask is not None:
+        _close_thoughts(logits, args.reqs, bitmask)
         bitmask = bitmask.to(logits.device)
     if args.per_row is None:
         # All greedy: the argmax is all the reference would compute that we use (logprobs are
@@ -134,6 +135,7 @@ def sampling_probs(logits: torch.Tensor, r: Request, grammar_vocab_size: int) ->
     logits = _penalised(logits[None], [r])
     bitmask = _grammar_bitmask([r], grammar_vocab_size)
     if bitmask is not None:
+        _close_thoughts(logits, [r], bitmask)
         logits = apply_bitmask(logits, bitmask.to(logits.device))
     p = r.params
 
@@ -177,6 +179,25 @@ def _grammar_bitmask(reqs: list[Request], grammar_vocab_size: int) -> torch.Tens
             if r.trace is not None:
                 r.trace.next_allowed = count_allowed(bitmask[row])
     return bitmask
+
+
+# A soft thinking budget closes the thought where its end marker is among this many of the
+# model's likeliest tokens.
+CLOSE_AMONG = 5
+
+
+def _close_thoughts(logits: torch.Tensor, reqs: list[Request], bitmask: torch.Tensor) -> None:
+    """Force the end marker on each row whose soft thinking budget offers it and whose
+    logits rank it among the CLOSE_AMONG likeliest (the thought ends at a point the model
+    would end it itself)."""
+    for row, r in enumerate(reqs):
+        token = r.constraint.close_candidate() if r.constraint is not None else None
+        if token is None or token >= logits.shape[-1]:
+            continue
+        k = min(CLOSE_AMONG, logits.shape[-1])
+        if token in logits[row].topk(k).indices.tolist():
+            bitmask[row].zero_()
+            set_bits(bitmask[row], [token])
 
 
 def _apply_penalties(logits: torch.Tensor, r: Request) -> None:

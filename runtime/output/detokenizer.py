@@ -17,8 +17,13 @@ class IncrementalDetokenizer:
     complete yet, so it is held back until the next token completes it.
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int]) -> None:
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int], keep_special: bool = False
+    ) -> None:
+        """`keep_special`: special tokens stay in the text (a reasoning format's markers
+        that are special tokens, which the output is split at)."""
         self.decode = _decoder(tokenizer)
+        self.skip_special = not keep_special
         self.ids = list(prompt_ids[-_CONTEXT_TOKENS:])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
@@ -26,8 +31,9 @@ class IncrementalDetokenizer:
     def add(self, token_ids: list[int]) -> str:
         self.ids.extend(token_ids)
         decode = self.decode
-        prefix = decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=True)
-        full = decode(self.ids[self.prefix_offset :], skip_special_tokens=True)
+        skip = self.skip_special
+        prefix = decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=skip)
+        full = decode(self.ids[self.prefix_offset :], skip_special_tokens=skip)
         if full.endswith("\ufffd") or len(full) <= len(prefix):
             return ""
         self.prefix_offset = max(self.read_offset - _CONTEXT_TOKENS, 0)

@@ -170,6 +170,8 @@ class OutputProcessor:
             "completion_tokens": len(r.output_ids),
             "preemptions": r.num_preemptions,
         }
+        if r.constraint is not None and r.constraint.reasoning_tokens is not None:
+            meta["reasoning_tokens"] = r.constraint.reasoning_tokens
         if r.params.wants_logprobs:
             meta["logprobs"] = r.output_logprobs
             meta["top_logprobs"] = r.output_top_logprobs

@@ -62,6 +62,14 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     # it is typed loosely because msgspec cannot decode a ToolCalls (its `text` is a union of
     # dataclasses), and __post_init__ refuses anything else.
     tool_calls: Any = None
+    # The output may think before it answers, in the engine's reasoning format: the constraint
+    # then holds the answer after the thought (grammars/phases.py), and a budget bounds the
+    # thought: at thinking_budget thought tokens its end is forced ("hard"); "soft" also
+    # closes it earlier, from 80% of the budget, at the first step where the end marker is
+    # among the model's 5 likeliest tokens. thinking_budget 0: no thought.
+    reasoning: bool = False
+    thinking_budget: int | None = None
+    thinking_budget_mode: str = "soft"
 
     def __post_init__(self) -> None:
         # Ints a kernel or the sampler reads as int64 are bounded by it; floats must be finite
@@ -81,6 +89,18 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
                 "seed must be in [-2**63, 2**63)",
             ),
             (self.n >= 1, "n must be >= 1"),
+            (
+                self.thinking_budget is None or 0 <= self.thinking_budget < _INT64,
+                "thinking_budget must be >= 0",
+            ),
+            (
+                self.thinking_budget_mode in ("soft", "hard"),
+                "thinking_budget_mode must be 'soft' or 'hard'",
+            ),
+            (
+                self.thinking_budget is None or self.reasoning,
+                "thinking_budget needs reasoning=True (a budget bounds a thought)",
+            ),
             (0 <= self.top_logprobs <= 20, "top_logprobs must be in [0, 20]"),
             (
                 self.prompt_logprobs_from is None or self.prompt_logprobs_from >= 1,

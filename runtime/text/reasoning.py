@@ -1,0 +1,105 @@
+"""A model's reasoning format: how its thoughts are marked, where a prompt leaves thinking,
+and how an output splits into its thought and its answer.
+
+Two formats exist among the models people run: think tags (`<think>...</think>`: Qwen3,
+DeepSeek-R1 and its distills, SmolLM3, Phi-4-mini-reasoning) and harmony's channels (GPT-OSS:
+an `analysis` message, then a `final` one, or `commentary` calls to functions). The format is
+detected from the tokenizer's tokens and the chat template, or named (`--reasoning-format`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from transformers import PreTrainedTokenizerBase
+
+FORMATS = ("auto", "none", "think", "harmony")
+
+# Where a rendered prompt leaves the model: inside an open thought ("thinking"), past a closed
+# or empty one ("off"), or at the start of its turn, free to open one or answer ("maybe").
+Opening = Literal["thinking", "off", "maybe"]
+
+_HARMONY = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>")
+
+
+@dataclass(frozen=True)
+class ReasoningFormat:
+    """The markers of one model's thoughts, as text and as the token ids its tokenizer writes
+    for them.
+
+    `answer` is what stands between the thought's end and a constrained answer, and `direct`
+    what opens an answer given without a thought (harmony's final headers; nothing for think
+    tags). `special`: the markers are special tokens, which
+    the detokenizer keeps in a reasoning request's text so the output can be split."""
+
+    kind: Literal["think", "harmony"]
+    start: str
+    end: str
+    answer: str
+    direct: str
+    start_ids: tuple[int, ...]
+    end_ids: tuple[int, ...]
+    answer_ids: tuple[int, ...]
+    direct_ids: tuple[int, ...]
+    special: bool
+
+    def opening(self, prompt_tail: str) -> Opening:
+        """Where a prompt whose text ends with `prompt_tail` (its last tokens decoded with
+        their special tokens) leaves the model."""
+        tail = prompt_tail.rstrip()
+        if tail.endswith(self.start):
+            return "thinking"
+        if tail.endswith(self.end) or (self.direct and tail.endswith(self.direct)):
+            return "off"
+        return "maybe"
+
+
+def detect(
+    tokenizer: PreTrainedTokenizerBase, template: str | None, name: str = "auto"
+) -> ReasoningFormat | None:
+    """The format `name` asks for ("auto": the one the tokenizer and template show, or None;
+    "none": None). ValueError for a format the tokenizer cannot write."""
+    if name not in FORMATS:
+        raise ValueError(f"reasoning format must be one of {FORMATS}, got {name!r}")
+    if name == "none":
+        return None
+    vocab = tokenizer.get_vocab()
+    has_harmony = all(t in vocab for t in _HARMONY)
+    if name == "harmony" or (name == "auto" and has_harmony):
+        if not has_harmony:
+            raise ValueError(f"reasoning format 'harmony': the tokenizer lacks {_HARMONY}")
+        return _format(
+            tokenizer,
+            "harmony",
+            "<|channel|>analysis<|message|>",
+            "<|end|>",
+            "<|start|>assistant<|channel|>final<|message|>",
+            "<|channel|>final<|message|>",
+        )
+    thinks = "<think>" in vocab and "</think>" in vocab and "</think>" in (template or "")
+    if name == "think" or (name == "auto" and thinks):
+        return _format(tokenizer, "think", "<think>", "</think>", "", "")
+    return None
+
+
+def _format(
+    tokenizer: PreTrainedTokenizerBase, kind, start: str, end: str, answer: str, direct: str
+) -> ReasoningFormat:
+    def ids(text: str) -> tuple[int, ...]:
+        return tuple(tokenizer.encode(text, add_special_tokens=False)) if text else ()
+
+    special_ids = set(tokenizer.all_special_ids)
+    special = any(i in special_ids for i in ids(start) + ids(end))
+    return ReasoningFormat(
+        kind, start, end, answer, direct,
+        ids(start), ids(end), ids(answer), ids(direct), special,
+    )
+
+
+def prompt_opening(
+    fmt: ReasoningFormat, tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int]
+) -> Opening:
+    """Where the prompt `prompt_ids` leaves the model (from its last tokens' text)."""
+    tail = tokenizer.decode(prompt_ids[-32:], skip_special_tokens=False)
+    return fmt.opening(tail)
