@@ -148,6 +148,8 @@ class PhasedMatcher(Matcher):
         return self._at.phase == ANSWER and self.inner.is_terminated()
 
     def rollback(self, n: int) -> None:
+        if n > len(self._history):
+            raise ValueError(f"cannot roll back {n} tokens: {len(self._history)} were accepted")
         if n <= 0:
             return
         undone = self._history[-n:]
@@ -251,6 +253,8 @@ class FreeMatcher(Matcher):
         return bool(self._taken) and self._taken[-1] in self.eos
 
     def rollback(self, n: int) -> None:
+        if n > len(self._taken):
+            raise ValueError(f"cannot roll back {n} tokens: {len(self._taken)} were accepted")
         if n > 0:
             del self._taken[-n:]
 
