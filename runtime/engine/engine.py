@@ -513,9 +513,10 @@ class Engine:
         budget = params.thinking_budget
         soft = budget is not None and params.thinking_budget_mode == "soft"
         held = params.constraint is not None or budget is not None
-        closers = frozenset()
-        if isinstance(params.constraint, ToolCalls):
-            closers = frozenset(self.tokenizer.encode(MARK, add_special_tokens=False)[:1])
+        closers: frozenset[int] = frozenset()
+        mark = self.tokenizer.encode(MARK, add_special_tokens=False)
+        if isinstance(params.constraint, ToolCalls) and len(mark) == 1:  # Qwen3's <tool_call>
+            closers = frozenset(mark)
         return Phases(
             opening=prompt_opening(fmt, self.tokenizer, ids),
             start_ids=fmt.start_ids,
