@@ -37,6 +37,27 @@ def set_bits(row: torch.Tensor, token_ids) -> None:
             row[word] = value - (1 << 32) if value >= 1 << 31 else value
 
 
+def clear_bits(row: torch.Tensor, token_ids) -> None:
+    """Forbid `token_ids` in a bitmask row, leaving its other bits as they are."""
+    for t in token_ids:
+        word, bit = divmod(t, 32)
+        if word < row.numel():
+            value = int(row[word]) & 0xFFFFFFFF & ~(1 << bit)
+            row[word] = value - (1 << 32) if value >= 1 << 31 else value
+
+
+def only_bits(row: torch.Tensor, token_ids) -> None:
+    """Allow exactly `token_ids` in a bitmask row."""
+    row.zero_()
+    set_bits(row, token_ids)
+
+
+def has_bit(row: torch.Tensor, token_id: int) -> bool:
+    """Whether a bitmask row allows `token_id`."""
+    word, bit = divmod(token_id, 32)
+    return word < row.numel() and (int(row[word]) >> bit) & 1 == 1
+
+
 class MatcherError(RuntimeError):
     """A matcher cannot go on (its automaton ran out of budget): the runtime fails that
     request with this message and keeps serving the others."""
@@ -86,3 +107,13 @@ class Grammar(ABC):
         """An estimate of the memory the grammar holds now (its automaton or tables and
         what it has cached so far, not the vocabulary structures grammars share), for the
         compile cache's budget. It may grow as requests reach new states; cheap to call."""
+
+
+def accept_all(matcher: Matcher, tokens) -> bool:
+    """Advance `matcher` by every token or, where one is refused, by none."""
+    for n, t in enumerate(tokens):
+        if not matcher.accept_token(t):
+            if n:
+                matcher.rollback(n)
+            return False
+    return True

@@ -17,11 +17,18 @@ crosses phase switches.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from braid.grammars.matcher import Matcher, allocate_bitmask
+from braid.grammars.matcher import (
+    Matcher,
+    accept_all,
+    allocate_bitmask,
+    clear_bits,
+    only_bits,
+    set_bits,
+)
 
 # The phases, in order.
 MAYBE, THOUGHT, HEADER, LEAD, ANSWER = "maybe", "thought", "header", "lead", "answer"
@@ -74,7 +81,7 @@ class _At:
     matched: tuple[int, ...] = ()
     thought: int = 0
     reasoning: int = 0  # tokens before the answer, markers included
-    inner: bool = field(default=False)  # the token that moved here went to the inner grammar
+    inner: int = 0  # tokens the move here fed the inner grammar
 
 
 class PhasedMatcher(Matcher):
@@ -116,24 +123,26 @@ class PhasedMatcher(Matcher):
             row |= self.classes.whitespace
             return
         if at.phase == HEADER:
-            _only(row, [p.answer_ids[len(at.matched)]])
+            only_bits(row, [p.answer_ids[len(at.matched)]])
             return
         if at.phase == THOUGHT:
             if self._forced_end():
-                _only(row, [p.end_ids[len(at.matched)]])
+                only_bits(row, [p.end_ids[len(at.matched)]])
                 return
             row.copy_(self.classes.every)
-            _clear(row, p.excluded)
+            clear_bits(row, p.excluded)
             return
-        # MAYBE: the start marker, a direct answer's header, whitespace, or the answer at once.
+        # MAYBE: the start marker, a direct answer's header, whitespace, or the answer at once
+        # (which may begin with the start marker's first tokens: harmony's `<|channel|>`).
         nexts = [s[len(at.matched)] for s in self._openers() if s[: len(at.matched)] == at.matched]
-        if at.matched or p.direct_ids:
-            _only(row, nexts)
-            if not at.matched:
-                row |= self.classes.whitespace
-            return
-        self.inner.fill_bitmask(row)
-        row |= self.classes.whitespace | _bits(nexts, self.classes.size)
+        row.zero_()
+        if not p.direct_ids and accept_all(self.inner, at.matched):
+            self.inner.fill_bitmask(row)
+            if at.matched:
+                self.inner.rollback(len(at.matched))
+        row |= _bits(nexts, self.classes.size)
+        if not at.matched:
+            row |= self.classes.whitespace
 
     def accept_token(self, token_id: int) -> bool:
         before = self._at
@@ -178,10 +187,10 @@ class PhasedMatcher(Matcher):
         p = self.phases
         reasoning = at.reasoning + 1
         if at.phase == ANSWER:
-            return _At(ANSWER, reasoning=at.reasoning, inner=True) if self.inner.accept_token(t) else None
+            return _At(ANSWER, reasoning=at.reasoning, inner=1) if self.inner.accept_token(t) else None
         if at.phase == LEAD:
             if self.inner.accept_token(t):
-                return _At(ANSWER, reasoning=at.reasoning, inner=True)
+                return _At(ANSWER, reasoning=at.reasoning, inner=1)
             return _At(LEAD, reasoning=at.reasoning) if t in self.classes.whitespace_ids else None
         if at.phase == HEADER:
             if t != p.answer_ids[len(at.matched)]:
@@ -202,10 +211,10 @@ class PhasedMatcher(Matcher):
                         return _At(THOUGHT, reasoning=reasoning)
                     return _At(LEAD, reasoning=reasoning)
                 return _At(MAYBE, matched, reasoning=reasoning)
+        if not p.direct_ids and accept_all(self.inner, matched):
+            return _At(ANSWER, reasoning=at.reasoning - len(at.matched), inner=len(matched))
         if at.matched:
             return None
-        if not p.direct_ids and self.inner.accept_token(t):
-            return _At(ANSWER, reasoning=at.reasoning, inner=True)
         return _At(MAYBE, reasoning=reasoning) if t in self.classes.whitespace_ids else None
 
     def _thinking(self, at: _At, t: int) -> _At | None:
@@ -221,7 +230,7 @@ class PhasedMatcher(Matcher):
                 return _At(HEADER if p.answer_ids else LEAD, reasoning=reasoning)
             return _At(THOUGHT, matched, at.thought, reasoning)
         if t in p.closer_ids and self.inner.accept_token(t):
-            return _At(ANSWER, reasoning=at.reasoning, inner=True)
+            return _At(ANSWER, reasoning=at.reasoning, inner=1)
         # A partial end marker not continued was thought after all.
         thought = at.thought + len(at.matched) + 1
         if at.matched and t == p.end_ids[0]:
@@ -239,7 +248,7 @@ class FreeMatcher(Matcher):
 
     def fill_bitmask(self, row: torch.Tensor) -> None:
         if self.is_terminated():
-            _only(row, sorted(self.eos))
+            only_bits(row, sorted(self.eos))
         else:
             row.copy_(self.classes.every)
 
@@ -263,22 +272,7 @@ class FreeMatcher(Matcher):
 
 
 def _bits(ids, size: int) -> torch.Tensor:
+    """A bitmask row of `size` tokens allowing `ids`."""
     row = torch.zeros((size + 31) // 32, dtype=torch.int32)
-    for t in ids:
-        if 0 <= t < size:
-            word, bit = divmod(t, 32)
-            value = (int(row[word]) & 0xFFFFFFFF) | (1 << bit)
-            row[word] = value - (1 << 32) if value >= 1 << 31 else value
+    set_bits(row, [t for t in ids if 0 <= t < size])
     return row
-
-
-def _only(row: torch.Tensor, ids) -> None:
-    row.copy_(_bits(ids, row.numel() * 32))
-
-
-def _clear(row: torch.Tensor, ids) -> None:
-    for t in ids:
-        word, bit = divmod(t, 32)
-        if word < row.numel():
-            value = int(row[word]) & 0xFFFFFFFF & ~(1 << bit)
-            row[word] = value - (1 << 32) if value >= 1 << 31 else value

@@ -16,6 +16,14 @@ from typing import TypeVar
 from transformers import PreTrainedTokenizerBase
 
 from braid.grammars.compiling.compiler import COMPILER_STATS, Compiled, Job
+from braid.grammars.constraints import AnyText, Choices, JsonSchema, ToolCalls
+from braid.grammars.harmony_calls import (
+    CHANNEL,
+    FINAL,
+    PREFIX,
+    HarmonyCallsGrammar,
+    HarmonyTokens,
+)
 from braid.grammars.matcher import Grammar
 from braid.grammars.phases import FreeMatcher, PhasedMatcher, Phases, TokenClasses
 from braid.grammars.regex.char_regex import CharPattern, CharRegex
@@ -37,9 +45,15 @@ class Prepared:
 
 class GrammarService:
     def __init__(
-        self, tokenizer: PreTrainedTokenizerBase, eos_token_ids: set[int], config: EngineConfig
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        eos_token_ids: set[int],
+        config: EngineConfig,
+        harmony: bool = False,
     ) -> None:
+        """`harmony`: the model writes tool calls in harmony's format (GPT-OSS), not Hermes'."""
         self.tokenizer = tokenizer
+        self.harmony = harmony
         self.eos_token_ids = eos_token_ids
         self.config = config
         self._lock = threading.Lock()
@@ -61,11 +75,12 @@ class GrammarService:
     def prepare(self, params: SamplingParams) -> Future[Prepared]:
         """The request's grammar and stop regex automata, compiled in the workers; the
         future raises ValueError for a bad or too costly one (a bad schema raises now)."""
-        jobs: list[Job] = [CharPattern(p) for p in params.stop_regexes]
+        futures: list[Future] = [self.compile(CharPattern(p)) for p in params.stop_regexes]
         constraint = params.constraint
-        if constraint is not None:
-            jobs.insert(0, constraint)
-        futures = [self.compile(job) for job in jobs]
+        if isinstance(constraint, ToolCalls) and self.harmony:
+            futures.insert(0, self._harmony_calls(constraint))
+        elif constraint is not None:
+            futures.insert(0, self.compile(constraint))
 
         def combine(done: list) -> Prepared:
             grammar = done.pop(0) if constraint is not None else None
@@ -89,6 +104,41 @@ class GrammarService:
                     max_queued=self.config.grammar_compile_queue,
                 )
             return self._compiler.submit(job)
+
+    def _harmony_calls(self, calls: ToolCalls) -> Future[Grammar]:
+        """A harmony call grammar, of its parts compiled as usual: the names, each tool's
+        arguments, and a text reply's grammar where the reply may be text."""
+        names = [t.name for t in calls.tools]
+        jobs: list[Job] = [Choices(tuple(PREFIX + n for n in names))]
+        jobs += [JsonSchema(t.parameters) for t in calls.tools]
+        if isinstance(calls.text, (JsonSchema, Choices)):
+            jobs.append(calls.text)
+        futures = [self.compile(job) for job in jobs]
+        tokens = self._harmony_tokens()
+
+        def combine(done: list[Grammar]) -> Grammar:
+            text = done[-1] if isinstance(calls.text, (JsonSchema, Choices)) else None
+            if isinstance(calls.text, AnyText):
+                text = "free"
+            arguments = dict(zip(names, done[1 : 1 + len(names)], strict=True))
+            return HarmonyCallsGrammar(done[0], arguments, text, tokens)
+
+        return _gather(futures, combine)
+
+    def _harmony_tokens(self) -> HarmonyTokens:
+        vocab = self.vocab
+        with self._lock:
+            if self._classes is None:
+                self._classes = TokenClasses.of(vocab.token_bytes)
+            every = self._classes.every
+
+        def ids(text: str) -> tuple[int, ...]:
+            return tuple(self.tokenizer.encode(text, add_special_tokens=False))
+
+        [call], [ret] = ids("<|call|>"), ids("<|return|>")
+        return HarmonyTokens(
+            ids(CHANNEL), ids(FINAL), call, ret, vocab.eos_token_ids, vocab.token_bytes, every
+        )
 
     def stats(self) -> dict[str, int]:
         """The compile cache's memory, entries and evictions, and the compile workers'

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from braid.grammars.matcher import Matcher, MatcherError
+from braid.grammars.matcher import Matcher, MatcherError, accept_all
 from braid.grammars.phases import PhasedMatcher
 from braid.grammars.vocabulary import TokenVocabulary
 
@@ -146,20 +146,10 @@ class ConstraintState:
             merged = jump.tokenize(jump.vocab.token_bytes[sampled] + forced)
             if merged is not None:
                 matcher.rollback(1)
-                if _accept_all(matcher, merged):
+                if accept_all(matcher, merged):
                     return merged
                 matcher.accept_token(sampled)
         tail = jump.tokenize(forced)
-        if tail is not None and _accept_all(matcher, tail):
+        if tail is not None and accept_all(matcher, tail):
             return tokens + tail
         return tokens
-
-
-def _accept_all(matcher: Matcher, tokens: list[int]) -> bool:
-    """Accept every token or none."""
-    for n, t in enumerate(tokens):
-        if not matcher.accept_token(t):
-            if n:
-                matcher.rollback(n)
-            return False
-    return True

@@ -77,7 +77,8 @@ class Engine:
         )
         self._stats = EngineStats()
         self._rids = itertools.count()
-        self.grammars = GrammarService(self.tokenizer, self.eos_token_ids, c)
+        harmony = self.reasoning_format is not None and self.reasoning_format.kind == "harmony"
+        self.grammars = GrammarService(self.tokenizer, self.eos_token_ids, c, harmony)
         build = functools.partial(build_core, path, mc, c, self.tokenizer, self._stats)
         # On the CPU the thread team shrinks to the cores other programs leave free;
         # tensor-parallel ranks split the cores between them already.
@@ -513,16 +514,21 @@ class Engine:
         budget = params.thinking_budget
         soft = budget is not None and params.thinking_budget_mode == "soft"
         held = params.constraint is not None or budget is not None
+        answer_ids, direct_ids = (fmt.answer_ids, fmt.direct_ids) if held else ((), ())
         closers: frozenset[int] = frozenset()
-        mark = self.tokenizer.encode(MARK, add_special_tokens=False)
-        if isinstance(params.constraint, ToolCalls) and len(mark) == 1:  # Qwen3's <tool_call>
-            closers = frozenset(mark)
+        if isinstance(params.constraint, ToolCalls):
+            mark = self.tokenizer.encode(MARK, add_special_tokens=False)
+            if self.grammars.harmony:  # a call's header or a final one: the grammar's
+                answer_ids = tuple(self.tokenizer.encode("<|start|>assistant", add_special_tokens=False))
+                direct_ids = ()
+            elif len(mark) == 1:  # Qwen3's <tool_call>
+                closers = frozenset(mark)
         return Phases(
             opening=prompt_opening(fmt, self.tokenizer, ids),
             start_ids=fmt.start_ids,
             end_ids=fmt.end_ids,
-            answer_ids=fmt.answer_ids if held else (),
-            direct_ids=fmt.direct_ids if held else (),
+            answer_ids=answer_ids,
+            direct_ids=direct_ids,
             closer_ids=closers,
             excluded=frozenset(stop_ids),
             budget=budget,
