@@ -187,7 +187,9 @@ class PhasedMatcher(Matcher):
         p = self.phases
         reasoning = at.reasoning + 1
         if at.phase == ANSWER:
-            return _At(ANSWER, reasoning=at.reasoning, inner=1) if self.inner.accept_token(t) else None
+            return (
+                _At(ANSWER, reasoning=at.reasoning, inner=1) if self.inner.accept_token(t) else None
+            )
         if at.phase == LEAD:
             if self.inner.accept_token(t):
                 return _At(ANSWER, reasoning=at.reasoning, inner=1)

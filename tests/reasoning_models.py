@@ -236,20 +236,21 @@ class Script(NamedTuple):
 # scripts: the thoughts sit right against their tags. "\n\n" before a text encodes as two "\n"
 # tokens (the pre-tokenizer splits it off), so answers follow "</think>" at once too. Harmony
 # repeats <|channel|> and <|message|> in an analysis-then-final output: one script holds one
-# message (its last followed by <|return|>, or ending in <|call|>).
+# message (its last followed by <|return|>, or ending in <|call|>). Answers are compact JSON:
+# braid's JSON grammar writes no whitespace between tokens yet (issue 61).
 QUESTION = [{"role": "user", "content": "Is the sky blue?"}]
 SCRIPTS = {
-    "qwen3_thinking": Script("qwen3", '<think>I should say yes.</think>{"answer": true}', {}),
-    "qwen3_no_thinking": Script("qwen3", '{"answer": true}', {"enable_thinking": False}),
+    "qwen3_thinking": Script("qwen3", '<think>I should say yes.</think>{"answer":true}', {}),
+    "qwen3_no_thinking": Script("qwen3", '{"answer":true}', {"enable_thinking": False}),
     "qwen3_tool_call": Script(
         "qwen3",
         '<think>Checking the forecast.</think><tool_call>{"name":"weather","arguments":{}}'
         "</tool_call>",
         {},
     ),
-    "r1_thinking": Script("r1", 'I should say yes.</think>{"answer": true}', {}),
-    "smollm3_thinking": Script("smollm3", '<think>I should say yes.</think>{"answer": true}', {}),
-    "smollm3_no_thinking": Script("smollm3", '{"answer": true}', {"enable_thinking": False}),
+    "r1_thinking": Script("r1", 'I should say yes.</think>{"answer":true}', {}),
+    "smollm3_thinking": Script("smollm3", '<think>I should say yes.</think>{"answer":true}', {}),
+    "smollm3_no_thinking": Script("smollm3", '{"answer":true}', {"enable_thinking": False}),
     "gpt_oss_final": Script("gpt_oss", "<|channel|>final<|message|>Yes.", {}),
     "gpt_oss_analysis": Script(
         "gpt_oss", "<|channel|>analysis<|message|>I should say yes.<|end|>", {}

@@ -173,7 +173,9 @@ class GrammarService:
         if phases is None:
             assert grammar is not None
             return ConstraintState(grammar.matcher(), jump)
-        inner = grammar.matcher() if grammar is not None else FreeMatcher(classes, vocab.eos_token_ids)
+        inner = (
+            grammar.matcher() if grammar is not None else FreeMatcher(classes, vocab.eos_token_ids)
+        )
         return ConstraintState(PhasedMatcher(inner, phases, classes), jump)
 
 

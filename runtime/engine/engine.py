@@ -504,7 +504,6 @@ class Engine:
             streams.append(stream)
         return streams
 
-
     def _phases(self, ids: list[int], params: SamplingParams, stop_ids: set[int]) -> Phases:
         """A reasoning request's phases: where its prompt leaves the model, its markers, and
         its budget. A format's answer header is forced only where the answer is held to
@@ -519,7 +518,9 @@ class Engine:
         if isinstance(params.constraint, ToolCalls):
             mark = self.tokenizer.encode(MARK, add_special_tokens=False)
             if self.grammars.harmony:  # a call's header or a final one: the grammar's
-                answer_ids = tuple(self.tokenizer.encode("<|start|>assistant", add_special_tokens=False))
+                answer_ids = tuple(
+                    self.tokenizer.encode("<|start|>assistant", add_special_tokens=False)
+                )
                 direct_ids = ()
             elif len(mark) == 1:  # Qwen3's <tool_call>
                 closers = frozenset(mark)

@@ -89,11 +89,22 @@ def _format(
     def ids(text: str) -> tuple[int, ...]:
         return tuple(tokenizer.encode(text, add_special_tokens=False)) if text else ()
 
-    special_ids = set(tokenizer.all_special_ids)
-    special = any(i in special_ids for i in ids(start) + ids(end))
+    added = tokenizer.added_tokens_decoder
+    special = any(
+        i in tokenizer.all_special_ids or (i in added and added[i].special)
+        for i in ids(start) + ids(end)
+    )
     return ReasoningFormat(
-        kind, start, end, answer, direct,
-        ids(start), ids(end), ids(answer), ids(direct), special,
+        kind,
+        start,
+        end,
+        answer,
+        direct,
+        ids(start),
+        ids(end),
+        ids(answer),
+        ids(direct),
+        special,
     )
 
 

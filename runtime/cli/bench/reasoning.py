@@ -51,9 +51,7 @@ TASKS = [
     ("Does water boil at 50 degrees Celsius at sea level?", _VERDICT),
     ("Extract the person: 'Dr. Chen, aged 58, leads the lab.'", _PERSON),
 ]
-SYSTEM = (
-    "Think briefly inside <think></think>, then give only the JSON answer the user asks for."
-)
+SYSTEM = "Think briefly inside <think></think>, then give only the JSON answer the user asks for."
 MODES = ("thought, free answer", "thought, schema answer", "schema from the first token")
 
 
@@ -106,7 +104,9 @@ def bench_reasoning(args: argparse.Namespace) -> int:
 
     def run(mode: str) -> dict:
         prompts = plain if mode == MODES[2] else thinking
-        jobs = [(ids, params(mode, schema)) for ids, (_, schema) in zip(prompts, TASKS, strict=True)]
+        jobs = [
+            (ids, params(mode, schema)) for ids, (_, schema) in zip(prompts, TASKS, strict=True)
+        ]
         start = time.perf_counter()
         with ThreadPoolExecutor(len(jobs)) as pool:  # all at once, each with its schema
             outs = list(pool.map(lambda job: engine.generate(*job), jobs))

@@ -65,7 +65,8 @@ def test_a_call_marker_closes_a_thought():
 def harmony_reference(text: str) -> dict:
     """Each message's header and body found by one regular expression over the whole text."""
     out: dict = {"reasoning": "", "text": "", "calls": []}
-    message = r"(?:<\|start\|>assistant)?(.*?)<\|message\|>(.*?)(?:<\|end\|>|<\|call\|>|<\|return\|>|$)"
+    ends = r"(?:<\|end\|>|<\|call\|>|<\|return\|>|$)"
+    message = r"(?:<\|start\|>assistant)?(.*?)<\|message\|>(.*?)" + ends
     for header, body in re.findall(message, text, re.S):
         channel = re.search(r"<\|channel\|>(\w+)", header)[1]
         to = re.search(r"to=functions\.(\w+)", header)
