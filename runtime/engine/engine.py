@@ -20,7 +20,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Hashable
 from concurrent.futures import Future
 
-from braid.grammars.constraints import ToolCalls
+from braid.grammars.constraints import JsonSchema, ToolCalls
 from braid.grammars.phases import Phases
 from braid.grammars.tool_calls import MARK
 from braid.runtime.config import EngineConfig
@@ -41,7 +41,7 @@ from braid.runtime.protocol.sampling_params import SamplingParams
 from braid.runtime.scheduler.request import Request
 from braid.runtime.spec import SpecWorker
 from braid.runtime.stats import EngineStats
-from braid.runtime.text.reasoning import ReasoningFormat, detect, prompt_opening
+from braid.runtime.text.reasoning import ReasoningFormat, detect, encode, prompt_opening
 from braid.runtime.text.tokenizer import eos_token_ids, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -508,22 +508,21 @@ class Engine:
         """A reasoning request's phases: where its prompt leaves the model, its markers, and
         its budget. A format's answer header is forced only where the answer is held to
         something (a constraint or a budget); a free answer after a free thought is the
-        model's to open."""
+        model's to open. A call marker that is one token closes a thought (Qwen3's)."""
         fmt = self.reasoning_format
         budget = params.thinking_budget
         soft = budget is not None and params.thinking_budget_mode == "soft"
-        held = params.constraint is not None or budget is not None
-        answer_ids, direct_ids = (fmt.answer_ids, fmt.direct_ids) if held else ((), ())
+        constraint = params.constraint
+        calls = isinstance(constraint, ToolCalls)
+        answer_ids: tuple[int, ...] = ()
+        direct_ids: tuple[int, ...] = ()
+        if constraint is not None or budget is not None:  # else the model opens its answer
+            kind = "calls" if calls else "json" if isinstance(constraint, JsonSchema) else "text"
+            answer_ids, direct_ids = (encode(self.tokenizer, h) for h in fmt.headers(kind))
         closers: frozenset[int] = frozenset()
-        if isinstance(params.constraint, ToolCalls):
-            mark = self.tokenizer.encode(MARK, add_special_tokens=False)
-            if self.grammars.harmony:  # a call's header or a final one: the grammar's
-                answer_ids = tuple(
-                    self.tokenizer.encode("<|start|>assistant", add_special_tokens=False)
-                )
-                direct_ids = ()
-            elif len(mark) == 1:  # Qwen3's <tool_call>
-                closers = frozenset(mark)
+        mark = encode(self.tokenizer, MARK)
+        if calls and fmt.kind == "think" and len(mark) == 1:  # Qwen3's <tool_call>
+            closers = frozenset(mark)
         return Phases(
             opening=prompt_opening(fmt, self.tokenizer, ids),
             start_ids=fmt.start_ids,

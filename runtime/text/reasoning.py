@@ -23,25 +23,23 @@ Opening = Literal["thinking", "off", "maybe"]
 _HARMONY = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>")
 
 
+# Harmony's headers before an answer: the final channel's, with a schema's constraint type.
+_TURN = "<|start|>assistant"
+_FINAL = "<|channel|>final<|message|>"
+_FINAL_JSON = "<|channel|>final <|constrain|>json<|message|>"
+
+
 @dataclass(frozen=True)
 class ReasoningFormat:
     """The markers of one model's thoughts, as text and as the token ids its tokenizer writes
-    for them.
-
-    `answer` is what stands between the thought's end and a constrained answer, and `direct`
-    what opens an answer given without a thought (harmony's final headers; nothing for think
-    tags). `special`: the markers are special tokens, which
-    the detokenizer keeps in a reasoning request's text so the output can be split."""
+    for them. `special`: the markers are special tokens, which the detokenizer keeps in a
+    reasoning request's text so the output can be split."""
 
     kind: Literal["think", "harmony"]
     start: str
     end: str
-    answer: str
-    direct: str
     start_ids: tuple[int, ...]
     end_ids: tuple[int, ...]
-    answer_ids: tuple[int, ...]
-    direct_ids: tuple[int, ...]
     special: bool
 
     def opening(self, prompt_tail: str) -> Opening:
@@ -50,9 +48,21 @@ class ReasoningFormat:
         tail = prompt_tail.rstrip()
         if tail.endswith(self.start):
             return "thinking"
-        if tail.endswith(self.end) or (self.direct and tail.endswith(self.direct)):
+        if tail.endswith((self.end, _FINAL, _FINAL_JSON)):
             return "off"
         return "maybe"
+
+    def headers(self, answer: Literal["text", "json", "calls"]) -> tuple[str, str]:
+        """What stands before an answer held to a constraint: after the thought, and where
+        the model answers without one. Nothing for think tags; harmony's final header
+        (`<|constrain|>json` in it for a schema), or for calls the turn's start alone (the
+        call grammar writes their headers, grammars/harmony_calls.py)."""
+        if self.kind != "harmony":
+            return "", ""
+        if answer == "calls":
+            return _TURN, ""
+        final = _FINAL_JSON if answer == "json" else _FINAL
+        return _TURN + final, final
 
 
 def detect(
@@ -69,43 +79,26 @@ def detect(
     if name == "harmony" or (name == "auto" and has_harmony):
         if not has_harmony:
             raise ValueError(f"reasoning format 'harmony': the tokenizer lacks {_HARMONY}")
-        return _format(
-            tokenizer,
-            "harmony",
-            "<|channel|>analysis<|message|>",
-            "<|end|>",
-            "<|start|>assistant<|channel|>final<|message|>",
-            "<|channel|>final<|message|>",
-        )
+        return _format(tokenizer, "harmony", "<|channel|>analysis<|message|>", "<|end|>")
     thinks = "<think>" in vocab and "</think>" in vocab and "</think>" in (template or "")
     if name == "think" or (name == "auto" and thinks):
-        return _format(tokenizer, "think", "<think>", "</think>", "", "")
+        return _format(tokenizer, "think", "<think>", "</think>")
     return None
 
 
-def _format(
-    tokenizer: PreTrainedTokenizerBase, kind, start: str, end: str, answer: str, direct: str
-) -> ReasoningFormat:
-    def ids(text: str) -> tuple[int, ...]:
-        return tuple(tokenizer.encode(text, add_special_tokens=False)) if text else ()
-
+def _format(tokenizer: PreTrainedTokenizerBase, kind, start: str, end: str) -> ReasoningFormat:
+    start_ids, end_ids = encode(tokenizer, start), encode(tokenizer, end)
     added = tokenizer.added_tokens_decoder
     special = any(
         i in tokenizer.all_special_ids or (i in added and added[i].special)
-        for i in ids(start) + ids(end)
+        for i in start_ids + end_ids
     )
-    return ReasoningFormat(
-        kind,
-        start,
-        end,
-        answer,
-        direct,
-        ids(start),
-        ids(end),
-        ids(answer),
-        ids(direct),
-        special,
-    )
+    return ReasoningFormat(kind, start, end, start_ids, end_ids, special)
+
+
+def encode(tokenizer: PreTrainedTokenizerBase, text: str) -> tuple[int, ...]:
+    """The ids of a marker's text (none for no text)."""
+    return tuple(tokenizer.encode(text, add_special_tokens=False)) if text else ()
 
 
 def prompt_opening(

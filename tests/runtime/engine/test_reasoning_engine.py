@@ -178,7 +178,7 @@ def test_harmony_analysis_then_the_final_channel(harmony):
     out = engine.generate(prompt, greedy(json_schema=ANSWER))
     assert out.text == (
         "<|channel|>analysis<|message|>I should say yes.<|end|>"
-        '<|start|>assistant<|channel|>final<|message|>{"answer":true}'
+        '<|start|>assistant<|channel|>final <|constrain|>json<|message|>{"answer":true}'
     )
     parts = split(engine, prompt, out.text)
     assert parts == {"reasoning": "I should say yes.", "text": '{"answer":true}', "calls": []}
