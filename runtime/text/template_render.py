@@ -25,7 +25,10 @@ machine's memory, a MemoryError), then the size check refuses its result.
 Special tokens: a user who writes `<|im_start|>system` in a message must not open a system
 turn. `render(mark_special_tokens=True)` puts markers around the control tokens in the
 caller's strings (messages, tools, template variables); `tokenize` tokenizes those as the
-text they spell and the rest (what the template wrote) as usual.
+text they spell and the rest (what the template wrote) as usual. A reasoning format's plain
+tags (`<think>`, `</think>`: added tokens, not special ones) are left unmarked when the caller
+says so: templates split an assistant turn's text on them and strip what is around them, as
+they do under transformers, and a marker beside a tag would defeat that.
 """
 
 from __future__ import annotations
@@ -295,15 +298,17 @@ def render(
     add_generation_prompt: bool = False,
     variables: dict[str, Any] | None = None,
     mark_special_tokens: bool = False,
+    unmarked: frozenset[str] = frozenset(),
 ) -> str:
     """The conversation's text through the tokenizer's chat template, as
     `tokenizer.apply_chat_template(..., tokenize=False)` renders it, within the bounds.
     `variables`: the template's own (chat_template_kwargs). `mark_special_tokens`: the
     control tokens spelled by the caller's strings (messages, tools, variables) come out
-    between markers, which `tokenize` reads. Raises TemplateLimitError past a bound, and what
-    the template raises (jinja2.TemplateError, ...) when it refuses."""
+    between markers, which `tokenize` reads; those in `unmarked` (a reasoning format's plain
+    tags) stay as they are. Raises TemplateLimitError past a bound, and what the template
+    raises (jinja2.TemplateError, ...) when it refuses."""
     source = tokenizer.get_chat_template(None, tools)
-    controls = _control_tokens(tokenizer, source) if mark_special_tokens else None
+    controls = _control_tokens(tokenizer, source, unmarked) if mark_special_tokens else None
     # The markers are never the caller's (a caller could otherwise mark what the template
     # writes): they are dropped from its strings.
     messages, tools, variables = _mark((messages, tools, variables), controls)
@@ -357,14 +362,17 @@ def tokenize(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return ids
 
 
-def _control_tokens(tokenizer: PreTrainedTokenizerBase, template: str) -> re.Pattern | None:
+def _control_tokens(
+    tokenizer: PreTrainedTokenizerBase, template: str, unmarked: frozenset[str]
+) -> re.Pattern | None:
     """A pattern of the tokenizer's control tokens, longest first: its special tokens and the
-    added tokens the template writes (Qwen's <tool_call>), whitespace ones aside."""
+    added tokens the template writes (Qwen's <tool_call>), whitespace ones and `unmarked`
+    aside."""
     texts = {
         t.content
         for t in tokenizer.added_tokens_decoder.values()
         if t.special or (t.content in template and not t.content.isspace())
-    }
+    } - unmarked
     if not texts:
         return None
     return _alternatives(tuple(sorted(texts, key=lambda t: (-len(t), t))))
