@@ -15,7 +15,7 @@ from starlette.routing import Route
 
 from braid.runtime.protocol.sampling_params import SamplingParams
 from braid.runtime.protocol.wire_fields import SAMPLING_FIELDS
-from braid.runtime.server.routes.anthropic import CountTokensRequest, MessagesRequest
+from braid.runtime.server.routes.anthropic_wire import CountTokensRequest, MessagesRequest
 from braid.runtime.server.routes.embeddings import EmbeddingRequest
 from braid.runtime.server.routes.responses_wire import ResponsesRequest
 from braid.runtime.server.routes.tokens import (

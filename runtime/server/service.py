@@ -64,8 +64,17 @@ class Service:
             self.chat_template: ChatTemplate | None = ChatTemplate.from_tokenizer(engine.tokenizer)
         except ValueError:  # the tokenizer has none
             self.chat_template = None
-        # Whether the chat template renders tools and tool turns itself (chat/tools.py).
-        self.tools_in_template = tools.template_renders_tools(engine.tokenizer)
+        # Whether the chat template renders tools and tool turns itself (chat/tools.py); under
+        # harmony it does, in harmony's own format (chat/harmony.py).
+        fmt = engine.reasoning_format
+        self.tools_in_template = (fmt is not None and fmt.kind == "harmony") or (
+            tools.template_renders_tools(engine.tokenizer)
+        )
+        # A reasoning format's plain tags, which templates split assistant turns on: left as
+        # the request wrote them (template_render's `unmarked`).
+        self.plain_tags = (
+            frozenset((fmt.start, fmt.end)) if fmt is not None and not fmt.special else frozenset()
+        )
         # Tokenizing and rendering a request's text cost time in proportion to it: they run
         # here, off the event loop (the tokenizer releases the GIL while it works).
         self._prep = ThreadPoolExecutor(max_workers=2, thread_name_prefix="braid-prepare")
@@ -218,6 +227,7 @@ class Service:
                 add_generation_prompt=add_generation_prompt,
                 variables=template_kwargs,
                 mark_special_tokens=not self.limits.allow_special_tokens_in_content,
+                unmarked=self.plain_tags,
             )
 
         try:

@@ -37,6 +37,8 @@ class ModelNotFound(LookupError):
 # only with requests that give the same salt, so other clients' cached token counts and
 # timing tell it nothing of their prompts. Empty is refused, as vLLM refuses it.
 CacheSalt = Annotated[str, msgspec.Meta(min_length=1)]
+# A thinking budget, in tokens (0: no thought).
+Budget = Annotated[int, msgspec.Meta(ge=0)]
 # A program state's name on its requests (RemoteBackend's): the server keeps its prefix
 # leased between them (runtime/kvcache/leases.py).
 ProgramId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
@@ -63,11 +65,20 @@ def decode_object(body: bytes) -> dict[str, Any]:
     return obj
 
 
-def split_sampling(obj: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(the fields named as in SamplingParams, the rest). A null sampling field counts as
-    absent, as OpenAI clients send it."""
-    sampling = {k: v for k, v in obj.items() if k in SAMPLING_FIELDS and v is not None}
-    rest = {k: v for k, v in obj.items() if k not in SAMPLING_FIELDS}
+# SamplingParams' reasoning fields, which the conversational routes read as fields of their
+# own (chat/reasoning_fields.py: the pipeline sets them from the request and the model).
+REASONING_FIELDS = frozenset({"reasoning", "thinking_budget", "thinking_budget_mode"})
+
+
+def split_sampling(
+    obj: dict[str, Any], own: frozenset[str] = frozenset()
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the fields named as in SamplingParams, the rest: with it the fields in `own`, which
+    the request reads itself). A null sampling field counts as absent, as OpenAI clients
+    send it."""
+    taken = SAMPLING_FIELDS - own
+    sampling = {k: v for k, v in obj.items() if k in taken and v is not None}
+    rest = {k: v for k, v in obj.items() if k not in taken}
     return sampling, rest
 
 
@@ -186,6 +197,19 @@ class ChatMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     annotations: list[Any] | None = None
     audio: Any = None
     function_call: FunctionCall | None = None  # the legacy API's single call
+    # An assistant's thought (vLLM's and SGLang's name, and the newer alias), which the chat
+    # template renders or drops as its model was trained.
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.reasoning_content is not None or self.reasoning is not None:
+            if self.role != "assistant":
+                raise ValueError("only assistant messages carry reasoning_content")
+            if None not in (self.reasoning_content, self.reasoning) and (
+                self.reasoning_content != self.reasoning
+            ):
+                raise ValueError("reasoning_content and reasoning differ: give one")
 
     @property
     def text(self) -> str:
@@ -194,9 +218,18 @@ class ChatMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             content = "".join(part.text for part in content)
         return content or ""
 
-    def as_dict(self) -> dict[str, str]:
+    @property
+    def thought(self) -> str | None:
+        return self.reasoning_content if self.reasoning_content is not None else self.reasoning
+
+    def as_dict(self) -> dict[str, Any]:
+        """The message as chat templates take it: a thought under both names templates read
+        (Qwen3's reasoning_content, GPT-OSS's thinking)."""
         role = "system" if self.role == "developer" else self.role
-        return {"role": role, "content": self.text}
+        message = {"role": role, "content": self.text}
+        if self.thought is not None:
+            message |= {"reasoning_content": self.thought, "thinking": self.thought}
+        return message
 
 
 class FunctionDefinition(msgspec.Struct, forbid_unknown_fields=True):
@@ -240,14 +273,22 @@ class ChatCompletionRequest(_OpenAIRequest):
     store: bool | None = None
     metadata: dict[str, str] | None = None
     service_tier: str | None = None
-    reasoning_effort: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
-    # SGLang's, filled in by its router: braid has no reasoning parser, so there is never
-    # reasoning to separate or stream apart.
+    # SGLang's, filled in by its router.
     continue_final_message: bool = False
-    separate_reasoning: bool = True
-    stream_reasoning: bool = True
+    # The model's thought (chat/reasoning_fields.py reads them): budgets under each server's
+    # name, OpenAI's effort, and how the thought comes back.
+    reasoning_effort: str | None = None
+    thinking_token_budget: Budget | None = None  # vLLM's
+    thinking_budget: Budget | None = None  # braid's SamplingParams name
+    max_thinking_tokens: Budget | None = None
+    custom_params: dict[str, Any] | None = None  # SGLang's: {"thinking_budget": N}
+    thinking_budget_mode: Literal["soft", "hard"] | None = None
+    reasoning: bool | None = None  # braid's: false runs as if the model had no thoughts
+    separate_reasoning: bool = True  # SGLang's: false leaves the thought in the content
+    stream_reasoning: bool = True  # SGLang's: false streams the thought in one piece
+    include_reasoning: bool = True  # false drops the thought from the reply
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -324,7 +365,8 @@ def openai_request(
     the fields it sent that braid ignores (unknown to it, and not output-changing ones it
     knows it lacks: those are a 400)."""
     obj, ignored = _known_fields(obj, kind)
-    fields, rest = split_sampling(obj)
+    chat = issubclass(kind, ChatCompletionRequest)
+    fields, rest = split_sampling(obj, REASONING_FIELDS if chat else frozenset())
     req = convert(rest, kind)
     if isinstance(req, ChatCompletionRequest):
         if not req.messages:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from braid.runtime.protocol.sampling_params import SamplingParams
+from braid.runtime.server.chat.reasoning_fields import Thinking
 from braid.runtime.server.wire import ChatMessage, NamedToolChoice, Tool
 
 
@@ -14,7 +15,8 @@ from braid.runtime.server.wire import ChatMessage, NamedToolChoice, Tool
 class Conversation:
     """The prompt's parts: the messages (calls in assistant messages' tool_calls, results in
     tool messages), the tools and what tool_choice lets the reply be, the chat template's own
-    variables, and the start of the reply the model continues (a prefill)."""
+    variables, what the request asks of the model's thought, and the start of the reply the
+    model continues (a prefill)."""
 
     messages: list[ChatMessage]
     tools: list[Tool] | None = None
@@ -22,6 +24,7 @@ class Conversation:
     parallel_tool_calls: bool | None = None  # None: one call or more, as OpenAI's default
     # chat_template_kwargs, checked by Service.template_variables before they are rendered.
     template_variables: dict[str, Any] | None = None
+    thinking: Thinking = Thinking()
     prefill: str = ""  # Messages' final assistant message: the reply continues it
     named_as: str = "messages"  # how errors about the messages' length name them
 

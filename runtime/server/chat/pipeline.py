@@ -2,18 +2,21 @@
 conversational route (chat completions, Responses, Messages).
 
 In order: the tools planned against tool_choice, the request's text checked by its length,
-the conversation rendered through the chat template with its variables (tools, calls and
-results as tools.conversation writes them) and a prefill appended, the prompt encoded and
-checked against the context, max tokens bounded, the tool constraint put on the params, the
-params compiled; then each sample streamed under the request's context, ending at a repeated
-call, and read by a Reply.
+the conversation rendered through the chat template with its variables (the request's, and
+those its thinking fields set; tools, calls and results as tools.conversation writes them)
+and a prefill appended, the prompt encoded and checked against the context, max tokens
+bounded, the thought asked for (where the model has a reasoning format: the output may think
+first, within the request's budget, and the constraint holds the answer after it), the tool
+constraint put on the params, the params compiled; then each sample streamed under the
+request's context, ending at a repeated call, and read by a Reply, which splits the thought
+off where the prompt left the model (prompt_opening) before it reads the text for calls.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -22,24 +25,26 @@ from braid.runtime.protocol.outputs import StreamChunk
 from braid.runtime.protocol.sampling_params import SamplingParams
 from braid.runtime.server.chat import tools
 from braid.runtime.server.chat.conversation import Conversation, ConversationRequest
-from braid.runtime.server.chat.reply import Reply
+from braid.runtime.server.chat.reply import Reply, Split
 from braid.runtime.server.chat.tools import ToolPlan
 from braid.runtime.server.http.limits import check_max_tokens
 from braid.runtime.server.request_context import RequestContext
 from braid.runtime.server.service import Service, Streamer, samples
 from braid.runtime.server.wire import BadRequest
+from braid.runtime.text.reasoning import prompt_opening
 
 
 @dataclass(frozen=True)
 class Prepared:
-    """A conversation request ready to run: its prompt, its params (constrained to the tool
-    plan, compiled), and the streamer of its samples."""
+    """A conversation request ready to run: its prompt, its params (thinking where the model
+    does, constrained to the tool plan, compiled), and the streamer of its samples."""
 
     ids: list[int]
     params: SamplingParams  # n samples: see `jobs`
     plan: ToolPlan | None
     stream: Streamer  # Service.stream under the request's context, ending at a repeated call
     max_tokens_cut: bool  # fit_max_tokens cut max_tokens to the room the prompt leaves
+    split: Split | None = None  # a reasoning request's: how its output splits
 
     @property
     def jobs(self) -> list[tuple[list[int], SamplingParams]]:
@@ -48,7 +53,7 @@ class Prepared:
 
     def reply(self) -> Reply:
         """A reader of one sample's output."""
-        return Reply(self.plan)
+        return Reply(self.plan, self.split)
 
 
 async def prompt(svc: Service, conv: Conversation) -> tuple[list[int], ToolPlan | None]:
@@ -62,7 +67,7 @@ async def prompt(svc: Service, conv: Conversation) -> tuple[list[int], ToolPlan 
         )
     # Tools and calls too (tools.rendered_chars), before anything is rendered.
     svc.check_text_length(tools.rendered_chars(conv) + len(conv.prefill), conv.named_as)
-    variables = svc.template_variables(conv.template_variables)
+    variables = conv.thinking.template_variables(svc.template_variables(conv.template_variables))
     if tools.uses_tools(conv):
         system_role = svc.chat_template is not None and "system" in svc.chat_template.closing
         messages, tool_list = tools.conversation(conv, svc.tools_in_template, system_role)
@@ -89,25 +94,65 @@ async def prepare(svc: Service, ctx: RequestContext, req: ConversationRequest) -
         check_max_tokens(req.max_tokens_field, params.max_tokens, len(ids), context)
     elif req.fit_max_tokens and params.max_tokens > context - len(ids):
         params, cut = msgspec.structs.replace(params, max_tokens=context - len(ids)), True
-    calling = plan is not None and plan.calls  # the output may be calls: constrained, parsed
+    params, split = _thinking(svc, req.conversation, params, ids, plan)
+    # The output may be calls: constrained (the engine compiles a harmony model's calls to
+    # harmony's format) and parsed.
+    calling = plan is not None and plan.calls
     if calling:
         params = tools.constrain(plan, params)
     await svc.check_params(params)
-    # Several calls may repeat themselves: such outputs end at the first repeat.
-    stream = _ended_at_repeat(svc, ctx) if calling and plan.parallel else svc.streamer(ctx)
-    return Prepared(ids, params, plan, stream, cut)
+    # Several Hermes calls may repeat themselves: such outputs end at the first repeat (a
+    # harmony reply is one call).
+    repeats = calling and plan.parallel and not (split and split.fmt.kind == "harmony")
+    stream = (
+        _ended_at_repeat(svc, ctx, lambda: Reply(plan, split)) if repeats else svc.streamer(ctx)
+    )
+    return Prepared(ids, params, plan, stream, cut, split)
 
 
-def _ended_at_repeat(svc: Service, ctx: RequestContext) -> Streamer:
+def _thinking(
+    svc: Service,
+    conv: Conversation,
+    params: SamplingParams,
+    ids: list[int],
+    plan: ToolPlan | None,
+) -> tuple[SamplingParams, Split | None]:
+    """The params of a request on a model with a reasoning format (unless the request turns
+    it off: chat's `reasoning: false`): the output may think first, within the request's
+    budget; and how its output splits, from where the prompt `ids` leaves the model. A
+    budget for a model without one is a 400 naming its field."""
+    thinking, fmt = conv.thinking, svc.engine.reasoning_format
+    if fmt is None or thinking.switch is False:
+        if thinking.budget:  # 0 (thinking off) asks nothing of a model that does not think
+            why = "this model has no reasoning format" if fmt is None else "reasoning is false"
+            raise BadRequest(
+                f"{thinking.budget_field}: {why}, so there is no thought to budget (braid serve "
+                "--reasoning-format names the model's format)"
+            )
+        return params, None
+    if not thinking.separate and plan is not None and plan.calls:
+        raise BadRequest(
+            "separate_reasoning false cannot be combined with tools that may be called (calls "
+            "are read from the text after the thought)"
+        )
+    fields = {"reasoning": True, "thinking_budget": thinking.budget}
+    if thinking.budget_mode is not None:
+        fields["thinking_budget_mode"] = thinking.budget_mode
+    opening = prompt_opening(fmt, svc.engine.tokenizer, ids)
+    return msgspec.structs.replace(params, **fields), Split(fmt, opening, thinking)
+
+
+def _ended_at_repeat(svc: Service, ctx: RequestContext, reply: Callable[[], Reply]) -> Streamer:
     """svc.stream for outputs that may be several calls: the request is aborted as soon as
-    its output repeats a call (CallParser), and its last chunk then says "stop"."""
+    its output repeats a call (read as the route reads it: `reply()`, its thought split off
+    first), and its last chunk then says "stop"."""
 
     async def stream(ids: list[int], params: SamplingParams) -> AsyncIterator[StreamChunk]:
         rid: list[int] = []
-        watch = tools.CallParser()
+        watch = reply()
         async for chunk in svc.stream(ids, params, ctx, on_submit=rid.append):
             if not watch.repeated:
-                watch.feed(chunk.text)
+                watch.read(chunk.text)
                 if watch.repeated:
                     svc.engine.abort(rid[0])
             if watch.repeated and chunk.finish_reason == "abort" and chunk.error is None:

@@ -1,11 +1,12 @@
 """Anthropic's Messages API: POST /v1/messages and /v1/messages/count_tokens, for the anthropic
 SDK and Claude-style agents.
 
-A request is translated into the conversation it means, which the conversation pipeline
-(chat/pipeline.py) renders, constrains, streams and parses exactly as for /v1/chat/completions.
-Only the wire format is Anthropic's: content blocks,
-tool_use blocks whose input is an object, stop reasons, usage split into fresh and cached input
-tokens, SSE events with `event:` names, and errors as
+A request is translated into the conversation it means (anthropic_wire.py), which the
+conversation pipeline (chat/pipeline.py) renders, constrains, streams and parses exactly as
+for /v1/chat/completions. Only the wire format is Anthropic's: content blocks (the model's
+thought a thinking block first, its signature empty), tool_use blocks whose input is an
+object, stop reasons, usage split into fresh and cached input tokens (and the thought's
+tokens apart), SSE events with `event:` names, and errors as
 {"type": "error", "error": {"type": ..., "message": ...}}.
 """
 
@@ -16,135 +17,30 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from braid.runtime.config import RequestLimits
-from braid.runtime.protocol.sampling_params import SamplingParams
 from braid.runtime.server.chat import pipeline, tools
-from braid.runtime.server.chat.conversation import Conversation, ConversationRequest
+from braid.runtime.server.chat.conversation import ConversationRequest
 from braid.runtime.server.chat.pipeline import Prepared
 from braid.runtime.server.chat.reply import Reply
 from braid.runtime.server.http.disconnects import unless_disconnected
-from braid.runtime.server.http.limits import check_schema
 from braid.runtime.server.request_context import context_of
-from braid.runtime.server.service import Overloaded, Service
-from braid.runtime.server.wire import (
-    BadRequest,
-    CacheSalt,
-    ChatMessage,
-    FunctionCall,
-    FunctionDefinition,
-    FunctionName,
-    ModelNotFound,
-    NamedToolChoice,
-    Tool,
-    ToolCall,
-    convert,
-    decode_object,
-    sampling_params,
+from braid.runtime.server.routes.anthropic_wire import (
+    CountTokensRequest,
+    MessagesRequest,
+    check_limits,
+    conversation,
+    sampling,
 )
+from braid.runtime.server.service import Overloaded, Service
+from braid.runtime.server.wire import BadRequest, ModelNotFound, convert, decode_object
 
 PATH = "/v1/messages"  # this route and the ones under it answer errors in Anthropic's shape
-
-# ---- wire types ------------------------------------------------------------------------------
-
-
-class _Block(msgspec.Struct, tag_field="type", kw_only=True, forbid_unknown_fields=True):
-    # Prompt caching is automatic here (the radix cache): breakpoints are accepted, unused.
-    cache_control: dict[str, Any] | None = None
-
-
-class TextBlock(_Block, tag="text"):
-    text: str
-    citations: list[Any] | None = None  # accepted, unused
-
-
-class ToolUseBlock(_Block, tag="tool_use"):
-    id: str
-    name: str
-    input: dict[str, Any]
-
-
-class _Refused(_Block, forbid_unknown_fields=False):
-    """A block braid's text-only models cannot read: decoding it is a 400 naming where it is
-    (its other fields are not looked at)."""
-
-    def __post_init__(self) -> None:
-        kind = self.__struct_config__.tag
-        raise ValueError(f"{kind} blocks are not supported: braid serves text-only models")
-
-
-class ImageBlock(_Refused, tag="image"):
-    pass
-
-
-class DocumentBlock(_Refused, tag="document"):
-    pass
-
-
-class ToolResultBlock(_Block, tag="tool_result"):
-    tool_use_id: str
-    content: str | list[TextBlock | ImageBlock | DocumentBlock] = ""
-    is_error: bool = False
-
-
-Block = TextBlock | ToolUseBlock | ToolResultBlock | ImageBlock | DocumentBlock
-
-
-class Message(msgspec.Struct, forbid_unknown_fields=True):
-    role: Literal["user", "assistant"]  # system text is the request's `system`
-    content: str | list[Block]
-
-
-class ToolDefinition(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    name: str
-    input_schema: dict[str, Any]  # a JSON schema of type object
-    description: str | None = None
-    # Client tools only: Anthropic's server tools (web search, bash...) run on its servers.
-    type: Literal["custom"] = "custom"
-    cache_control: dict[str, Any] | None = None  # accepted, unused (see _Block)
-    strict: bool | None = None  # accepted: the input always follows the schema here
-
-
-class ToolChoice(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    type: Literal["auto", "any", "tool", "none"]
-    name: str | None = None  # the tool, for type "tool"
-    disable_parallel_tool_use: bool = False
-
-
-class CountTokensRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """The prompt's parts: all /v1/messages/count_tokens takes."""
-
-    # The served model's name; another is a 404 unless the server runs with
-    # --accept-any-model. Absent: the served model.
-    model: str | None = None
-    messages: list[Message]
-    system: str | list[TextBlock] | None = None
-    tools: list[ToolDefinition] | None = None
-    tool_choice: ToolChoice | None = None
-    thinking: dict[str, Any] | None = None  # accepted: braid writes no thinking blocks
-    cache_control: dict[str, Any] | None = None  # accepted, unused (see _Block)
-    # braid's, as on chat completions: variables for the model's chat template (Qwen3's
-    # enable_thinking...), never apply_chat_template's own arguments (Service checks).
-    chat_template_kwargs: dict[str, Any] | None = None
-
-
-class MessagesRequest(CountTokensRequest):
-    max_tokens: Annotated[int, msgspec.Meta(ge=1)]
-    stop_sequences: list[str] | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    stream: bool = False
-    metadata: dict[str, Any] | None = None  # accepted, unused (Anthropic's user_id)
-    service_tier: str | None = None  # accepted, unused
-    cache_salt: CacheSalt | None = None  # braid's (vLLM's name): see wire.CacheSalt
-
 
 # ---- errors ----------------------------------------------------------------------------------
 
@@ -179,123 +75,6 @@ def _anthropic_errors(
             raise
 
     return answer
-
-
-# ---- the request -----------------------------------------------------------------------------
-
-
-def _check_limits(obj: dict[str, Any], limits: RequestLimits) -> None:
-    """The raw body's stop sequences and tool schemas against the server's limits, before it
-    is decoded (as check_openai_body does for OpenAI's fields)."""
-    stops = obj.get("stop_sequences")
-    if isinstance(stops, list):
-        if len(stops) > limits.max_stop_strings:
-            raise BadRequest(
-                f"stop_sequences has {len(stops)} entries; this server allows at most "
-                f"{limits.max_stop_strings} (--max-stop-strings)"
-            )
-        longest = max((len(s) for s in stops if isinstance(s, str)), default=0)
-        if longest > limits.max_stop_length:
-            raise BadRequest(
-                f"stop_sequences has an entry of {longest} characters; this server allows at "
-                f"most {limits.max_stop_length} (--max-stop-length)"
-            )
-    tool_list = obj.get("tools")
-    for i, tool in enumerate(tool_list if isinstance(tool_list, list) else []):
-        if isinstance(tool, dict) and tool.get("input_schema") is not None:
-            check_schema(tool["input_schema"], limits, f"tools[{i}].input_schema")
-
-
-def _text(blocks: str | list[TextBlock]) -> str:
-    # Blocks are separate pieces of text (Claude Code sends a reminder and the user's words as
-    # two): a newline keeps them from running together.
-    return blocks if isinstance(blocks, str) else "\n".join(b.text for b in blocks)
-
-
-_TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}  # "tool": a named function
-
-
-def _conversation(req: CountTokensRequest) -> Conversation:
-    """The conversation `req` means, a final assistant message of text its prefill (which
-    the reply continues)."""
-    if not req.messages:
-        raise BadRequest("messages must not be empty")
-    turns, prefill = req.messages, ""
-    if turns[-1].role == "assistant":
-        *turns, last = turns
-        if not isinstance(last.content, str) and any(
-            not isinstance(b, TextBlock) for b in last.content
-        ):
-            raise BadRequest(
-                "the last message is an assistant's tool_use: answer it with a user message of "
-                "tool_result blocks"
-            )
-        prefill = _text(last.content)
-    messages = [ChatMessage(role="system", content=_text(req.system))] if req.system else []
-    for i, m in enumerate(turns):
-        messages += _chat_messages(m, i)
-    functions = [
-        Tool("function", FunctionDefinition(t.name, t.description, t.input_schema))
-        for t in req.tools or ()
-    ]
-    choice, tool_choice, parallel = req.tool_choice, None, None
-    if choice is not None:
-        if choice.type == "tool":
-            if choice.name is None:
-                raise BadRequest("tool_choice of type 'tool' needs the tool's name")
-            tool_choice = NamedToolChoice("function", FunctionName(choice.name))
-        else:
-            tool_choice = _TOOL_CHOICES[choice.type]
-        parallel = not choice.disable_parallel_tool_use
-    return Conversation(
-        messages,
-        tools=functions or None,
-        tool_choice=tool_choice,
-        parallel_tool_calls=parallel,
-        template_variables=req.chat_template_kwargs,
-        prefill=prefill,
-    )
-
-
-def _chat_messages(m: Message, i: int) -> list[ChatMessage]:
-    """One Anthropic message as chat messages: an assistant's text and calls as one; a user's
-    tool results as tool messages, then its text (Anthropic puts the results first, and a chat
-    template wants them right after the calls they answer)."""
-    if isinstance(m.content, str):
-        return [ChatMessage(role=m.role, content=m.content)]
-    texts, calls, results = [], [], []
-    for block in m.content:
-        if isinstance(block, TextBlock):
-            texts.append(block)
-        elif isinstance(block, ToolUseBlock):
-            if m.role != "assistant":
-                raise BadRequest(f"messages[{i}]: tool_use blocks belong in assistant messages")
-            arguments = json.dumps(block.input, ensure_ascii=False)
-            calls.append(ToolCall(id=block.id, function=FunctionCall(block.name, arguments)))
-        else:  # a tool_result (the other kinds were refused when decoded)
-            if m.role != "user":
-                raise BadRequest(f"messages[{i}]: tool_result blocks belong in user messages")
-            content = _text(block.content)
-            if block.is_error:  # what the model needs to know of it
-                content = f"Error: {content}"
-            results.append(
-                ChatMessage(role="tool", tool_call_id=block.tool_use_id, content=content)
-            )
-    if m.role == "assistant":
-        return [ChatMessage(role="assistant", content=_text(texts), tool_calls=calls or None)]
-    texts_message = [ChatMessage(role="user", content=_text(texts))]
-    return results + (texts_message if texts or not results else [])
-
-
-def _sampling(req: MessagesRequest) -> SamplingParams:
-    fields = {
-        "max_tokens": req.max_tokens,
-        "temperature": req.temperature,
-        "top_p": req.top_p,
-        "top_k": req.top_k,
-        "stop": req.stop_sequences,
-    }
-    return sampling_params({k: v for k, v in fields.items() if v is not None})
 
 
 # ---- the reply -------------------------------------------------------------------------------
@@ -340,8 +119,14 @@ class _Ending:
         return "end_turn", None
 
 
-def _usage(meta: dict[str, Any]) -> dict[str, int]:
-    """Anthropic counts the input read from the cache apart from the rest."""
+def _thinking(text: str) -> dict[str, Any]:
+    # Signatures prove a thought came from Anthropic's servers: braid's are empty.
+    return {"type": "thinking", "thinking": text, "signature": ""}
+
+
+def _usage(meta: dict[str, Any]) -> dict[str, Any]:
+    """Anthropic counts the input read from the cache apart from the rest, and the thought's
+    tokens (its markers among them) within the output's."""
     prompt = meta.get("prompt_tokens", 0)
     # The engine counts tokens a constraint forces at the start, found in the cache with the
     # prompt, as cached prompt tokens: they are not input.
@@ -351,12 +136,14 @@ def _usage(meta: dict[str, Any]) -> dict[str, int]:
         "output_tokens": meta.get("completion_tokens", 0),
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": cached,
+        "output_tokens_details": {"thinking_tokens": meta.get("reasoning_tokens", 0)},
     }
 
 
 class _Blocks:
-    """Streamed output as content-block events: text deltas in a text block; each call a
-    tool_use block whose input arrives as pieces of JSON."""
+    """Streamed output as content-block events: the thought's deltas in a thinking block
+    (its empty signature last), text deltas in a text block; each call a tool_use block whose
+    input arrives as pieces of JSON."""
 
     def __init__(self, reply: Reply) -> None:
         self.reply = reply
@@ -373,7 +160,11 @@ class _Blocks:
     def _events(self, parsed: list[tuple]) -> list[tuple[str, dict[str, Any]]]:
         events = []
         for kind, *rest in parsed:
-            if kind == "text":
+            if kind == "reasoning":
+                if self.open != "thinking":
+                    events += self._start(_thinking(""))
+                events.append(self._delta({"type": "thinking_delta", "thinking": rest[0]}))
+            elif kind == "text":
                 if not rest[0]:
                     continue
                 if self.open != "text":
@@ -399,8 +190,11 @@ class _Blocks:
     def _close(self) -> list[tuple[str, dict[str, Any]]]:
         if self.open is None:
             return []
+        events = []
+        if self.open == "thinking":
+            events.append(self._delta({"type": "signature_delta", "signature": ""}))
         self.open = None
-        return [("content_block_stop", {"index": self.num_blocks - 1})]
+        return events + [("content_block_stop", {"index": self.num_blocks - 1})]
 
 
 def _event(name: str, data: dict[str, Any]) -> bytes:
@@ -454,13 +248,13 @@ def _stream(
 async def messages(request: Request) -> Response:
     svc: Service = request.app.state.service
     obj = decode_object(await request.body())
-    _check_limits(obj, svc.limits)
+    check_limits(obj, svc.limits)
     req = convert(obj, MessagesRequest)
     ctx = context_of(request, salt=req.cache_salt, lora=svc.check_model(req.model))
     # As on Anthropic's newer models, a max_tokens past the context's end is not refused: the
     # reply stops there (so an agent may ask for the most without counting its prompt).
-    conversation = ConversationRequest(_conversation(req), _sampling(req), fit_max_tokens=True)
-    prepared = await pipeline.prepare(svc, ctx, conversation)
+    asked = ConversationRequest(conversation(req), sampling(req), fit_max_tokens=True)
+    prepared = await pipeline.prepare(svc, ctx, asked)
     stops = prepared.params.stop  # as the tool constraint left them (none for calls only)
     ending = _Ending(
         svc.engine.tokenizer,
@@ -479,10 +273,10 @@ async def messages(request: Request) -> Response:
     [out] = await unless_disconnected(request, svc.collect_all(prepared.jobs, prepared.stream))
     reply = prepared.reply()
     reply.read(out.text, out.finish_reason)
-    if reply.calls:
-        content = [_tool_use(call, whole=True) for call in reply.calls]
-    else:
-        content = [{"type": "text", "text": out.text}] if out.text else []
+    content = [_thinking(reply.reasoning)] if reply.reasoning else []
+    if reply.text:
+        content.append({"type": "text", "text": reply.text})
+    content += [_tool_use(call, whole=True) for call in reply.calls]
     reason, sequence = ending.reason(out.finish_reason, reply, out.text, out.token_ids)
     body = {
         **head,
@@ -499,10 +293,10 @@ async def count_tokens(request: Request) -> Response:
     """The prompt's tokens as /v1/messages would count them (tools included); nothing runs."""
     svc: Service = request.app.state.service
     obj = decode_object(await request.body())
-    _check_limits(obj, svc.limits)
+    check_limits(obj, svc.limits)
     req = convert(obj, CountTokensRequest)
     svc.check_model(req.model)
-    prompt, _ = await pipeline.prompt(svc, _conversation(req))
+    prompt, _ = await pipeline.prompt(svc, conversation(req))
     return JSONResponse({"input_tokens": len(prompt)})
 
 

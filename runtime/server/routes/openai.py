@@ -19,6 +19,7 @@ from braid.runtime.protocol.outputs import StreamChunk
 from braid.runtime.protocol.sampling_params import SamplingParams
 from braid.runtime.server.chat import pipeline
 from braid.runtime.server.chat.conversation import Conversation, ConversationRequest
+from braid.runtime.server.chat.reasoning_fields import chat_thinking
 from braid.runtime.server.chat.reply import Reply
 from braid.runtime.server.http.disconnects import unless_disconnected
 from braid.runtime.server.http.limits import check_max_tokens, check_openai_body
@@ -224,6 +225,7 @@ async def chat_completions(request: Request) -> Response:
         tool_choice=req.tool_choice,
         parallel_tool_calls=req.parallel_tool_calls,
         template_variables=req.chat_template_kwargs,
+        thinking=chat_thinking(req),
     )
     field = _max_tokens_field(obj)
     prepared = await pipeline.prepare(
@@ -269,7 +271,7 @@ async def chat_completions(request: Request) -> Response:
                 delta = {"role": "assistant", **delta}
             elif not delta and finish is None:
                 return
-            if not reply.parsed and "content" not in delta:
+            if not reply.parsed and not delta.keys() & {"content", "reasoning_content"}:
                 delta["content"] = ""
             choice = {
                 "index": i,
@@ -291,7 +293,7 @@ async def chat_completions(request: Request) -> Response:
         for i, out in enumerate(outs):
             parsed = prepared.reply()
             parsed.read(out.text, out.finish_reason)
-            message, finish = _message(parsed, out.text), parsed.finish_reason
+            message, finish = _message(parsed), parsed.finish_reason
             if req.legacy_functions:
                 message, finish = _legacy_message(message, finish)
             lps, tops = out.meta.get("logprobs", []), out.meta.get("top_logprobs", [])
@@ -311,19 +313,24 @@ async def chat_completions(request: Request) -> Response:
     return _ignoring(response, ignored, "chat/completions")
 
 
-def _message(reply: Reply, text: str) -> dict[str, Any]:
-    """A whole output as a chat message: its text, or its calls (those whole) as tool_calls."""
-    if reply.is_text:
-        return {"role": "assistant", "content": text}
-    message: dict[str, Any] = {"role": "assistant", "content": None}
+def _message(reply: Reply) -> dict[str, Any]:
+    """A whole output as a chat message: its text, or its calls (those whole) as tool_calls;
+    its thought (where the reply shows it) as reasoning_content and its alias reasoning."""
+    message: dict[str, Any] = {"role": "assistant"}
+    message["content"] = reply.text if reply.is_text else (reply.text or None)
+    if reply.shows_reasoning:
+        thought = reply.reasoning or None
+        message |= {"reasoning_content": thought, "reasoning": thought}
     if reply.calls:
         message["tool_calls"] = [c.as_json() for c in reply.calls]
     return message
 
 
 def _delta(reply: Reply, events: list[tuple]) -> dict[str, Any]:
-    """The streamed chunk's delta for these events: text as content, each whole call as
-    one OpenAI tool_calls piece (its id, type, name and arguments)."""
+    """The streamed chunk's delta for these events: the thought as reasoning_content (and
+    reasoning), text as content, each whole call as one OpenAI tool_calls piece (its id,
+    type, name and arguments)."""
+    thought = "".join(e[1] for e in events if e[0] == "reasoning")
     content = "".join(e[1] for e in events if e[0] == "text")
     pieces: list[dict[str, Any]] = []
     for e in events:
@@ -337,6 +344,8 @@ def _delta(reply: Reply, events: list[tuple]) -> dict[str, Any]:
             else:
                 pieces.append({"index": e[1], "function": {"arguments": e[2]}})
     out: dict[str, Any] = {}
+    if thought:
+        out |= {"reasoning_content": thought, "reasoning": thought}
     if content:
         out["content"] = content
     if pieces:
@@ -437,6 +446,10 @@ def _usage(metas: list[dict], n: int) -> dict:
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": sum(m["cached_tokens"] for m in firsts)},
+        # Tokens before the answer, the thought's markers among them (the engine's count).
+        "completion_tokens_details": {
+            "reasoning_tokens": sum(m.get("reasoning_tokens", 0) for m in metas)
+        },
     }
 
 

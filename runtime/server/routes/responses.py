@@ -5,9 +5,11 @@ stored conversation of `previous_response_id`, then the `input` items (messages;
 items as an assistant's tool calls; function_call_output items as tool messages), with the
 function tools, tool_choice, parallel_tool_calls and chat_template_kwargs. The conversation
 pipeline (chat/pipeline.py) does the rest, as for /v1/chat/completions; this module writes its
-replies as Responses items and events. The output is a message item or function_call items; a
-call is output only once it is whole (its closing tag written), so one cut off by
-max_output_tokens never appears, streamed or not.
+replies as Responses items and events. The output is a reasoning item (where the model
+thought: its text as reasoning_text content, never summarized), then a message item or
+function_call items; a call is output only once it is whole (its closing tag written), so
+one cut off by max_output_tokens never appears, streamed or not. Reasoning items given back
+as input are the thought of the assistant turn after them.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from braid.runtime.protocol.outputs import StreamChunk
 from braid.runtime.protocol.sampling_params import SamplingParams
 from braid.runtime.server.chat import pipeline, tools
 from braid.runtime.server.chat.conversation import Conversation, ConversationRequest
+from braid.runtime.server.chat.reasoning_fields import Thinking
 from braid.runtime.server.chat.reply import Reply
 from braid.runtime.server.http.disconnects import unless_disconnected
 from braid.runtime.server.request_context import context_of
@@ -53,9 +56,10 @@ from braid.runtime.server.wire import (
 
 class _Writer:
     """A response's output items, built from the model's text as it streams, and the events
-    that announce them (each `(type, event)`). Text is one message item; calls (when the
-    output may be calls: read by tools.CallParser, which reports each once it is whole) are
-    function_call items, so a call cut off by max_output_tokens never appears."""
+    that announce them (each `(type, event)`). The thought is one reasoning item, first;
+    text is one message item; calls (when the output may be calls: read by the Reply, which
+    reports each once it is whole) are function_call items, so a call cut off by
+    max_output_tokens never appears."""
 
     def __init__(self, reply: Reply, mode: str | None) -> None:
         self.reply = reply
@@ -67,6 +71,8 @@ class _Writer:
         self.seq = 0
         self._message: tuple[str, int] | None = None  # the open message: id, output index
         self._pieces: list[str] = []
+        self._thought: tuple[str, int] | None = None  # the open reasoning item
+        self._thought_pieces: list[str] = []
 
     def event(self, kind: str, **fields: Any) -> tuple[str, dict[str, Any]]:
         self.seq += 1
@@ -77,21 +83,59 @@ class _Writer:
         return self._read(self.reply.read(text, finish_reason))
 
     def finish(self, finish_reason: str | None) -> list[tuple[str, dict]]:
-        out = []
+        status = "incomplete" if finish_reason == "length" else "completed"
+        out = self._close_thought(status)
         if self._message is None and self.text_allowed and self.reply.is_text:
             out += self._open_message()  # an empty reply is still a message
         if self._message is not None:
-            out += self._close_message("incomplete" if finish_reason == "length" else "completed")
+            out += self._close_message(status)
         return out
 
     def _read(self, events: list[tuple]) -> list[tuple[str, dict]]:
         out = []
         for e in events:
+            if e[0] == "reasoning":
+                out += self._add_thought(e[1])
+                continue
+            if e[0] in ("text", "call"):
+                out += self._close_thought("completed")
             if e[0] == "text" and self.text_allowed:
                 out += self._add_text(e[1])
             elif e[0] == "call":  # whole: its arguments come with it
                 out += self._add_call(self.reply.calls[e[1]])
         return out
+
+    def _add_thought(self, text: str) -> list[tuple[str, dict]]:
+        out = []
+        if self._thought is None:
+            item_id, index = f"rs_{uuid.uuid4().hex}", len(self.items)
+            self._thought = item_id, index
+            where = {"item_id": item_id, "output_index": index, "content_index": 0}
+            added = _reasoning_item(item_id, "in_progress", None)
+            out += [
+                self.event("response.output_item.added", output_index=index, item=added),
+                self.event("response.content_part.added", **where, part=_thought_part("")),
+            ]
+        item_id, index = self._thought
+        self._thought_pieces.append(text)
+        where = {"item_id": item_id, "output_index": index, "content_index": 0}
+        return out + [self.event("response.reasoning_text.delta", **where, delta=text)]
+
+    def _close_thought(self, status: str) -> list[tuple[str, dict]]:
+        """The reasoning item, once the thought has ended (the answer begins, or the output
+        ends)."""
+        if self._thought is None:
+            return []
+        (item_id, index), text = self._thought, "".join(self._thought_pieces)
+        self._thought, self._thought_pieces = None, []
+        item = _reasoning_item(item_id, status, text)
+        self.items.append(item)
+        where = {"item_id": item_id, "output_index": index, "content_index": 0}
+        return [
+            self.event("response.reasoning_text.done", **where, text=text),
+            self.event("response.content_part.done", **where, part=_thought_part(text)),
+            self.event("response.output_item.done", output_index=index, item=item),
+        ]
 
     def _add_text(self, text: str) -> list[tuple[str, dict]]:
         if not text:
@@ -141,6 +185,21 @@ class _Writer:
         ]
 
 
+def _thought_part(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
+
+
+def _reasoning_item(item_id: str, status: str, text: str | None) -> dict[str, Any]:
+    return {
+        "id": item_id,
+        "type": "reasoning",
+        "status": status,
+        "summary": [],
+        "content": [] if text is None else [_thought_part(text)],
+        "encrypted_content": None,
+    }
+
+
 def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
@@ -177,7 +236,8 @@ def _usage(meta: dict[str, Any]) -> dict[str, Any]:
             "cache_write_tokens": 0,
         },
         "output_tokens": num_output,
-        "output_tokens_details": {"reasoning_tokens": 0},  # never reasoning apart
+        # Tokens before the answer, the thought's markers among them (the engine's count).
+        "output_tokens_details": {"reasoning_tokens": meta.get("reasoning_tokens", 0)},
         "total_tokens": num_input + num_output,
     }
 
@@ -212,6 +272,7 @@ async def create_response(request: Request) -> Response:
         tool_choice=tool_choice(req.tool_choice),
         parallel_tool_calls=req.parallel_tool_calls,
         template_variables=req.chat_template_kwargs,
+        thinking=req.reasoning.thinking() if req.reasoning is not None else Thinking(),
         named_as="input",
     )
     if not conversation.messages:
@@ -325,7 +386,10 @@ def _shell(
         "output": [],
         "parallel_tool_calls": req.parallel_tool_calls is not False,
         "previous_response_id": req.previous_response_id,
-        "reasoning": {"effort": None, "summary": None},
+        "reasoning": {
+            "effort": req.reasoning.effort if req.reasoning is not None else None,
+            "summary": None,
+        },
         "store": req.store is not False,
         "temperature": params.temperature,
         "text": {"format": text.get("format") or {"type": "text"}, "verbosity": "medium"},

@@ -8,8 +8,10 @@ from typing import Any, Literal
 import msgspec
 
 from braid.runtime.config import RequestLimits
+from braid.runtime.server.chat.reasoning_fields import Thinking, effort_budget
 from braid.runtime.server.http.limits import check_fields, check_schema
 from braid.runtime.server.wire import (
+    REASONING_FIELDS,
     BadRequest,
     CacheSalt,
     ChatMessage,
@@ -52,24 +54,29 @@ class TextConfig(_Strict):
 
 
 class Reasoning(_Strict):
-    effort: str | None = None
+    effort: str | None = None  # a thinking budget (reasoning_fields.EFFORT_BUDGETS)
     summary: str | None = None
     generate_summary: str | None = None  # the older name of summary
 
     def __post_init__(self) -> None:
-        # braid does not separate a model's reasoning from its output (as OpenAI answers for
-        # its models that do not reason): only "no reasoning asked for" is accepted.
-        if self.effort not in (None, "none") or self.summary or self.generate_summary:
-            raise ValueError(
-                "reasoning: braid has no separate reasoning; give effort null or 'none'"
-            )
+        # The thought comes back as it is (reasoning_text), never summarized.
+        for name in ("summary", "generate_summary"):
+            if getattr(self, name) is not None:
+                raise ValueError(
+                    f"reasoning.{name}: braid writes no summaries of the thought (its reasoning "
+                    "items carry the thought itself); give null"
+                )
+
+    def thinking(self) -> Thinking:
+        budget = effort_budget("reasoning.effort", self.effort)
+        return Thinking(budget=budget, budget_field="reasoning.effort", effort=self.effort)
 
 
 class StreamOptions(_Strict):
     include_obfuscation: bool | None = None  # accepted: braid pads no events
 
 
-# The `include` entries accepted: there is never reasoning to include.
+# The `include` entries accepted: reasoning items carry their text, never encrypted.
 _INCLUDABLE = frozenset({"reasoning.encrypted_content"})
 
 
@@ -130,7 +137,8 @@ _NOT_HERE = {"max_tokens": "use max_output_tokens", "n": "a response has one out
 def decode(obj: dict[str, Any]) -> tuple[ResponsesRequest, dict[str, Any]]:
     """The request and its sampling fields: temperature and top_p, and braid's own sampling
     fields (seed, top_k, stop, logit_bias, ...) as on /v1/chat/completions."""
-    fields, rest = split_sampling(obj)
+    # `reasoning` is the Responses API's own object; braid's thinking fields are chat's.
+    fields, rest = split_sampling(obj, REASONING_FIELDS)
     for name, instead in _NOT_HERE.items():
         if name in fields:
             raise BadRequest(f"{name} is not a Responses API field: {instead}")
@@ -239,7 +247,46 @@ class Message(_Item, tag="message"):
         content = self.content
         if not isinstance(content, str):
             content = "".join(part.text for part in content)
-        messages.append(ChatMessage(role=self.role, content=content))
+        if self.role == "assistant" and _thought_only(messages):  # a reasoning item's answer
+            messages[-1] = msgspec.structs.replace(messages[-1], content=content)
+        else:
+            messages.append(ChatMessage(role=self.role, content=content))
+
+
+class ReasoningText(_Item, tag="reasoning_text"):
+    text: str
+
+
+class SummaryText(_Item, tag="summary_text"):
+    text: str
+
+
+class ReasoningItem(_Item, tag="reasoning"):
+    """A thought the model had (a reasoning output item given back): the reasoning_content
+    of the assistant message that follows it (its text, or its calls)."""
+
+    summary: list[SummaryText] = []
+    content: list[ReasoningText] | None = None
+    id: str | None = None
+    status: str | None = None
+    encrypted_content: str | None = None  # another server's: braid cannot read it
+
+    def add_to(self, messages: list[ChatMessage]) -> None:
+        parts = self.content if self.content else self.summary
+        thought = "".join(part.text for part in parts)
+        messages.append(ChatMessage(role="assistant", reasoning_content=thought))
+
+
+def _thought_only(messages: list[ChatMessage]) -> bool:
+    """The last message is a reasoning item's, waiting for the answer it goes with."""
+    last = messages[-1] if messages else None
+    return (
+        last is not None
+        and last.role == "assistant"
+        and last.reasoning_content is not None
+        and last.content is None
+        and not last.tool_calls
+    )
 
 
 class FunctionCallItem(_Item, tag="function_call", rename={"async_": "async"}):
@@ -280,19 +327,20 @@ class FunctionCallOutputItem(_Item, tag="function_call_output"):
         messages.append(ChatMessage(role="tool", tool_call_id=self.call_id, content=output))
 
 
-InputItem = Message | FunctionCallItem | FunctionCallOutputItem
+InputItem = Message | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
 # Each kind of item taken: the field holding its content parts, and the kinds of part taken.
 _PARTS = {
     "message": ("content", ("input_text", "output_text", "refusal")),
     "function_call": None,
     "function_call_output": ("output", ("input_text",)),
+    "reasoning": ("content", ("reasoning_text",)),
 }
 
 
 def chat_messages(items: str | list[Any] | None, where: str = "input") -> list[ChatMessage]:
-    """The items as chat messages. Another kind of item (reasoning, item_reference, built-in
-    tool calls) or of content (images, files, audio: braid serves text models) is a 400
-    naming it."""
+    """The items as chat messages (a reasoning item's thought the reasoning_content of the
+    assistant message after it). Another kind of item (item_reference, built-in tool calls)
+    or of content (images, files, audio: braid serves text models) is a 400 naming it."""
     if items is None:
         return []
     if isinstance(items, str):
@@ -306,7 +354,7 @@ def chat_messages(items: str | list[Any] | None, where: str = "input") -> list[C
         if kind not in _PARTS:
             raise BadRequest(
                 f"{where}[{i}]: items of type {kind!r} are not supported on braid (it takes "
-                "message, function_call and function_call_output items)"
+                "message, function_call, function_call_output and reasoning items)"
             )
         field, taken = _PARTS[kind] or ("", ())
         parts = item.get(field)

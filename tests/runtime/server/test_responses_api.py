@@ -317,11 +317,11 @@ def test_store_bounds_by_count_and_bytes():
             400,
             "input_image",
         ),
-        ({"input": [{"type": "reasoning", "id": "rs_1", "summary": []}]}, 400, "reasoning"),
+        ({"reasoning": {"summary": "auto"}}, 400, "reasoning.summary"),
         ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, 400, "call_id"),
         ({"input": []}, 400, "input must not be empty"),
         ({"truncation": "auto"}, 400, "truncation"),
-        ({"reasoning": {"effort": "high"}}, 400, "reasoning"),
+        ({"reasoning": {"effort": "high"}}, 400, "reasoning.effort"),  # the model never thinks
         ({"include": ["message.output_text.logprobs"]}, 400, "logprobs"),
         ({"top_logprobs": 3}, 400, "top_logprobs"),
         ({"background": True}, 400, "background"),
