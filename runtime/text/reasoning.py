@@ -80,7 +80,10 @@ def detect(
         if not has_harmony:
             raise ValueError(f"reasoning format 'harmony': the tokenizer lacks {_HARMONY}")
         return _format(tokenizer, "harmony", "<|channel|>analysis<|message|>", "<|end|>")
-    thinks = "<think>" in vocab and "</think>" in vocab and "</think>" in (template or "")
+    # Tags as tokens (Qwen3, DeepSeek-R1, SmolLM3) or as text the template writes (Phi-4-mini-
+    # reasoning's are plain text).
+    tags = ("<think>" in vocab and "</think>" in vocab) or "<think>" in (template or "")
+    thinks = tags and "</think>" in (template or "")
     if name == "think" or (name == "auto" and thinks):
         return _format(tokenizer, "think", "<think>", "</think>")
     return None

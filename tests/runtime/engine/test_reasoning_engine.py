@@ -128,18 +128,21 @@ def test_a_soft_budget_closes_where_the_model_ranks_the_end_high(qwen3):
         jsonschema.validate(json.loads(split(engine, m.prompt_ids, out.text)["text"]), ANSWER)
 
 
-@pytest.mark.parametrize("budget", [None, 2])
-def test_speculation_and_jump_forward_cross_the_switch(scripted_models, budget):
-    m = scripted_models("qwen3_thinking")
-    params = greedy(json_schema=ANSWER, thinking_budget=budget, thinking_budget_mode="hard")
+@pytest.mark.parametrize("budget, mode", [(None, "hard"), (2, "hard"), (5, "soft")])
+def test_speculation_and_jump_forward_cross_the_switch(scripted_models, budget, mode):
+    m = scripted_models("qwen3_thinking", also={" yes": ("</think>", 0.5)})
+    params = greedy(json_schema=ANSWER, thinking_budget=budget, thinking_budget_mode=mode)
     outs = []
     for config in ({"jump_forward": False}, {}, {"spec_method": "draft", "draft_model": "self"}):
         engine = engine_of(m.path, **config)
         try:
             outs.append(engine.generate(m.prompt_ids, params))
+            accepted = engine.stats()["spec_accepted_tokens"]
         finally:
             engine.shutdown()
+    assert accepted >= 3, accepted  # drafts ran (through the thought and answer)
     assert outs[0].text == outs[1].text == outs[2].text
+    assert outs[0].meta["reasoning_tokens"] == outs[2].meta["reasoning_tokens"]
     jsonschema.validate(json.loads(split(engine, m.prompt_ids, outs[0].text)["text"]), ANSWER)
 
 
