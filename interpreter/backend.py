@@ -12,11 +12,15 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from braid.interpreter.local_backend import LocalBackend
 from braid.runtime.protocol import GenerateOutput, SamplingParams
 from braid.runtime.text.chat_template import ChatTemplate
+
+if TYPE_CHECKING:  # the format's module loads transformers: remote programs do without it
+    from braid.interpreter.generation_openings import GenerationOpenings
+    from braid.runtime.text.reasoning import ReasoningFormat
 
 
 class Backend(Protocol):
@@ -24,6 +28,18 @@ class Backend(Protocol):
     def chat_template(self) -> ChatTemplate:
         """The markers that render chat roles as text. Raises ValueError when the model has
         no chat template (the roles cannot be rendered)."""
+
+    @property
+    def generation_openings(self) -> GenerationOpenings | None:
+        """How the template's generation prompt opens an assistant message the model writes
+        (by thinking setting); None where the backend cannot tell, and such a message then
+        opens as `chat_template` opens a history turn."""
+
+    @property
+    def reasoning_format(self) -> ReasoningFormat | None:
+        """How the model marks a thought (runtime/text/reasoning.py); None for a model that
+        does not think. Raises NotImplementedError, naming the backend, where it cannot tell
+        (a reasoning gen cannot run there)."""
 
     async def generate(
         self,
@@ -37,7 +53,12 @@ class Backend(Protocol):
         as it arrives. Raises RuntimeError when the request fails. `lora`: a LoRA adapter the
         model serves, by name (None: the base model). `program`: the id of the program state
         the request belongs to; a backend that keeps leases keeps that state's prefix cached
-        until `release_program`, one that keeps none ignores it."""
+        until `release_program`, one that keeps none ignores it.
+
+        With `params.reasoning` the output's `meta` also holds it split in the model's
+        reasoning format, from where the prompt leaves the model: "reasoning_content" (the
+        thought, without its markers) and "content" (the answer after it); the output's text
+        stays as the model wrote it."""
 
     async def score(
         self, prefix: str, continuations: list[str], lora: str | None = None
@@ -80,7 +101,20 @@ class TextOnlyBackend:
     nor a runtime that takes a program's hints: OpenAIBackend (an API that speaks text) and
     RayBackend (its engines are in actors, each request routed on its own). Token texts,
     pieces and prompt offsets are not available; nothing compiles ahead; no lease is kept,
-    so none is released."""
+    so none is released; the template's generation prompt and the model's reasoning format
+    are not known."""
+
+    @property
+    def generation_openings(self) -> GenerationOpenings | None:
+        """Not available: None."""
+        return None
+
+    @property
+    def reasoning_format(self) -> ReasoningFormat | None:
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot run a reasoning gen: it does not know the model's "
+            "reasoning format (a LocalBackend does)"
+        )
 
     def compile_ahead(self, params: SamplingParams) -> None:
         """Does nothing: the constraint compiles when its gen runs."""

@@ -9,11 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from braid.interpreter.generation_openings import GenerationOpenings
 from braid.runtime.protocol import GenerateOutput, SamplingParams
 from braid.runtime.text.chat_template import ChatTemplate
 
 if TYPE_CHECKING:  # the engine (and torch) load only when a LocalBackend is made
     from braid.runtime.engine.engine import Engine
+    from braid.runtime.text.reasoning import ReasoningFormat
 
 
 class LocalBackend:
@@ -31,6 +33,15 @@ class LocalBackend:
     @cached_property
     def chat_template(self) -> ChatTemplate:
         return ChatTemplate.from_tokenizer(self.engine.tokenizer)
+
+    @cached_property
+    def generation_openings(self) -> GenerationOpenings | None:
+        return GenerationOpenings.from_tokenizer(self.engine.tokenizer)
+
+    @property
+    def reasoning_format(self) -> ReasoningFormat | None:
+        """The engine's (EngineConfig.reasoning_format, detected from the model by default)."""
+        return self.engine.reasoning_format
 
     async def generate(
         self,
@@ -51,7 +62,28 @@ class LocalBackend:
         meta = chunk.meta or {}
         if params.prompt_logprobs_from is not None:  # which tokens those logprobs are of
             meta["prompt_token_ids"] = self.engine.encode(prompt)[params.prompt_logprobs_from :]
+        if params.reasoning:
+            meta |= self._split_thought(prompt, "".join(text))
         return GenerateOutput("".join(text), token_ids, chunk.finish_reason, meta)
+
+    def _split_thought(self, prompt: str, text: str) -> dict[str, str]:
+        """The output's thought and answer, split in the engine's reasoning format from where
+        the prompt's tokens leave the model."""
+        from braid.runtime.text.reasoning import prompt_opening  # transformers: local only
+        from braid.runtime.text.thought_split import splitter
+
+        fmt = self.engine.reasoning_format
+        opening = prompt_opening(fmt, self.engine.tokenizer, self.engine.encode(prompt))
+        reader = splitter(fmt, opening)
+        parts: dict[str, list[str]] = {"reasoning": [], "text": []}
+        for event in [*reader.feed(text), *reader.finish()]:
+            if event[0] == "call":  # harmony's commentary to a function: not a gen's text
+                raise ValueError(
+                    f"the model called function {event[1]!r} where a gen writes text; hold "
+                    "the answer to a constraint (regex, json_schema, ...) to keep it text"
+                )
+            parts[event[0]].append(event[1])
+        return {"reasoning_content": "".join(parts["reasoning"]), "content": "".join(parts["text"])}
 
     def compile_ahead(self, params: SamplingParams) -> None:
         """Start compiling the params' constraint (its gen finds it in the compile cache)."""

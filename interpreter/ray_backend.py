@@ -14,12 +14,16 @@ driver needs no torch (the actors load it).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from braid.interpreter.backend import TextOnlyBackend
 from braid.runtime.cluster.affinity import AffinityConfig, PrefixAffinity
 from braid.runtime.protocol import GenerateOutput, SamplingParams
 from braid.runtime.text.chat_template import ChatTemplate
+
+if TYPE_CHECKING:
+    from braid.interpreter.generation_openings import GenerationOpenings
+    from braid.runtime.text.reasoning import ReasoningFormat
 
 
 class RayBackend(TextOnlyBackend):
@@ -50,12 +54,27 @@ class RayBackend(TextOnlyBackend):
             self.shutdown()
             raise RuntimeError(f"RayBackend: an engine actor failed to start: {e}") from None
         self._chat_template = templates[0]
+        # Every actor runs the same model: the first one's answers are all of theirs.
+        first = self.actors[0]
+        self._generation_openings, self._reasoning_format = ray.get(
+            [first.generation_openings.remote(), first.reasoning_format.remote()]
+        )
 
     @property
     def chat_template(self) -> ChatTemplate:
         if isinstance(self._chat_template, str):  # the model has none: say why on first use
             raise ValueError(self._chat_template)
         return self._chat_template
+
+    @property
+    def generation_openings(self) -> GenerationOpenings | None:
+        """The engines' (LocalBackend's)."""
+        return self._generation_openings
+
+    @property
+    def reasoning_format(self) -> ReasoningFormat | None:
+        """The engines'; each actor splits its reasoning outputs as a LocalBackend does."""
+        return self._reasoning_format
 
     async def generate(
         self,
@@ -125,6 +144,12 @@ class EngineActor:
             return self.local.chat_template
         except ValueError as e:
             return str(e)
+
+    def generation_openings(self) -> GenerationOpenings | None:
+        return self.local.generation_openings
+
+    def reasoning_format(self) -> ReasoningFormat | None:
+        return self.local.reasoning_format
 
     async def generate(
         self, prompt: str, params: SamplingParams, lora: str | None = None

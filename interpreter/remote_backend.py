@@ -12,11 +12,16 @@ import asyncio
 import logging
 from collections.abc import Callable
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from braid.interpreter.event_loop import interpreter_loop as loop
 from braid.interpreter.http import HttpClient
 from braid.runtime.protocol import GenerateOutput, SamplingParams, wire_sampling
 from braid.runtime.text.chat_template import ChatTemplate
+
+if TYPE_CHECKING:
+    from braid.interpreter.generation_openings import GenerationOpenings
+    from braid.runtime.text.reasoning import ReasoningFormat
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +53,18 @@ class RemoteBackend:
                 "system/user/assistant roles cannot be rendered; write the prompt text yourself"
             )
         return ChatTemplate(**markers)
+
+    @property
+    def generation_openings(self) -> GenerationOpenings | None:
+        """Not available: /get_model_info reports the template's history markers only."""
+        return None
+
+    @property
+    def reasoning_format(self) -> ReasoningFormat | None:
+        raise NotImplementedError(
+            "RemoteBackend cannot run a reasoning gen: the server's /get_model_info does not "
+            "report the model's reasoning format (a LocalBackend on the model can)"
+        )
 
     async def generate(
         self,
