@@ -116,6 +116,9 @@ class StreamExecutor:
         self.chunks: list[tuple[str | None, str]] = []  # (variable or None, text) as appended
         self.fork_start = 0  # a fork's text before this position is its parent's
         self._scopes: dict[str, int] = {}  # open var_scope name -> where its text starts
+        # An open assistant message's opening, not written until its first text shows who
+        # writes it: (as a history turn opens, as the generation prompt opens). See RoleBegin.
+        self._pending_opening: tuple[str, str] | None = None
         # With tracing, what each gen, select, fork and join did, in order (lang/trace.py
         # reads them); None otherwise, and nothing is recorded.
         self.events: list[dict] | None = [] if trace else None
@@ -336,10 +339,12 @@ class StreamExecutor:
             except BaseException as e:  # the state fails; the loop and other states go on
                 self.fail(e)
 
-    def _append(self, text: str, var: str | None = None) -> None:
+    def _append(self, text: str, var: str | None = None, *, content: bool = True) -> None:
+        """Append `text` (written by variable `var`'s gen or select, if any); `content`: it
+        belongs to the open message's content (a message's opening does not)."""
         with self._cond:
             self.text += text
-            if self.open_role is not None:
+            if self.open_role is not None and content:
                 self.messages[-1]["content"] += text
             self.chunks.append((var, text))
             self._settle()
@@ -357,19 +362,58 @@ class StreamExecutor:
         event = {"kind": kind, "name": name, "start": start, "end": len(self.text)}
         self.events.append({**event, "submitted": submitted, "returned": time.monotonic(), **facts})
 
+    def _open(self, by_model: bool) -> None:
+        """Write the open message's pending opening, now that its first text is coming: the
+        generation prompt's if the model writes it, a history turn's if the program does."""
+        if self._pending_opening is None:
+            return
+        as_history, as_generated = self._pending_opening
+        self._pending_opening = None
+        start = len(self.text)
+        self._append(as_generated if by_model else as_history, content=False)
+        for name, at in self._scopes.items():  # a scope opened with the message: its content
+            if at == start:
+                self._scopes[name] = len(self.text)
+
+    def _generation_opening(self, op: RoleBegin, as_history: str, first: bool) -> str:
+        """The opening of `op`'s message where a gen writes its first text."""
+        if op.role != "assistant" or (first and op.thinking is None):
+            return as_history  # with nothing before it, a template renders no generation prompt
+        if first:
+            raise ValueError(
+                f"assistant(thinking={op.thinking}): a message that opens the conversation has "
+                "no generation prompt to set thinking in; put a user message before it"
+            )
+        openings = self.backend.generation_openings
+        if openings is None:
+            if op.thinking is None:
+                return as_history
+            raise NotImplementedError(
+                f"assistant(thinking={op.thinking}): {type(self.backend).__name__} cannot tell "
+                "how the model's chat template opens a generation (a LocalBackend can)"
+            )
+        return openings.opening(op.thinking)
+
     @singledispatchmethod
     async def _run(self, op: object) -> None:
         raise TypeError(f"cannot append {type(op).__name__} to a program state")
 
     @_run.register
     async def _(self, op: str) -> None:
+        self._open(by_model=False)
         self._append(op)
 
     @_run.register
     async def _(self, op: RoleBegin) -> None:
         if self.open_role is not None:
             raise ValueError(f"a {op.role} message cannot start inside a {self.open_role} one")
-        self._append(self.backend.chat_template.begin(op.role, first=not self.messages))
+        first = not self.messages
+        as_history = self.backend.chat_template.begin(op.role, first=first)
+        as_generated = self._generation_opening(op, as_history, first)
+        if as_generated == as_history:
+            self._append(as_history)  # before the message opens: not its content
+        else:  # written by the message's first text (interpreter/generation_openings.py)
+            self._pending_opening = (as_history, as_generated)
         with self._cond:
             self.messages.append({"role": op.role, "content": ""})
             self.open_role = op.role
@@ -378,18 +422,26 @@ class StreamExecutor:
     async def _(self, op: RoleEnd) -> None:
         if self.open_role != op.role:
             raise ValueError(f"no {op.role} message is open to end (open: {self.open_role})")
+        self._open(by_model=False)  # an empty message, as a history renders it
         with self._cond:
             self.open_role = None
         self._append(self.backend.chat_template.end(op.role))
 
     @_run.register
     async def _(self, op: Role) -> None:
-        for part in (RoleBegin(op.role), *op.parts, RoleEnd(op.role)):
+        for part in (RoleBegin(op.role, op.thinking), *op.parts, RoleEnd(op.role)):
             await self._run(part)
 
     @_run.register
     async def _(self, op: Gen) -> None:
+        self._open(by_model=True)
         params = op.params(self.sampling)
+        if params.reasoning and self.backend.reasoning_format is None:
+            raise ValueError(
+                f"gen({op.name!r}): reasoning needs a model that thinks, and the model of this "
+                f"{type(self.backend).__name__} has no reasoning format (its tokenizer and chat "
+                "template show no think tags or harmony channels)"
+            )
         if self.events is not None:  # the trace shows each token's logprob and alternatives
             top = max(params.top_logprobs, 5)
             params = msgspec.structs.replace(params, trace=True, top_logprobs=top)
@@ -397,28 +449,49 @@ class StreamExecutor:
         program = None
         if op.lora in (None, self.lora):  # leased under the state's own adapter
             program, self._leased = self.program_id, True
+        content_from = len(self.messages[-1]["content"]) if self.open_role else None
         out = await self.backend.generate(
             prompt, params, lambda t: self._append(t, op.name), op.lora or self.lora, program
         )
-        value = out.text
+        meta = {"text": out.text, "finish_reason": out.finish_reason, "token_ids": out.token_ids}
+        meta.update(out.meta)
+        # The answer, after the thought of a reasoning gen (the text keeps both).
+        answer = meta.pop("content") if params.reasoning else out.text
+        value = answer
         if op.decode is not None:
             try:
-                value = op.decode(out.text)
+                value = op.decode(answer)
             except Exception as e:
                 # The constrained literal was cut short (by max_tokens or a stop string).
                 if not self.keep_undecodable_text:
                     raise ValueError(
-                        f"gen({op.name!r}): cannot decode {out.text!r} "
+                        f"gen({op.name!r}): cannot decode {answer!r} "
                         f"(finish reason {out.finish_reason}): {e}"
                     ) from None
-        meta = {"text": out.text, "finish_reason": out.finish_reason, "token_ids": out.token_ids}
-        meta.update(out.meta)
         if self.events is not None:
             self._record("gen", op.name, len(prompt), submitted, meta=meta, params=params)
+        if params.reasoning:
+            self._keep_thought(op.name, meta["reasoning_content"], answer, content_from, meta)
         self._set(op.name, value, meta)
+
+    def _keep_thought(
+        self, name: str | None, thought: str, answer: str, content_from: int | None, meta: dict
+    ) -> None:
+        """A reasoning gen's thought: SGLang's `<name>_reasoning_content` variable, and the
+        open assistant message's `reasoning_content` (its content keeps the answer alone)."""
+        with self._cond:
+            if content_from is not None:
+                message = self.messages[-1]
+                message["content"] = message["content"][:content_from] + answer
+                if message["role"] == "assistant" and thought:
+                    earlier = message.get("reasoning_content")
+                    message["reasoning_content"] = f"{earlier}\n\n{thought}" if earlier else thought
+        if name is not None:
+            self._set(f"{name}_reasoning_content", thought, meta)
 
     @_run.register
     async def _(self, op: Select) -> None:
+        self._open(by_model=False)  # a scored choice is the program's text, not a generation
         choices = list(op.choices)
         start, submitted = len(self.text), time.monotonic()
         scoring = [self.backend.score(self.text, choices, self.lora)]
@@ -466,6 +539,8 @@ class StreamExecutor:
         for child in op.children:  # their text is read here: their prefixes are not needed
             with child._cond:
                 child._release_lease()
+        if op.mode == "concate_and_append":
+            self._open(by_model=False)  # the forks' text is appended as the program's
         if self.events is not None:
             self._record("join", None, len(self.text), time.monotonic(), **vars(op))
         if op.mode == "concate_and_append":
@@ -484,6 +559,9 @@ class StreamExecutor:
 
     @_run.register
     async def _(self, op: _ForkPoint) -> None:
+        # The forks share the message's opening (most go on to generate), rather than each
+        # writing its own into text a join may concatenate.
+        self._open(by_model=True)
         if self.events is not None:
             self._record("fork", None, len(self.text), time.monotonic(), children=op.states)
         with self._cond:

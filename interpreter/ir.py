@@ -48,7 +48,10 @@ class Gen(_NotText):
     lora: str | None = None  # a LoRA adapter for this gen alone (None: the program's)
 
     def params(self, defaults: dict[str, Any]) -> SamplingParams:
-        return SamplingParams(**{**defaults, **self.sampling})
+        fields = {**defaults, **self.sampling}
+        if not fields.get("reasoning") and "thinking_budget" not in self.sampling:
+            fields.pop("thinking_budget", None)  # the program's budget is its reasoning gens'
+        return SamplingParams(**fields)
 
     def __repr__(self) -> str:
         return f"gen({self.name!r})"
@@ -68,7 +71,13 @@ class Select(_NotText):
 
 @dataclass(eq=False, repr=False)
 class RoleBegin(_NotText):
+    """Open a `role` message. An assistant message's opening waits for its first text: a
+    history turn's where the program writes it, the generation prompt's where the model does
+    (interpreter/generation_openings.py), with `thinking` set as the template's
+    enable_thinking (None: the template's default)."""
+
     role: str
+    thinking: bool | None = None
 
     def __repr__(self) -> str:
         return f"{self.role}_begin()"
@@ -84,10 +93,12 @@ class RoleEnd(_NotText):
 
 @dataclass(eq=False, repr=False)
 class Role(_NotText):
-    """A whole message: its parts (text and operations) framed by the chat template."""
+    """A whole message: its parts (text and operations) framed by the chat template;
+    `thinking` as RoleBegin's."""
 
     role: str
     parts: tuple[Any, ...]
+    thinking: bool | None = None
 
     def __repr__(self) -> str:
         return f"{self.role}(...)"

@@ -62,6 +62,13 @@ def sampling_fields(given: dict[str, Any], where: str) -> dict[str, Any]:
             key, value = "prompt_logprobs_from", max(1, value)
         if key == "top_k" and value == -1:  # SGLang's "off"
             value = 0
+        if key == "reasoning" and type(value) is int:  # reasoning=N: think N tokens at most
+            if given.get("thinking_budget") is not None:
+                raise TypeError(
+                    f"{where}: reasoning={value} is a thinking budget; so is "
+                    "thinking_budget: give one"
+                )
+            fields["thinking_budget"], value = value, True
         field = _SGLANG_NAMES.get(key, key)
         if field not in _SAMPLING_FIELDS:
             raise TypeError(
@@ -84,6 +91,7 @@ def gen(
     return_logprobs: bool = False,
     choices_method: str | Callable | None = None,
     lora: str | None = None,
+    reasoning: bool | int | None = None,
     **sampling: Any,
 ) -> Gen | Select:
     """Generate text into `state[name]`.
@@ -99,9 +107,21 @@ def gen(
     With `choices` it is `select(name, choices, choices_method)`, as in SGLang: the choices
     are scored, not sampled. `lora`: the name of a LoRA adapter the backend serves, for this
     gen (default: the program's, `run(lora=...)`).
+
+    `reasoning=True` lets a model that thinks write its thought first, in the same request:
+    the gen's constraint (regex, json_schema, dtype, choices, ...) then holds the answer
+    after the thought. `state[name]` gets the answer (decoded as without a thought),
+    `state[name + "_reasoning_content"]` and `state.meta(name)["reasoning_content"]` the
+    thought, `meta(name)["reasoning_tokens"]` its length in tokens (markers included); the
+    program's text keeps the output as the model wrote it, thought and all (and
+    `state.text_iter(name)` streams it so). `reasoning=N` bounds the thought to N tokens
+    (thinking_budget=N; `thinking_budget_mode` "soft" or "hard"); 0 answers at once. A model
+    without a reasoning format raises ValueError; a backend that cannot tell the format
+    (RemoteBackend, OpenAIBackend) raises NotImplementedError.
     """
     where = f"gen({name!r})"
-    sampling = sampling_fields({"max_tokens": max_tokens, **sampling}, where)
+    given = {"max_tokens": max_tokens, "reasoning": reasoning, **sampling}
+    sampling = sampling_fields(given, where)
     if "choices" in sampling:
         if lora is not None:
             raise ValueError(f"{where}: a select runs under the program's adapter (run(lora=))")
@@ -133,7 +153,8 @@ def select(
     *,
     choices_method: str | Callable | None = None,
     temperature: float = 0.0,
-) -> Select:
+    reasoning: bool | int | None = None,
+) -> Select | Gen:
     """Append the choice the model scores best and store it in `state[name]`.
 
     All choices are scored in one request tree (logprobs of their tokens, no sampling).
@@ -141,14 +162,15 @@ def select(
     decoder follows furthest) or "unconditional_likelihood_normalized" (mean gain over the
     choice's logprobs without the context), or the method itself (`braid.greedy_token_selection`
     and the others SGLang names). `choices_method` is SGLang's keyword for it; `temperature`
-    is SGLang's too and must be 0, since nothing is sampled.
+    is SGLang's too and must be 0, since nothing is scored at another.
+
+    `reasoning=True` (or N, a thinking budget) lets the model think first: scoring cannot
+    follow a thought it has not written, so the thought is generated (sampled as the
+    program's gens are) and the choice written after it under a choices constraint, in the
+    same request; the thought goes where a reasoning gen's does (see `gen`).
     """
     where = f"select({name!r})"
-    choices = list(choices) if choices is not None and not isinstance(choices, str) else None
-    if not choices or not all(isinstance(c, str) and c for c in choices):
-        raise ValueError(f"{where}: choices must be a non-empty list of non-empty strings")
-    if len(set(choices)) != len(choices):
-        raise ValueError(f"{where}: choices must be distinct")
+    choices = _checked_choices(choices, where)
     if temperature != 0:
         raise ValueError(f"{where}: temperature must be 0: the choices are scored, not sampled")
     method = choices_method if choices_method is not None else method
@@ -156,7 +178,22 @@ def select(
         method = next((key for key, m in METHODS.items() if m is method), method)
     if method not in METHODS:
         raise ValueError(f"{where}: unknown method {method!r}; one of {list(METHODS)}")
-    return Select(name, tuple(choices), method)
+    if reasoning is not None and reasoning is not False:
+        if method != "token_length_normalized":
+            raise ValueError(
+                f"{where}: a choice made after a thought is written, not scored by a method"
+            )
+        return _choice_after_thought(name, choices, {"reasoning": reasoning}, where)
+    return Select(name, choices, method)
+
+
+def _checked_choices(choices: Sequence[str] | None, where: str) -> tuple[str, ...]:
+    listed = list(choices) if choices is not None and not isinstance(choices, str) else None
+    if not listed or not all(isinstance(c, str) and c for c in listed):
+        raise ValueError(f"{where}: choices must be a non-empty list of non-empty strings")
+    if len(set(listed)) != len(listed):
+        raise ValueError(f"{where}: choices must be distinct")
+    return tuple(listed)
 
 
 def system(*parts: Any) -> Role:
@@ -169,18 +206,26 @@ def user(*parts: Any) -> Role:
     return role_message("user", parts)
 
 
-def assistant(*parts: Any) -> Role:
-    """An assistant message made of text, gen and select parts."""
-    return role_message("assistant", parts)
+def assistant(*parts: Any, thinking: bool | None = None) -> Role:
+    """An assistant message made of text, gen and select parts.
+
+    It opens as the chat template's generation prompt does where a gen writes its first text
+    (on a model that thinks, free to think where the template's default is: Qwen3, SmolLM3,
+    DeepSeek-R1), and as a turn of a rendered history where the program does (a few-shot
+    answer). `thinking=False` renders that generation prompt with enable_thinking=False (the
+    template's own switch: ValueError where it has none), `thinking=True` with it True.
+    """
+    return role_message("assistant", parts, thinking)
 
 
-def role_message(role: str, parts: tuple[Any, ...]) -> Role:
-    """A `role` message of text, gen and select parts; parts joined with `+` count as theirs."""
+def role_message(role: str, parts: tuple[Any, ...], thinking: bool | None = None) -> Role:
+    """A `role` message of text, gen and select parts; parts joined with `+` count as theirs.
+    `thinking`: an assistant message's (see `assistant`)."""
     flat = [item for p in parts for item in (p.items if isinstance(p, Parts) else (p,))]
     for p in flat:
         if not isinstance(p, str | Gen | Select):
             raise TypeError(f"{role}(): parts must be text, gen or select, got {p!r}")
-    return Role(role, tuple(flat))
+    return Role(role, tuple(flat), thinking)
 
 
 def check_sampling(sampling: dict[str, Any], where: str) -> SamplingParams:
@@ -197,15 +242,39 @@ def _gen_choices(
     dtype: Any,
     json_schema: Any,
     choices_method: str | Callable | None,
-) -> Select:
+) -> Select | Gen:
     """SGLang's gen(name, choices=...): a select. The sampling fields are checked, then left
-    unused but for temperature, which select checks."""
+    unused but for temperature, which select checks. With reasoning: the choice written after
+    a thought, under the gen's sampling fields."""
+    where = f"gen({name!r})"
     if dtype is not None or json_schema is not None:
-        raise ValueError(f"gen({name!r}): choices cannot be combined with dtype or json_schema")
-    check_sampling(sampling, f"gen({name!r})")
+        raise ValueError(f"{where}: choices cannot be combined with dtype or json_schema")
+    check_sampling(sampling, where)
+    if sampling.get("reasoning"):
+        if choices_method is not None:
+            raise ValueError(
+                f"{where}: a choice made after a thought is written, not scored by a method"
+            )
+        choices = _checked_choices(sampling["choices"], where)
+        return _choice_after_thought(name, choices, sampling, where)
     method = choices_method or "token_length_normalized"
     temperature = sampling.get("temperature", 0.0)
     return select(name, sampling["choices"], method, temperature=temperature)
+
+
+def _choice_after_thought(
+    name: str | None, choices: Sequence[str], given: dict[str, Any], where: str
+) -> Gen:
+    """A gen that thinks, then writes one of `choices` under a choices constraint."""
+    sampling = sampling_fields({**given, "choices": list(choices)}, where)
+    check_sampling(sampling, where)
+
+    def one_of(text: str) -> str:
+        if text not in choices:  # cut short by max_tokens
+            raise ValueError(f"{text!r} is not one of the choices")
+        return text
+
+    return Gen(name, sampling, one_of)
 
 
 def _schema(name: str | None, schema: Any) -> tuple[Any, Callable[[str], Any] | None]:

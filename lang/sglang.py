@@ -14,10 +14,10 @@ import os
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from braid.api import gen
+from braid.api import gen, select
 from braid.interpreter.backend import Backend, default_backend, set_default_backend
 from braid.interpreter.choices import greedy
-from braid.interpreter.ir import Gen, RoleBegin, RoleEnd
+from braid.interpreter.ir import Gen, Parts, Role, RoleBegin, RoleEnd, Select
 from braid.interpreter.openai_backend import OpenAIBackend
 from braid.interpreter.remote_backend import RemoteBackend
 from braid.program import Program
@@ -110,10 +110,25 @@ def video(path: Any, num_frames: int = 0) -> NoReturn:
 
 
 def separate_reasoning(expr: Any = None, model_type: str | None = None) -> Any:
-    """`expr` unchanged: braid does not split a reasoning model's thinking from its answer,
-    so the gen's variable keeps the whole text and no `<name>_reasoning_content` is set
-    (a model without a thinking block, such as the default one, has nothing to split)."""
-    return "" if expr is None else expr
+    """`expr` with its gens and selects made reasoning ones (`gen(..., reasoning=True)`): each
+    variable gets the answer, `<name>_reasoning_content` the thought, as in SGLang.
+    `model_type` (SGLang's parser name) is accepted and not needed: the backend's reasoning
+    format says how the model marks a thought, and the prompt where it starts (SGLang's
+    "qwen3-thinking" and "deepseek-r1" parsers differ in that alone)."""
+    if expr is None:
+        return ""
+    if isinstance(expr, Gen):
+        return Gen(expr.name, {**expr.sampling, "reasoning": True}, expr.decode, expr.lora)
+    if isinstance(expr, Select):
+        return select(expr.name, expr.choices, expr.method, reasoning=True)
+    if isinstance(expr, Parts):
+        parts = (separate_reasoning(p) if isinstance(p, Gen | Select) else p for p in expr.items)
+        return Parts(tuple(parts))
+    if isinstance(expr, Role):
+        return Role(expr.role, separate_reasoning(Parts(expr.parts)).items, expr.thinking)
+    raise TypeError(
+        f"separate_reasoning(): expr must be a gen, a select, or parts holding them, got {expr!r}"
+    )
 
 
 class RuntimeEndpoint(RemoteBackend):

@@ -75,7 +75,9 @@ class ProgramState:
         return self._executor.text
 
     def messages(self) -> list[dict[str, str]]:
-        """The chat messages so far, as {"role", "content"} dicts."""
+        """The chat messages so far, as {"role", "content"} dicts; an assistant message that
+        a reasoning gen wrote in has its thought in "reasoning_content" and its answer alone
+        in "content"."""
         self._executor.sync()
         return copy.deepcopy(self._executor.messages)
 
@@ -160,20 +162,24 @@ class ProgramState:
     def user(self, *parts: Any) -> AbstractContextManager[ProgramState] | None:
         return self._role("user", parts)
 
-    def assistant(self, *parts: Any) -> AbstractContextManager[ProgramState] | None:
-        return self._role("assistant", parts)
+    def assistant(
+        self, *parts: Any, thinking: bool | None = None
+    ) -> AbstractContextManager[ProgramState] | None:
+        """As `system`; the message opens as braid.assistant's does (`thinking` too). Inside
+        `with s.assistant():` the opening is written with the first text appended."""
+        return self._role("assistant", parts, thinking)
 
     def _role(
-        self, role: str, parts: tuple[Any, ...]
+        self, role: str, parts: tuple[Any, ...], thinking: bool | None = None
     ) -> AbstractContextManager[ProgramState] | None:
         if parts:
-            self += role_message(role, parts)
+            self += role_message(role, parts, thinking)
             return None
-        return self._role_block(role)
+        return self._role_block(role, thinking)
 
     @contextmanager
-    def _role_block(self, role: str) -> Iterator[ProgramState]:
-        self += RoleBegin(role)
+    def _role_block(self, role: str, thinking: bool | None) -> Iterator[ProgramState]:
+        self += RoleBegin(role, thinking)
         yield self
         self += RoleEnd(role)
 

@@ -133,8 +133,6 @@ def test_what_braid_cannot_do_says_so():
         sgl.function(num_api_spec_tokens=64)
     with pytest.raises(ValueError, match="Azure"):
         sgl.OpenAI("gpt-4o-mini", is_azure=True)
-    g = sgl.gen("x")
-    assert sgl.separate_reasoning(g, model_type="deepseek-r1") is g
 
 
 def test_global_config():
