@@ -33,7 +33,8 @@ def tracing_default() -> bool:
 @dataclass
 class Trace:
     """A traced run: `states[0]` is the root; each state holds its own text (a fork's from
-    the fork on) as segments {"origin", "text", "token"?}, and its events in order: gens
+    the fork on) as segments {"origin", "text", "token"?, "thinking"?} ("thinking": the token
+    is in a reasoning gen's thought, before its answer), and its events in order: gens
     (counts, timeline), selects (choices, scores, method), forks (child ids), joins."""
 
     program: str
@@ -123,8 +124,9 @@ def _cached_chars(e: StreamExecutor, gen: dict) -> int:
 
 
 def _token_segments(e: StreamExecutor, ev: dict) -> list[dict]:
-    """A gen's text, a segment per output token (generated or forced) with its facts; text a
-    backend gives no tokens for is one "generated" segment."""
+    """A gen's text, a segment per output token (generated or forced) with its facts, those
+    of a reasoning gen's thought marked "thinking"; text a backend gives no tokens for is one
+    "generated" segment."""
     meta, backend = ev["meta"], e.backend
     text = e.text[ev["start"] : ev["end"]]
     ids = meta.get("token_ids") or []
@@ -136,6 +138,7 @@ def _token_segments(e: StreamExecutor, ev: dict) -> list[dict]:
     allowed = trace.get("allowed") or [None] * len(ids)
     logprobs = meta.get("logprobs") or [None] * len(ids)
     tops = meta.get("top_logprobs") or [{}] * len(ids)
+    thought = meta.get("reasoning_tokens") or 0  # the first tokens: the thought, its markers too
     out, pos = [], 0
     for i, piece in enumerate(pieces):
         shown = text[pos : pos + len(piece)]
@@ -153,7 +156,10 @@ def _token_segments(e: StreamExecutor, ev: dict) -> list[dict]:
             "cut": len(shown) < len(piece),  # a stop string (or EOS) ended the text here
         }
         origin = "forced" if forced[i] else "generated"
-        out.append({"origin": origin, "text": shown, "token": token})
+        segment = {"origin": origin, "text": shown, "token": token}
+        if i < thought:
+            segment["thinking"] = True
+        out.append(segment)
         pos += len(shown)
     if pos < len(text):
         out.append({"origin": "generated", "text": text[pos:]})
@@ -208,6 +214,7 @@ def _gen_facts(ev: dict, t0: float) -> dict[str, Any]:
         "computed_tokens": None if prompt is None else prompt - cached,
         "completion_tokens": completion,
         "forced_tokens": sum(forced),
+        "reasoning_tokens": meta.get("reasoning_tokens"),  # None: not a reasoning gen
         "timeline_ms": timeline,
         "tokens_per_s": (completion - 1) / decode_s if decode_s and completion > 1 else None,
     }
