@@ -85,8 +85,9 @@ def _ignoring(response: Response, ignored: list[str], route: str) -> Response:
     extensions), and said so: in the log and in a response header naming them."""
     if ignored:
         # The names are the client's: escaped as JSON does (no control character reaches the
-        # header or the log, and a header is latin-1) and cut to a bounded length.
-        names = ", ".join(json.dumps(name)[1:-1] for name in ignored)
+        # header or the log, and a header is latin-1), one that is empty or blank at its ends
+        # quoted (a header value may not end in whitespace), and cut to a bounded length.
+        names = ", ".join(_header_name(name) for name in ignored)
         if len(names) > _MAX_IGNORED_CHARS:
             names = names[:_MAX_IGNORED_CHARS] + "..."
         log.warning("%s: ignored the unknown fields %s", route, names)
@@ -95,6 +96,11 @@ def _ignoring(response: Response, ignored: list[str], route: str) -> Response:
 
 
 _MAX_IGNORED_CHARS = 1024
+
+
+def _header_name(name: str) -> str:
+    escaped = json.dumps(name)
+    return escaped if not name or name != name.strip() else escaped[1:-1]
 
 
 def _max_tokens_field(obj: dict) -> str | None:
