@@ -129,6 +129,11 @@ def _thinking(
                 f"{thinking.budget_field}: {why}, so there is no thought to budget (braid serve "
                 "--reasoning-format names the model's format)"
             )
+        if fmt is not None and fmt.kind == "harmony" and plan is not None and plan.calls:
+            raise BadRequest(
+                "reasoning false cannot be combined with tools that may be called on a harmony "
+                "model: its calls are read from its channels"
+            )
         return params, None
     if not thinking.separate and plan is not None and plan.calls:
         raise BadRequest(

@@ -166,3 +166,16 @@ def test_a_call_after_a_thought(served, name, choice):
     assert reason == finish == "tool_calls" and not message.content and not content
     pieces = [p for c in chunks for p in c.choices[0].delta.tool_calls or ()]
     assert [(p.function.name, p.function.arguments) for p in pieces] == [("weather", "{}")]
+
+
+@pytest.mark.parametrize(
+    "name,body,named",
+    [
+        ("qwen3_tool", {"separate_reasoning": False}, "separate_reasoning"),
+        ("gpt_oss_tool", {"reasoning": False}, "reasoning false"),
+    ],
+)
+def test_calls_need_the_thought_split_off(served, name, body, named):
+    request = REQUEST | {"tools": [WEATHER], "tool_choice": "required"} | body
+    r = httpx.post(served(name).url + "/v1/chat/completions", json=request, timeout=60)
+    assert r.status_code == 400 and named in r.json()["error"]["message"]
