@@ -50,6 +50,45 @@ class Phases:
     excluded: frozenset[int] = frozenset()
     budget: int | None = None
     soft_from: int | None = None  # None: a hard budget (or none)
+    guard: MarkerGuard | None = None  # keeps the end marker's text to its own tokens
+
+
+@dataclass(frozen=True)
+class MarkerGuard:
+    """Keeps a thought from spelling its end marker in other tokens than the marker's own
+    (`</` `think` `>` where `</think>` is one token): the text splitter ends a thought at the
+    marker's text, so that text may appear only where the phases switch. `rows[0]` forbids
+    the tokens that hold the whole marker, `rows[k]` those that finish it after its first k
+    bytes (forbidden where the thought's text ends with them)."""
+
+    marker: bytes
+    rows: tuple[torch.Tensor, ...]
+
+    @classmethod
+    def of(cls, marker: bytes, token_bytes: tuple[bytes | None, ...]) -> MarkerGuard:
+        held = [i for i, b in enumerate(token_bytes) if b and marker in b]
+        finishing = [
+            [i for i, b in enumerate(token_bytes) if b and b.startswith(marker[k:])]
+            for k in range(1, len(marker))
+        ]
+        size = len(token_bytes)
+        return cls(marker, tuple(_bits(ids, size) for ids in [held, *finishing]))
+
+    def forbid(self, row: torch.Tensor, tail: bytes) -> None:
+        """Take out of `row` the tokens that would finish the marker after `tail`."""
+        row &= ~self.rows[0]
+        for k in range(1, len(self.marker)):
+            if tail.endswith(self.marker[:k]):
+                row &= ~self.rows[k]
+
+    def spells(self, tail: bytes, token: bytes | None) -> bool:
+        return token is not None and self.marker in tail + token
+
+    def tail(self, tail: bytes, token: bytes | None) -> bytes:
+        """The thought's last bytes (fewer than the marker's) after `token`; a special token
+        (no bytes) breaks the text."""
+        keep = len(self.marker) - 1
+        return (tail + token)[len(tail + token) - keep :] if token is not None and keep else b""
 
 
 @dataclass(frozen=True)
@@ -61,6 +100,7 @@ class TokenClasses:
     every: torch.Tensor
     whitespace: torch.Tensor
     whitespace_ids: frozenset[int]
+    token_bytes: tuple[bytes | None, ...]
 
     @classmethod
     def of(cls, token_bytes: tuple[bytes | None, ...]) -> TokenClasses:
@@ -70,7 +110,7 @@ class TokenClasses:
         if spare:
             every[-1] = (1 << (32 - spare)) - 1
         ws = {i for i, b in enumerate(token_bytes) if b and not b.strip(b" \t\r\n")}
-        return cls(size, every, _bits(ws, size), frozenset(ws))
+        return cls(size, every, _bits(ws, size), frozenset(ws), token_bytes)
 
 
 @dataclass
@@ -82,6 +122,7 @@ class _At:
     thought: int = 0
     reasoning: int = 0  # tokens before the answer, markers included
     inner: int = 0  # tokens the move here fed the inner grammar
+    tail: bytes = b""  # the thought's last bytes (MarkerGuard)
 
 
 class PhasedMatcher(Matcher):
@@ -131,6 +172,9 @@ class PhasedMatcher(Matcher):
                 return
             row.copy_(self.classes.every)
             clear_bits(row, p.excluded)
+            if p.guard is not None:
+                p.guard.forbid(row, at.tail)
+                set_bits(row, [p.end_ids[len(at.matched)]])  # the marker's own next token
             return
         # MAYBE: the start marker, a direct answer's header, whitespace, or the answer at once
         # (which may begin with the start marker's first tokens: harmony's `<|channel|>`).
@@ -226,18 +270,22 @@ class PhasedMatcher(Matcher):
             return None
         if t in p.excluded:
             return None
+        text = self.classes.token_bytes[t] if t < self.classes.size else None
+        tail = p.guard.tail(at.tail, text) if p.guard is not None else b""
         if t == p.end_ids[len(at.matched)]:
             matched = (*at.matched, t)
             if matched == p.end_ids:
                 return _At(HEADER if p.answer_ids else LEAD, reasoning=reasoning)
-            return _At(THOUGHT, matched, at.thought, reasoning)
+            return _At(THOUGHT, matched, at.thought, reasoning, tail=tail)
+        if p.guard is not None and p.guard.spells(at.tail, text):
+            return None
         if t in p.closer_ids and self.inner.accept_token(t):
             return _At(ANSWER, reasoning=at.reasoning, inner=1)
         # A partial end marker not continued was thought after all.
         thought = at.thought + len(at.matched) + 1
         if at.matched and t == p.end_ids[0]:
-            return _At(THOUGHT, (t,), thought - 1, reasoning)
-        return _At(THOUGHT, (), thought, reasoning)
+            return _At(THOUGHT, (t,), thought - 1, reasoning, tail=tail)
+        return _At(THOUGHT, (), thought, reasoning, tail=tail)
 
 
 class FreeMatcher(Matcher):

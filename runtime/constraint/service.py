@@ -25,7 +25,13 @@ from braid.grammars.harmony_calls import (
     HarmonyTokens,
 )
 from braid.grammars.matcher import Grammar
-from braid.grammars.phases import FreeMatcher, PhasedMatcher, Phases, TokenClasses
+from braid.grammars.phases import (
+    FreeMatcher,
+    MarkerGuard,
+    PhasedMatcher,
+    Phases,
+    TokenClasses,
+)
 from braid.grammars.regex.char_regex import CharPattern, CharRegex
 from braid.grammars.vocabulary import TokenVocabulary, build_vocabulary
 from braid.runtime.config import EngineConfig
@@ -61,6 +67,7 @@ class GrammarService:
         self._compiler = None  # started with the first constrained request
         self._jump: JumpForward | None = None
         self._classes: TokenClasses | None = None
+        self._guards: dict[str, MarkerGuard] = {}
 
     @property
     def vocab(self) -> TokenVocabulary:
@@ -104,6 +111,15 @@ class GrammarService:
                     max_queued=self.config.grammar_compile_queue,
                 )
             return self._compiler.submit(job)
+
+    def marker_guard(self, marker: str) -> MarkerGuard:
+        """The guard of a reasoning format's end marker (built once: a pass over the
+        vocabulary)."""
+        vocab = self.vocab
+        with self._lock:
+            if marker not in self._guards:
+                self._guards[marker] = MarkerGuard.of(marker.encode(), vocab.token_bytes)
+            return self._guards[marker]
 
     def _harmony_calls(self, calls: ToolCalls) -> Future[Grammar]:
         """A harmony call grammar, of its parts compiled as usual: the names, each tool's

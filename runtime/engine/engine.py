@@ -533,6 +533,7 @@ class Engine:
             excluded=frozenset(stop_ids),
             budget=budget,
             soft_from=budget - budget // 5 if soft else None,
+            guard=self.grammars.marker_guard(fmt.end),
         )
 
 

@@ -13,7 +13,7 @@ import transformers
 
 from braid import grammars
 from braid.grammars.matcher import allocate_bitmask, allowed_token_ids
-from braid.grammars.phases import FreeMatcher, PhasedMatcher, Phases, TokenClasses
+from braid.grammars.phases import FreeMatcher, MarkerGuard, PhasedMatcher, Phases, TokenClasses
 
 SCHEMA = {
     "type": "object",
@@ -152,6 +152,23 @@ def test_a_multi_token_end_marker(default_model_path, vocab, classes, schema_gra
     assert m.in_answer
     feed(m, ids(plain, ANSWER), vocab.size)
     assert allowed(m, vocab.size) == {plain.eos_token_id}
+
+
+def test_the_end_marker_is_written_only_as_its_own_tokens(
+    tok, default_model_path, vocab, classes, schema_grammar
+):
+    # The splitter ends a thought where the marker's text appears: spelled in other tokens
+    # it would end the thought there while the phases went on. So the phases refuse them.
+    guard = MarkerGuard.of(b"</think>", vocab.token_bytes)
+    m = PhasedMatcher(schema_grammar.matcher(), plan(tok, "thinking", guard=guard), classes)
+    plain = transformers.AutoTokenizer.from_pretrained(default_model_path)
+    pieces = ids(plain, "a </think")  # no added tokens: "</think" in pieces
+    feed(m, pieces, vocab.size)
+    closing = one(plain, ">")
+    assert closing not in allowed(m, vocab.size) and not m.accept_token(closing)
+    assert one(tok, "</think>") in allowed(m, vocab.size)  # the marker's own token is
+    feed(m, [one(plain, " ok"), one(tok, "</think>")], vocab.size)
+    assert m.in_answer
 
 
 def test_a_format_header_is_forced_before_the_answer(tok, vocab, classes, schema_grammar):
