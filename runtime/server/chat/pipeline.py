@@ -140,11 +140,13 @@ def _thinking(
             "separate_reasoning false cannot be combined with tools that may be called (calls "
             "are read from the text after the thought)"
         )
+    split = Split(fmt, prompt_opening(fmt, svc.engine.tokenizer, ids), thinking)
+    if split.closed:  # the prompt closed the thought: the model answers as one that never thinks
+        return params, split
     fields = {"reasoning": True, "thinking_budget": thinking.budget}
     if thinking.budget_mode is not None:
         fields["thinking_budget_mode"] = thinking.budget_mode
-    opening = prompt_opening(fmt, svc.engine.tokenizer, ids)
-    return msgspec.structs.replace(params, **fields), Split(fmt, opening, thinking)
+    return msgspec.structs.replace(params, **fields), split
 
 
 def _ended_at_repeat(svc: Service, ctx: RequestContext, reply: Callable[[], Reply]) -> Streamer:

@@ -30,6 +30,13 @@ class Split:
     thinking: Thinking
 
     @property
+    def closed(self) -> bool:
+        """The prompt closed the thought (an empty one: Qwen3's enable_thinking false,
+        SmolLM3's /no_think): the output is all answer, read as it was written. (A harmony
+        prompt that opens the final channel still has its answer's end marked.)"""
+        return self.opening == "off" and self.fmt.kind == "think"
+
+    @property
     def shown(self) -> bool:
         """The reply carries the thought apart from its text."""
         return self.thinking.separate and self.thinking.include
@@ -48,7 +55,7 @@ class Reply:
         self._harmony = split is not None and split.fmt.kind == "harmony"
         self.parser = tools.CallParser() if calling and not self._harmony else None
         self._reader = None
-        if split is not None and split.thinking.separate:
+        if split is not None and split.thinking.separate and not split.closed:
             # Qwen3's templates let a call marker inside a thought end it.
             closers = (tools.MARK,) if calling and split.fmt.kind == "think" else ()
             self._reader = splitter(split.fmt, split.opening, closers)

@@ -72,7 +72,23 @@ def test_each_budget_field_gives_the_engine_its_budget(served, monkeypatch, path
     r = httpx.post(s.url + path, json=body, timeout=60)
     assert r.status_code == 200, r.text
     [params] = given
-    assert params.reasoning and params.thinking_budget == budget
+    if budget == 0:  # thinking off: Qwen3's template closes the thought, nothing is left to run
+        assert (params.reasoning, params.thinking_budget) == (False, None)
+    else:
+        assert params.reasoning and params.thinking_budget == budget
+
+
+def test_thinking_off_where_the_prompt_still_opens_the_thought_ends_it_at_once(
+    served, monkeypatch
+):
+    s = served("r1")  # R1's prompt opens <think> whatever the template is told
+    given = given_params(monkeypatch, s)
+    out = chat(s, reasoning_effort="none", response_format=CHAT_FORMAT).json()
+    assert (given[0].reasoning, given[0].thinking_budget) == (True, 0)
+    message = out["choices"][0]["message"]
+    assert message["content"] == ANSWER and not message["reasoning_content"]
+    end = len(s.tokens("</think>"))
+    assert out["usage"]["completion_tokens_details"]["reasoning_tokens"] == end
 
 
 def test_budget_mode_and_the_request_level_switch(served, monkeypatch):
