@@ -62,7 +62,7 @@ class Reply:
         self._harmony_calls: list[tools.Call] = []
         self._texts: list[str] = []
         self._thoughts: list[str] = []
-        self._held = False  # the thought is held back, to go out whole (stream_reasoning false)
+        self._held: list[str] = []  # thought held back to go out whole (stream_reasoning false)
         # Set on the last chunk: the engine's, or "tool_calls" where the output ended after
         # whole calls (tools.finish_reason).
         self.finish_reason: str | None = None
@@ -134,7 +134,7 @@ class Reply:
                 return []
             self._thoughts.append(piece[1])
             if self.split.thinking.whole:
-                self._held = True
+                self._held.append(piece[1])
                 return []
             return [piece]
         events = self._release()
@@ -168,5 +168,5 @@ class Reply:
         """A thought held back to go out whole, once it has ended."""
         if not self._held:
             return []
-        self._held = False
-        return [("reasoning", self.reasoning)]
+        held, self._held = "".join(self._held), []
+        return [("reasoning", held)]
