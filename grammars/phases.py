@@ -6,7 +6,7 @@ a turn that may open a thought ("maybe": the start marker, or an answer at once)
 (every token but the excluded ones: EOS and stop tokens, which would end the output before
 its answer); the end marker (multi-token markers are followed token by token); what a
 format puts before an answer (harmony's final header, forced); then the answer, with leading
-whitespace allowed before the inner grammar's first token.
+a few whitespace tokens allowed before the inner grammar's first token.
 
 A budget bounds the thought: at `budget` thought tokens the end marker is forced. A soft
 budget also offers the end marker from `soft_from` on: the sampler forces it at the first
@@ -32,6 +32,10 @@ from braid.grammars.matcher import (
 
 # The phases, in order.
 MAYBE, THOUGHT, HEADER, LEAD, ANSWER = "maybe", "thought", "header", "lead", "answer"
+# Whitespace tokens allowed before an answer (templates write a newline or two after the end
+# tag); bounded, since a model held off its own next token may take whitespace forever. None
+# after a forced header: the answer follows it at once.
+LEAD_SPACES = 4
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,7 @@ class _At:
     reasoning: int = 0  # tokens before the answer, markers included
     inner: int = 0  # tokens the move here fed the inner grammar
     tail: bytes = b""  # the thought's last bytes (MarkerGuard)
+    spaces: int = 0  # whitespace tokens still allowed before the answer's first token
 
 
 class PhasedMatcher(Matcher):
@@ -133,7 +138,7 @@ class PhasedMatcher(Matcher):
         first = {"maybe": MAYBE, "thinking": THOUGHT, "off": LEAD}[phases.opening]
         if first == MAYBE and phases.budget == 0 and not phases.direct_ids:
             first = LEAD  # no thought: the answer starts at once
-        self._at = _At(first)
+        self._at = _At(first, spaces=LEAD_SPACES)
         self._history: list[_At] = []
 
     @property
@@ -161,7 +166,8 @@ class PhasedMatcher(Matcher):
             return
         if at.phase == LEAD:
             self.inner.fill_bitmask(row)
-            row |= self.classes.whitespace
+            if at.spaces:
+                row |= self.classes.whitespace
             return
         if at.phase == HEADER:
             only_bits(row, [p.answer_ids[len(at.matched)]])
@@ -185,7 +191,7 @@ class PhasedMatcher(Matcher):
             if at.matched:
                 self.inner.rollback(len(at.matched))
         row |= _bits(nexts, self.classes.size)
-        if not at.matched:
+        if not at.matched and at.spaces:
             row |= self.classes.whitespace
 
     def accept_token(self, token_id: int) -> bool:
@@ -237,7 +243,9 @@ class PhasedMatcher(Matcher):
         if at.phase == LEAD:
             if self.inner.accept_token(t):
                 return _At(ANSWER, reasoning=at.reasoning, inner=1)
-            return _At(LEAD, reasoning=at.reasoning) if t in self.classes.whitespace_ids else None
+            if at.spaces and t in self.classes.whitespace_ids:
+                return _At(LEAD, reasoning=at.reasoning, spaces=at.spaces - 1)
+            return None
         if at.phase == HEADER:
             if t != p.answer_ids[len(at.matched)]:
                 return None
@@ -252,16 +260,17 @@ class PhasedMatcher(Matcher):
         for opener in self._openers():
             if opener[: len(matched)] == matched:
                 if matched == opener:
-                    phase = THOUGHT if opener == p.start_ids and p.budget != 0 else LEAD
-                    if phase == THOUGHT:
+                    if opener == p.start_ids and p.budget != 0:
                         return _At(THOUGHT, reasoning=reasoning)
-                    return _At(LEAD, reasoning=reasoning)
-                return _At(MAYBE, matched, reasoning=reasoning)
+                    return _At(LEAD, reasoning=reasoning)  # after a direct header
+                return _At(MAYBE, matched, reasoning=reasoning, spaces=at.spaces)
         if not p.direct_ids and accept_all(self.inner, matched):
             return _At(ANSWER, reasoning=at.reasoning - len(at.matched), inner=len(matched))
         if at.matched:
             return None
-        return _At(MAYBE, reasoning=reasoning) if t in self.classes.whitespace_ids else None
+        if at.spaces and t in self.classes.whitespace_ids:
+            return _At(MAYBE, reasoning=reasoning, spaces=at.spaces - 1)
+        return None
 
     def _thinking(self, at: _At, t: int) -> _At | None:
         p = self.phases
@@ -275,7 +284,9 @@ class PhasedMatcher(Matcher):
         if t == p.end_ids[len(at.matched)]:
             matched = (*at.matched, t)
             if matched == p.end_ids:
-                return _At(HEADER if p.answer_ids else LEAD, reasoning=reasoning)
+                if p.answer_ids:
+                    return _At(HEADER, reasoning=reasoning)
+                return _At(LEAD, reasoning=reasoning, spaces=LEAD_SPACES)
             return _At(THOUGHT, matched, at.thought, reasoning, tail=tail)
         if p.guard is not None and p.guard.spells(at.tail, text):
             return None

@@ -13,7 +13,14 @@ import transformers
 
 from braid import grammars
 from braid.grammars.matcher import allocate_bitmask, allowed_token_ids
-from braid.grammars.phases import FreeMatcher, MarkerGuard, PhasedMatcher, Phases, TokenClasses
+from braid.grammars.phases import (
+    LEAD_SPACES,
+    FreeMatcher,
+    MarkerGuard,
+    PhasedMatcher,
+    Phases,
+    TokenClasses,
+)
 
 SCHEMA = {
     "type": "object",
@@ -101,6 +108,16 @@ def test_a_thought_then_an_answer_held_to_the_schema(tok, vocab, classes, schema
     jsonschema.validate(json.loads(tok.decode(answer)), SCHEMA)
 
 
+def test_whitespace_before_the_answer_is_bounded(tok, vocab, classes, schema_grammar):
+    m = PhasedMatcher(schema_grammar.matcher(), plan(tok, "thinking"), classes)
+    feed(m, ids(tok, "hm") + [one(tok, "</think>")], vocab.size)
+    space = one(tok, " ")
+    for _ in range(LEAD_SPACES):
+        feed(m, [space], vocab.size)
+    assert space not in allowed(m, vocab.size) and not m.accept_token(space)
+    feed(m, ids(tok, ANSWER), vocab.size)
+
+
 def test_openings(tok, vocab, classes, schema_grammar):
     inside = PhasedMatcher(schema_grammar.matcher(), plan(tok, "thinking"), classes)
     assert one(tok, "}") in allowed(inside, vocab.size)  # the prompt opened the thought
@@ -181,6 +198,7 @@ def test_a_format_header_is_forced_before_the_answer(tok, vocab, classes, schema
     for t in header:
         assert allowed(m, vocab.size) == {t}
         feed(m, [t], vocab.size)
+    assert one(tok, " ") not in allowed(m, vocab.size)  # the answer follows its header at once
     feed(m, ids(tok, ANSWER), vocab.size)
     direct_m = PhasedMatcher(schema_grammar.matcher(), phases, classes)
     feed(direct_m, list(direct) + ids(tok, ANSWER), vocab.size)
