@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from braid.interpreter.generation_openings import GenerationOpenings
+from braid.interpreter.thoughts import split_thought
 from braid.runtime.protocol import GenerateOutput, SamplingParams
 from braid.runtime.text.chat_template import ChatTemplate
+from braid.runtime.text.generation_openings import GenerationOpenings
 
 if TYPE_CHECKING:  # the engine (and torch) load only when a LocalBackend is made
     from braid.runtime.engine.engine import Engine
@@ -70,20 +71,10 @@ class LocalBackend:
         """The output's thought and answer, split in the engine's reasoning format from where
         the prompt's tokens leave the model."""
         from braid.runtime.text.reasoning import prompt_opening  # transformers: local only
-        from braid.runtime.text.thought_split import splitter
 
         fmt = self.engine.reasoning_format
         opening = prompt_opening(fmt, self.engine.tokenizer, self.engine.encode(prompt))
-        reader = splitter(fmt, opening)
-        parts: dict[str, list[str]] = {"reasoning": [], "text": []}
-        for event in [*reader.feed(text), *reader.finish()]:
-            if event[0] == "call":  # harmony's commentary to a function: not a gen's text
-                raise ValueError(
-                    f"the model called function {event[1]!r} where a gen writes text; hold "
-                    "the answer to a constraint (regex, json_schema, ...) to keep it text"
-                )
-            parts[event[0]].append(event[1])
-        return {"reasoning_content": "".join(parts["reasoning"]), "content": "".join(parts["text"])}
+        return split_thought(fmt, opening, text)
 
     def compile_ahead(self, params: SamplingParams) -> None:
         """Start compiling the params' constraint (its gen finds it in the compile cache)."""

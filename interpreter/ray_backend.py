@@ -22,7 +22,7 @@ from braid.runtime.protocol import GenerateOutput, SamplingParams
 from braid.runtime.text.chat_template import ChatTemplate
 
 if TYPE_CHECKING:
-    from braid.interpreter.generation_openings import GenerationOpenings
+    from braid.runtime.text.generation_openings import GenerationOpenings
     from braid.runtime.text.reasoning import ReasoningFormat
 
 

@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING
 
 from braid.interpreter.event_loop import interpreter_loop as loop
 from braid.interpreter.http import HttpClient
+from braid.interpreter.thoughts import split_thought
 from braid.runtime.protocol import GenerateOutput, SamplingParams, wire_sampling
+from braid.runtime.text import reasoning
 from braid.runtime.text.chat_template import ChatTemplate
 
 if TYPE_CHECKING:
-    from braid.interpreter.generation_openings import GenerationOpenings
+    from braid.runtime.text.generation_openings import GenerationOpenings
     from braid.runtime.text.reasoning import ReasoningFormat
 
 log = logging.getLogger(__name__)
@@ -54,17 +56,25 @@ class RemoteBackend:
             )
         return ChatTemplate(**markers)
 
-    @property
+    @cached_property
     def generation_openings(self) -> GenerationOpenings | None:
-        """Not available: /get_model_info reports the template's history markers only."""
-        return None
+        """How the template's generation prompt opens an assistant message, as the server
+        reports it (None from a server that does not)."""
+        from braid.runtime.text.generation_openings import GenerationOpenings
 
-    @property
+        fields = self.model_info.get("generation_openings")
+        return None if fields is None else GenerationOpenings.from_wire(fields)
+
+    @cached_property
     def reasoning_format(self) -> ReasoningFormat | None:
-        raise NotImplementedError(
-            "RemoteBackend cannot run a reasoning gen: the server's /get_model_info does not "
-            "report the model's reasoning format (a LocalBackend on the model can)"
-        )
+        """The served model's reasoning format (None: it does not think)."""
+        if "reasoning_format" not in self.model_info:
+            raise NotImplementedError(
+                f"RemoteBackend cannot run a reasoning gen: the server at {self.http.base_url} "
+                "does not report its model's reasoning format in /get_model_info (an older braid)"
+            )
+        fields = self.model_info["reasoning_format"]
+        return None if fields is None else reasoning.from_wire(fields)
 
     async def generate(
         self,
@@ -115,6 +125,11 @@ class RemoteBackend:
             meta["prompt_logprobs"] = [lp for lp, _, _ in prompt_listing]
             meta["prompt_token_ids"] = [t for _, t, _ in prompt_listing]
             self._learn_texts(prompt_listing)
+        if "reasoning_tokens" in info:
+            meta["reasoning_tokens"] = info["reasoning_tokens"]
+        if params.reasoning:  # the prompt's text ends as its tokens do: markers written out
+            fmt = self.reasoning_format
+            meta |= split_thought(fmt, fmt.opening(prompt[-200:]), last["text"])
         reason = info["finish_reason"]["type"]
         return GenerateOutput(last["text"], last["output_ids"], reason, meta)
 

@@ -27,6 +27,7 @@ from braid.runtime.server.request_context import RequestContext
 from braid.runtime.server.wire import BadRequest, ModelNotFound
 from braid.runtime.text import template_render
 from braid.runtime.text.chat_template import ChatTemplate
+from braid.runtime.text.generation_openings import GenerationOpenings
 
 T = TypeVar("T")
 # A job's chunks from (prompt ids, params): Service.stream, or a route's wrapper of it.
@@ -64,6 +65,8 @@ class Service:
             self.chat_template: ChatTemplate | None = ChatTemplate.from_tokenizer(engine.tokenizer)
         except ValueError:  # the tokenizer has none
             self.chat_template = None
+        # How its generation prompt opens an assistant message (/get_model_info reports it).
+        self.generation_openings = GenerationOpenings.from_tokenizer(engine.tokenizer)
         # Whether the chat template renders tools and tool turns itself (chat/tools.py); under
         # harmony it does, in harmony's own format (chat/harmony.py).
         fmt = engine.reasoning_format

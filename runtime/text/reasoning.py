@@ -10,9 +10,10 @@ detected from the tokenizer's tokens and the chat template, or named (`--reasoni
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from transformers import PreTrainedTokenizerBase
+if TYPE_CHECKING:  # a remote backend reads a format without loading transformers
+    from transformers import PreTrainedTokenizerBase
 
 FORMATS = ("auto", "none", "think", "harmony")
 
@@ -63,6 +64,12 @@ class ReasoningFormat:
             return _TURN, ""
         final = _FINAL_JSON if answer == "json" else _FINAL
         return _TURN + final, final
+
+
+def from_wire(fields: dict[str, Any]) -> ReasoningFormat:
+    """A format as /get_model_info reports it (dataclasses.asdict of one)."""
+    ids = {k: tuple(v) for k, v in fields.items() if k.endswith("_ids")}
+    return ReasoningFormat(**{**fields, **ids})
 
 
 def detect(

@@ -13,8 +13,8 @@ from reasoning_models import FAMILIES, family_tokenizer, render
 
 from braid import OpenAIBackend, gen, program
 from braid.interpreter import Backend, LocalBackend, RayBackend, RemoteBackend
-from braid.interpreter.generation_openings import GenerationOpenings
 from braid.runtime import Engine, SamplingParams
+from braid.runtime.text.generation_openings import GenerationOpenings
 from braid.runtime.text.reasoning import detect
 
 BACKENDS = (LocalBackend, RemoteBackend, OpenAIBackend, RayBackend)

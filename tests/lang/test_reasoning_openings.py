@@ -12,9 +12,9 @@ from backend_doubles import ScriptedBase
 from reasoning_models import FAMILIES, QUESTION, family_tokenizer, render
 
 from braid import assistant, gen, program, select, user
-from braid.interpreter.generation_openings import GenerationOpenings
 from braid.runtime.protocol import GenerateOutput
 from braid.runtime.text.chat_template import ChatTemplate
+from braid.runtime.text.generation_openings import GenerationOpenings
 
 REPLY = "Yes."
 

@@ -77,6 +77,8 @@ async def generate(request: Request) -> Response:
                 preemptions=meta["preemptions"],
                 e2e_latency=time.monotonic() - start,
             )
+            if "reasoning_tokens" in meta:
+                info["reasoning_tokens"] = meta["reasoning_tokens"]
         if req.return_logprob:
             lister = _Logprobs(svc, req.return_text_in_logprobs, req.top_logprobs_num > 0)
             if isinstance(chunk, StreamChunk):
@@ -159,7 +161,8 @@ class _Logprobs:
 
 async def get_model_info(request: Request) -> Response:
     svc: Service = request.app.state.service
-    template = svc.chat_template
+    template, openings = svc.chat_template, svc.generation_openings
+    fmt = svc.engine.reasoning_format
     return JSONResponse(
         {
             "model_path": svc.model_path,
@@ -167,8 +170,12 @@ async def get_model_info(request: Request) -> Response:
             "served_model_name": svc.model_name,
             "is_generation": True,
             "context_length": svc.engine.context_length,
-            # braid's RemoteBackend renders roles with these (see runtime.chat_template).
+            # braid's RemoteBackend renders roles with these (see runtime.chat_template),
+            # opens a gen's assistant message as the generation prompt does, and splits a
+            # reasoning gen's thought off in the model's format.
             "chat_template": None if template is None else dataclasses.asdict(template),
+            "generation_openings": None if openings is None else openings.to_wire(),
+            "reasoning_format": None if fmt is None else dataclasses.asdict(fmt),
         }
     )
 

@@ -32,6 +32,10 @@ _BEFORE = (
 )
 
 
+# The thinking settings' names on the wire.
+_WIRE: dict[bool | None, str] = {None: "default", True: "thinking", False: "no_thinking"}
+
+
 @dataclass(frozen=True)
 class GenerationOpenings:
     """The generation prompt after a user message, by thinking setting: None as the template
@@ -49,6 +53,15 @@ class GenerationOpenings:
                 "does); a gen's reasoning=0 closes the thought at once instead"
             )
         return self.by_thinking[thinking]
+
+    def to_wire(self) -> dict[str, str]:
+        """As /get_model_info reports them (RemoteBackend reads them back)."""
+        return {_WIRE[t]: text for t, text in self.by_thinking.items()}
+
+    @classmethod
+    def from_wire(cls, fields: dict[str, str]) -> GenerationOpenings:
+        by_name = {name: t for t, name in _WIRE.items()}
+        return cls({by_name[name]: text for name, text in fields.items()})
 
     @classmethod
     def from_tokenizer(cls, tokenizer: PreTrainedTokenizerBase) -> GenerationOpenings | None:
