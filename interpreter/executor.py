@@ -89,6 +89,7 @@ class StreamExecutor:
         parent: Future | None = None,
         *,
         keep_undecodable_text: bool = False,
+        thinks_by_default: bool = False,
         lora: str | None = None,
         trace: bool = False,
     ) -> None:
@@ -98,6 +99,10 @@ class StreamExecutor:
         # A typed gen whose text does not decode keeps the text instead of failing the state
         # (SGLang's programs: their variables hold the text as generated).
         self.keep_undecodable_text = keep_undecodable_text
+        # A gen that writes an assistant message's first text on a model that thinks (and
+        # whose opening leaves it free to) is a reasoning gen unless it or the run says
+        # otherwise: braid's programs, as the server's replies; SGLang's keep the raw text.
+        self.thinks_by_default = thinks_by_default
         self.children: list[StreamExecutor] = []
         self._loop = interpreter_loop()
         self._cond = threading.Condition()
@@ -154,6 +159,7 @@ class StreamExecutor:
                 self.sampling,
                 parent=f,
                 keep_undecodable_text=self.keep_undecodable_text,
+                thinks_by_default=self.thinks_by_default,
                 lora=self.lora,
                 trace=self.events is not None,
             )
@@ -375,6 +381,18 @@ class StreamExecutor:
             if at == start:
                 self._scopes[name] = len(self.text)
 
+    def _thinks_here(self, op: Gen) -> bool:
+        """Whether gen `op`, opening an assistant reply just written, thinks by default: it
+        and the run leave `reasoning` unset, the model has a reasoning format, and the
+        opening does not close the thought."""
+        if not self.thinks_by_default or "reasoning" in op.sampling or "reasoning" in self.sampling:
+            return False
+        try:
+            fmt = self.backend.reasoning_format
+        except NotImplementedError:  # a backend that cannot tell: as it ran before
+            return False
+        return fmt is not None and fmt.opening(self.text[-200:]) != "off"
+
     def _generation_opening(self, op: RoleBegin, as_history: str, first: bool) -> str:
         """The opening of `op`'s message where a gen writes its first text."""
         if op.role != "assistant" or (first and op.thinking is None):
@@ -434,8 +452,11 @@ class StreamExecutor:
 
     @_run.register
     async def _(self, op: Gen) -> None:
+        opens_reply = self._pending_opening is not None and self.open_role == "assistant"
         self._open(by_model=True)
         params = op.params(self.sampling)
+        if opens_reply and self._thinks_here(op):
+            params = msgspec.structs.replace(params, reasoning=True)
         if params.reasoning and self.backend.reasoning_format is None:
             raise ValueError(
                 f"gen({op.name!r}): reasoning needs a model that thinks, and the model of this "

@@ -32,6 +32,7 @@ class Program:
     # braid's own programs fail a typed gen (dtype, json_schema=Type) whose text is not a whole
     # literal; SGLang's (braid.sglang.Function) keep the text.
     keep_undecodable_text = False
+    thinks_by_default = True  # see StreamExecutor.thinks_by_default
 
     def __init__(self, fn: Callable[..., Any], bound: dict[str, Any] | None = None) -> None:
         self.fn = fn
@@ -207,6 +208,7 @@ class Program:
             backend or default_backend(),
             sampling,
             keep_undecodable_text=self.keep_undecodable_text,
+            thinks_by_default=self.thinks_by_default,
             lora=lora,
             trace=tracing_default() if trace is None else trace,
         )

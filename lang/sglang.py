@@ -29,7 +29,7 @@ greedy_token_selection = greedy
 
 
 class Function(Program):
-    """A program made by SGLang's @function: braid's Program with SGLang's two looser rules.
+    """A program made by SGLang's @function: braid's Program with SGLang's three looser rules.
 
     - Calling it runs it, as SGLang's `f(question=q, temperature=0)` does (`f.run(...)`);
       `f(s, ...)` with a program state first still appends it to that state. braid's own
@@ -38,9 +38,13 @@ class Function(Program):
     - A typed gen (gen_int, gen_string, dtype=, json_schema=Type) whose text does not
       decode, because max_tokens or a stop string cut it short, keeps the text as generated,
       as SGLang's variables do, where braid's own programs fail.
+    - A gen that writes an assistant reply on a model that thinks keeps the thought in its
+      text unless `separate_reasoning` or `reasoning=` asks for it apart (SGLang's gens do);
+      braid's own programs think apart by default there.
     """
 
     keep_undecodable_text = True
+    thinks_by_default = False  # SGLang's gens keep a thought in their text
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if args and isinstance(args[0], ProgramState):

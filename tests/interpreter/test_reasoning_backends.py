@@ -90,8 +90,8 @@ def test_a_backend_that_cannot_tell_the_format_refuses_a_reasoning_gen():
         thinks.run(backend=backend)
 
 
-def test_a_remote_backend_says_which_field_it_lacks(server):
+def test_a_remote_backend_reads_what_the_server_reports(server, engine):
     backend = RemoteBackend(server.url)
-    assert backend.generation_openings is None
-    with pytest.raises(NotImplementedError, match="does not report the model's reasoning format"):
-        _ = backend.reasoning_format
+    local = LocalBackend(engine)
+    assert backend.reasoning_format is local.reasoning_format is None  # the tiny model's
+    assert backend.generation_openings == local.generation_openings

@@ -46,10 +46,10 @@ def test_a_reasoning_gen_on_a_server_equals_the_local_one(scripted_models, name,
     assert here["answer_reasoning_content"] == thought
 
 
-def test_a_server_without_the_fields_is_named(scripted_models, monkeypatch):
+def test_a_server_without_the_fields_is_named():
     backend = RemoteBackend.__new__(RemoteBackend)
     backend.model_info = {"chat_template": None}  # an older server's model info
     backend.http = type("Http", (), {"base_url": "http://old"})()
     with pytest.raises(NotImplementedError, match="does not report"):
-        backend.reasoning_format
+        _ = backend.reasoning_format
     assert backend.generation_openings is None

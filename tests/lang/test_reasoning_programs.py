@@ -212,7 +212,7 @@ def test_messages_carry_the_reasoning_and_the_next_gen_continues_the_text(script
         s += user(QUESTION[0]["content"])
         s += assistant(gen("answer", json_schema=SCHEMA, reasoning=True, max_tokens=40))
         s += user("Sure?")
-        s += assistant(gen("again", max_tokens=4))
+        s += assistant(gen("again", max_tokens=4, reasoning=False))
 
     state = two_turns.run(backend=backend, temperature=0)
     messages = state.messages()

@@ -33,7 +33,7 @@ def thinks(s):
     s += user(QUESTION[0]["content"])
     s += assistant(gen("answer", json_schema=SCHEMA, reasoning=True, max_tokens=40))
     s += user("Sure?")
-    s += assistant(gen("plain", max_tokens=3))
+    s += assistant(gen("plain", max_tokens=3, reasoning=False))
 
 
 def test_the_page_marks_the_thought_of_a_reasoning_gen(backend, tmp_path):
