@@ -29,6 +29,7 @@ from typing import Any
 
 import msgspec
 
+from braid.interpreter import openings
 from braid.interpreter.backend import Backend
 from braid.interpreter.choices import METHODS, needs_unconditional
 from braid.interpreter.event_loop import interpreter_loop
@@ -381,37 +382,6 @@ class StreamExecutor:
             if at == start:
                 self._scopes[name] = len(self.text)
 
-    def _thinks_here(self, op: Gen) -> bool:
-        """Whether gen `op`, opening an assistant reply just written, thinks by default: it
-        and the run leave `reasoning` unset, the model has a reasoning format, and the
-        opening does not close the thought."""
-        if not self.thinks_by_default or "reasoning" in op.sampling or "reasoning" in self.sampling:
-            return False
-        try:
-            fmt = self.backend.reasoning_format
-        except NotImplementedError:  # a backend that cannot tell: as it ran before
-            return False
-        return fmt is not None and fmt.opening(self.text[-200:]) != "off"
-
-    def _generation_opening(self, op: RoleBegin, as_history: str, first: bool) -> str:
-        """The opening of `op`'s message where a gen writes its first text."""
-        if op.role != "assistant" or (first and op.thinking is None):
-            return as_history  # with nothing before it, a template renders no generation prompt
-        if first:
-            raise ValueError(
-                f"assistant(thinking={op.thinking}): a message that opens the conversation has "
-                "no generation prompt to set thinking in; put a user message before it"
-            )
-        openings = self.backend.generation_openings
-        if openings is None:
-            if op.thinking is None:
-                return as_history
-            raise NotImplementedError(
-                f"assistant(thinking={op.thinking}): {type(self.backend).__name__} cannot tell "
-                "how the model's chat template opens a generation (a LocalBackend can)"
-            )
-        return openings.opening(op.thinking)
-
     @singledispatchmethod
     async def _run(self, op: object) -> None:
         raise TypeError(f"cannot append {type(op).__name__} to a program state")
@@ -427,10 +397,10 @@ class StreamExecutor:
             raise ValueError(f"a {op.role} message cannot start inside a {self.open_role} one")
         first = not self.messages
         as_history = self.backend.chat_template.begin(op.role, first=first)
-        as_generated = self._generation_opening(op, as_history, first)
+        as_generated = openings.generation_opening(self.backend, op, as_history, first)
         if as_generated == as_history:
             self._append(as_history)  # before the message opens: not its content
-        else:  # written by the message's first text (interpreter/generation_openings.py)
+        else:  # written by the message's first text (runtime/text/generation_openings.py)
             self._pending_opening = (as_history, as_generated)
         with self._cond:
             self.messages.append({"role": op.role, "content": ""})
@@ -455,14 +425,9 @@ class StreamExecutor:
         opens_reply = self._pending_opening is not None and self.open_role == "assistant"
         self._open(by_model=True)
         params = op.params(self.sampling)
-        if opens_reply and self._thinks_here(op):
-            params = msgspec.structs.replace(params, reasoning=True)
-        if params.reasoning and self.backend.reasoning_format is None:
-            raise ValueError(
-                f"gen({op.name!r}): reasoning needs a model that thinks, and the model of this "
-                f"{type(self.backend).__name__} has no reasoning format (its tokenizer and chat "
-                "template show no think tags or harmony channels)"
-            )
+        if opens_reply and self.thinks_by_default:
+            params = openings.reply_params(self.backend, op, params, self.sampling, self.text)
+        openings.check_reasoning(self.backend, op, params)
         if self.events is not None:  # the trace shows each token's logprob and alternatives
             top = max(params.top_logprobs, 5)
             params = msgspec.structs.replace(params, trace=True, top_logprobs=top)

@@ -73,7 +73,7 @@ class Select(_NotText):
 class RoleBegin(_NotText):
     """Open a `role` message. An assistant message's opening waits for its first text: a
     history turn's where the program writes it, the generation prompt's where the model does
-    (interpreter/generation_openings.py), with `thinking` set as the template's
+    (runtime/text/generation_openings.py), with `thinking` set as the template's
     enable_thinking (None: the template's default)."""
 
     role: str
