@@ -90,6 +90,8 @@ class _Timed:
     def __init__(self, backend, ahead: bool) -> None:
         self.backend = backend
         self.chat_template = backend.chat_template
+        self.generation_openings = backend.generation_openings
+        self.reasoning_format = backend.reasoning_format
         self.waits: list[float] = []
         self.release_program = backend.release_program
         self.compile_ahead = backend.compile_ahead if ahead else lambda params: None
