@@ -30,6 +30,7 @@ def ray_cluster():
     ray.shutdown()
 
 
+@pytest.mark.slow  # a Ray cluster's start (~25 s); the split itself is LocalBackend's
 def test_a_reasoning_gen_on_ray_actors_equals_the_local_one(ray_cluster, scripted_models):
     path = scripted_models("r1_thinking").path  # 'I should say yes.</think>{"answer":true}'
     config = dict(model=str(path), device="cpu", dtype="float32", max_kv_tokens=4096)

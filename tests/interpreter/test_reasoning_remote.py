@@ -23,8 +23,7 @@ def verdict(s, budget):
     s += assistant(gen("answer", json_schema=SCHEMA, reasoning=budget, max_tokens=40))
 
 
-@pytest.mark.parametrize("name", ["qwen3_thinking", "r1_thinking"])
-@pytest.mark.parametrize("budget", [True, 2])
+@pytest.mark.parametrize("name, budget", [("qwen3_thinking", True), ("r1_thinking", 2)])
 def test_a_reasoning_gen_on_a_server_equals_the_local_one(scripted_models, name, budget):
     path = scripted_models(name).path
     engine = Engine(model=str(path), device="cpu", dtype="float32", max_kv_tokens=4096)

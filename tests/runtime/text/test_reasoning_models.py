@@ -57,6 +57,7 @@ def test_transformers_greedy_writes_the_script_then_eos(scripted_models, name):
     assert tokenizer.decode(m.script_ids) == SCRIPTS[name].text
 
 
+@pytest.mark.slow  # an engine per script; the reasoning tests run these engines anyway
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_the_engine_writes_the_script_greedily(scripted_models, name):
     m = scripted_models(name)
