@@ -37,6 +37,7 @@ from braid.grammars.vocabulary import TokenVocabulary, build_vocabulary
 from braid.runtime.config import EngineConfig
 from braid.runtime.constraint.state import ConstraintState, JumpForward
 from braid.runtime.protocol.sampling_params import SamplingParams
+from braid.runtime.text.reasoning import encode
 
 T = TypeVar("T")
 
@@ -67,6 +68,7 @@ class GrammarService:
         self._compiler = None  # started with the first constrained request
         self._jump: JumpForward | None = None
         self._classes: TokenClasses | None = None
+        self._harmony: HarmonyTokens | None = None
         self._guards: dict[str, MarkerGuard] = {}
 
     @property
@@ -142,19 +144,26 @@ class GrammarService:
         return _gather(futures, combine)
 
     def _harmony_tokens(self) -> HarmonyTokens:
-        vocab = self.vocab
+        """The ids harmony's calls are written with (made once)."""
         with self._lock:
-            if self._classes is None:
-                self._classes = TokenClasses.of(vocab.token_bytes)
-            every = self._classes.every
+            if self._harmony is None:
+                vocab, tok = self._vocab_locked(), self.tokenizer
+                [call], [ret] = encode(tok, "<|call|>"), encode(tok, "<|return|>")
+                self._harmony = HarmonyTokens(
+                    encode(tok, CHANNEL),
+                    encode(tok, FINAL),
+                    call,
+                    ret,
+                    vocab.eos_token_ids,
+                    vocab.token_bytes,
+                    self._classes_locked().every,
+                )
+            return self._harmony
 
-        def ids(text: str) -> tuple[int, ...]:
-            return tuple(self.tokenizer.encode(text, add_special_tokens=False))
-
-        [call], [ret] = ids("<|call|>"), ids("<|return|>")
-        return HarmonyTokens(
-            ids(CHANNEL), ids(FINAL), call, ret, vocab.eos_token_ids, vocab.token_bytes, every
-        )
+    def _classes_locked(self) -> TokenClasses:
+        if self._classes is None:
+            self._classes = TokenClasses.of(self._vocab_locked().token_bytes)
+        return self._classes
 
     def stats(self) -> dict[str, int]:
         """The compile cache's memory, entries and evictions, and the compile workers'
@@ -183,9 +192,8 @@ class GrammarService:
             vocab = self._vocab_locked()
             if self._jump is None:
                 self._jump = JumpForward(self.tokenizer, vocab, self.config.jump_forward)
-            if phases is not None and self._classes is None:
-                self._classes = TokenClasses.of(vocab.token_bytes)
-            jump, classes = self._jump, self._classes
+            jump = self._jump
+            classes = self._classes_locked() if phases is not None else None
         if phases is None:
             assert grammar is not None
             return ConstraintState(grammar.matcher(), jump)

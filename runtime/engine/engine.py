@@ -520,9 +520,10 @@ class Engine:
             kind = "calls" if calls else "json" if isinstance(constraint, JsonSchema) else "text"
             answer_ids, direct_ids = (encode(self.tokenizer, h) for h in fmt.headers(kind))
         closers: frozenset[int] = frozenset()
-        mark = encode(self.tokenizer, MARK)
-        if calls and fmt.kind == "think" and len(mark) == 1:  # Qwen3's <tool_call>
-            closers = frozenset(mark)
+        if calls and fmt.kind == "think":
+            mark = encode(self.tokenizer, MARK)
+            if len(mark) == 1:  # Qwen3's <tool_call>
+                closers = frozenset(mark)
         return Phases(
             opening=prompt_opening(fmt, self.tokenizer, ids),
             start_ids=fmt.start_ids,
