@@ -34,6 +34,7 @@ from braid.runtime.server.routes.anthropic_wire import (
     CountTokensRequest,
     MessagesRequest,
     check_limits,
+    check_thread,
     conversation,
     sampling,
 )
@@ -53,12 +54,17 @@ _ERRORS: list[tuple[type[Exception], int, str]] = [
 ]
 
 
-def error_body(kind: str, message: str) -> dict[str, Any]:
-    return {"type": "error", "error": {"type": kind, "message": message}}
+def error_body(kind: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    error = {"type": kind, "message": message}
+    if details is not None:  # what a client recovers by (a thread rejection's error_code)
+        error["details"] = details
+    return {"type": "error", "error": error}
 
 
-def error_response(status: int, kind: str, message: str) -> JSONResponse:
-    return JSONResponse(error_body(kind, message), status)
+def error_response(
+    status: int, kind: str, message: str, details: dict[str, Any] | None = None
+) -> JSONResponse:
+    return JSONResponse(error_body(kind, message, details), status)
 
 
 def _anthropic_errors(
@@ -71,7 +77,8 @@ def _anthropic_errors(
         except Exception as e:
             for kind, status, name in _ERRORS:
                 if isinstance(e, kind):
-                    return error_response(status, name, str(e) or type(e).__name__)
+                    details = getattr(e, "details", None)
+                    return error_response(status, name, str(e) or type(e).__name__, details)
             raise
 
     return answer
@@ -250,6 +257,7 @@ async def messages(request: Request) -> Response:
     obj = decode_object(await request.body())
     check_limits(obj, svc.limits)
     req = convert(obj, MessagesRequest)
+    check_thread(req)
     ctx = context_of(request, salt=req.cache_salt, lora=svc.check_model(req.model))
     # As on Anthropic's newer models, a max_tokens past the context's end is not refused: the
     # reply stops there (so an agent may ask for the most without counting its prompt).

@@ -169,6 +169,29 @@ class MessagesRequest(CountTokensRequest):
     service_tier: str | None = None  # accepted, unused
     cache_salt: CacheSalt | None = None  # braid's (vLLM's name): see wire.CacheSalt
     output_config: OutputConfig | None = None
+    # A message thread (the SDK's tool runner opens one): braid keeps none, and answers as
+    # Anthropic does a request it cannot thread (ThreadUnsupported). False or null: none.
+    thread: dict[str, Any] | bool | None = None
+
+
+class ThreadUnsupported(BadRequest):
+    """A request that asks for a message thread: a 400 whose error details say that it
+    cannot be threaded (`thread_unsupported_request`), as Anthropic answers a request it
+    cannot thread. The SDK's tool runner then sends that turn and the later ones with the
+    whole history and no thread."""
+
+    details = {"error_code": "thread_unsupported_request", "unsupported": ["thread"]}
+
+    def __init__(self) -> None:
+        super().__init__(
+            "thread: this server keeps no message threads; send the whole history in "
+            "messages, without thread"
+        )
+
+
+def check_thread(req: MessagesRequest) -> None:
+    if req.thread is not None and req.thread is not False:
+        raise ThreadUnsupported()
 
 
 # ---- into chat terms -----------------------------------------------------------------------------
