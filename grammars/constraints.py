@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from braid.grammars.structural_tag import StructuralTag
+
 
 @dataclass(frozen=True)
 class Regex:
@@ -136,7 +138,7 @@ class ToolCalls:
             raise ValueError("tool calls need at least one tool")
 
 
-Constraint = Regex | JsonSchema | Choices | Ebnf | ToolCalls
+Constraint = Regex | JsonSchema | Choices | Ebnf | ToolCalls | StructuralTag
 
 # `gen(dtype=...)`: what each Python type looks like as text.
 DTYPE_REGEXES: dict[type, str] = {
