@@ -28,6 +28,8 @@ class StepResult:
     # The sampled token, when the request's feed completed; -1 when no token was allowed.
     token: int | None = None
     logprob: float = 0.0  # its logprob under the model's distribution (temperature 1)
+    # Its top alternatives when asked for (with max_tokens=0 and no token: those after the
+    # prompt).
     top_logprobs: dict[int, float] = field(default_factory=dict)
     prompt_logprobs: list[float] = field(default_factory=list)  # for the fed prompt tokens
     # With top_logprobs: each of those positions' most likely tokens (id -> logprob).
@@ -108,7 +110,8 @@ class ModelRunner:
                 lo, hi = max(first - 1, start), min(len(r.prompt_ids) - 1, start + n)
                 hi = max(hi, lo)
             prompt_spans.append((lo, hi))
-            rows.append([p - start for p in range(lo, hi)] + ([n - 1] if batch.samples(i) else []))
+            last = batch.samples(i) or _reports_next_top(batch, i)
+            rows.append([p - start for p in range(lo, hi)] + ([n - 1] if last else []))
         # Draft tree nodes run under their request's adapter like its other new tokens.
         lora = LoraBatch.of(
             [r.lora for r in batch.requests], [len(t) for t in new_tokens], self.device
@@ -166,6 +169,9 @@ class ModelRunner:
                     results[i].prompt_top_logprobs = top_logprobs(logp, r.params.top_logprobs)
             if batch.draft(i) is not None:
                 results[i].draft_logits = logits[offset : offset + len(prepared.rows[i])].float()
+            elif _reports_next_top(batch, i):  # nothing is sampled: only the alternatives
+                logp = torch.log_softmax(logits[offset + num_lp : offset + num_lp + 1].float(), -1)
+                [results[i].top_logprobs] = top_logprobs(logp, r.params.top_logprobs)
         sampling = prepared.sampling
         if sampling is not None:
             rows = prepared.sample_rows
@@ -187,3 +193,11 @@ class ModelRunner:
             return self.model(fb, self.kv, hidden_states=True)
         with self.ranks.step(new_tokens, slot_tables, [None] * len(new_tokens)):
             return self.model(fb, self.kv, hidden_states=True)
+
+
+def _reports_next_top(batch: Batch, i: int) -> bool:
+    """Request i has max_tokens=0 and asks for top_logprobs, and its feed completes here: it
+    gets the most likely tokens after its prompt, with nothing sampled (SGLang reports them
+    for max_new_tokens=0)."""
+    r = batch.requests[i]
+    return r.max_new_tokens == 0 and r.params.top_logprobs > 0 and batch.completes_feed(i)

@@ -66,8 +66,8 @@ class OutputProcessor:
                     self._add_in_turn(r, res.steps, now, updates)
                 elif res.token is not None:
                     updates += self._add_sampled(r, res, now)
-                elif batch.completes_feed(i):  # prompt logprobs only (max_tokens=0)
-                    updates.append(self.end(r, "length"))
+                elif batch.completes_feed(i):  # max_tokens=0: prompt logprobs, the top next
+                    updates.append(self.end(r, "length", next_top_logprobs=res.top_logprobs))
             except Exception as e:  # a bug met by this request: it alone fails
                 log.exception("request %d: processing its step failed", r.rid)
                 if not any(u[0] is r and u[1].finish_reason for u in updates):
@@ -153,9 +153,11 @@ class OutputProcessor:
         tokens: list[int] | None = None,
         error: str | None = None,
         request_error: bool = False,
+        next_top_logprobs: dict[int, float] | None = None,
     ) -> Update:
         """r ends for `reason`: it is counted, and its last chunk carries its counts (and
-        logprobs when it asked for them); the scheduler finishes r when it sees the chunk."""
+        logprobs when it asked for them; `next_top_logprobs`: a max_tokens=0 request's top
+        alternatives after its prompt); the scheduler finishes r when it sees the chunk."""
         now = time.monotonic()
         if reason == "abort":
             self.stats.add(requests_aborted=1)
@@ -175,6 +177,8 @@ class OutputProcessor:
         if r.params.wants_logprobs:
             meta["logprobs"] = r.output_logprobs
             meta["top_logprobs"] = r.output_top_logprobs
+        if next_top_logprobs:  # apart from top_logprobs, which has one entry per output token
+            meta["next_top_logprobs"] = next_top_logprobs
         if r.params.prompt_logprobs_from is not None:
             meta["prompt_logprobs"] = r.prompt_logprobs
             if r.params.top_logprobs:
