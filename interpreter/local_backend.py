@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from braid.interpreter.streamed_text import PieceBuffer
 from braid.interpreter.thoughts import split_thought
 from braid.runtime.protocol import GenerateOutput, SamplingParams
 from braid.runtime.text.chat_template import ChatTemplate
@@ -53,9 +54,11 @@ class LocalBackend:
         program: str | None = None,
     ) -> GenerateOutput:
         text, token_ids = [], []
+        pieces = PieceBuffer(params.wants_logprobs)
         async for chunk in self.engine.stream(prompt, params, lora=lora, program=program):
-            if chunk.text:
-                on_text(chunk.text)
+            piece = pieces.add(chunk.text, chunk.token_ids, chunk.logprobs, chunk.top_logprobs)
+            if piece is not None:
+                on_text(piece)
             text.append(chunk.text)
             token_ids += chunk.token_ids
         if chunk.error:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from braid.interpreter.event_loop import interpreter_loop as loop
 from braid.interpreter.http import HttpClient
+from braid.interpreter.streamed_text import PieceBuffer
 from braid.interpreter.thoughts import split_thought
 from braid.runtime.protocol import GenerateOutput, SamplingParams, wire_sampling
 from braid.runtime.text import reasoning
@@ -101,25 +102,34 @@ class RemoteBackend:
             body["program_id"] = program
         if prompt_from is not None:
             body["logprob_start_len"] = prompt_from
-        last, seen = None, 0
+        last, seen, ids_seen = None, 0, 0
         listing, tops = [], []  # output logprobs, from every event that reports some
+        pieces = PieceBuffer(params.wants_logprobs)
         async for last in self.http.events("/generate", body):
-            text = last["text"]  # all of it so far
-            if len(text) > seen:
-                on_text(text[seen:])
-                seen = len(text)
-            listing += last["meta_info"].get("output_token_logprobs") or []
-            tops += last["meta_info"].get("output_top_logprobs") or []
+            text, ids = last["text"], last["output_ids"]  # all of them so far
+            new_listing = last["meta_info"].get("output_token_logprobs") or []
+            new_tops = last["meta_info"].get("output_top_logprobs") or []
+            lps = [lp for lp, _, _ in new_listing]
+            step_tops = [{t: lp for lp, t, _ in step} for step in new_tops] or None
+            piece = pieces.add(text[seen:], ids[ids_seen:], lps, step_tops)
+            if piece is not None:
+                on_text(piece)
+            seen, ids_seen = len(text), len(ids)
+            listing += new_listing
+            tops += new_tops
         if last is None:
             raise RuntimeError(f"{self.http.base_url}/generate ended without a result")
         info = last["meta_info"]
         meta = {k: info[k] for k in ("prompt_tokens", "cached_tokens", "completion_tokens")}
         meta["preemptions"] = info.get("preemptions", 0)
         if params.wants_logprobs:
+            self._learn_texts(listing, *tops)
+            if tops and not listing:  # max_tokens=0: the top tokens after the prompt
+                meta["next_top_logprobs"] = {t: lp for lp, t, _ in tops[0]}
+                tops = []
             meta["logprobs"] = [lp for lp, _, _ in listing]
             tops = tops or [[] for _ in listing]
             meta["top_logprobs"] = [{t: lp for lp, t, _ in step} for step in tops]
-            self._learn_texts(listing, *tops)
         if prompt_from is not None:
             prompt_listing = info.get("input_token_logprobs") or []
             meta["prompt_logprobs"] = [lp for lp, _, _ in prompt_listing]
@@ -162,6 +172,13 @@ class RemoteBackend:
     def prompt_chars(self, prompt: str, num_tokens: int) -> int | None:
         """Not available: the server's tokenizer is not at hand."""
         return None
+
+    def cache_prefix(self, prefix: str) -> None:
+        """Have the server compute `prefix` now and keep it in its prefix cache, so that the
+        prompts that start with it find it there (SGLang's RuntimeEndpoint.cache_prefix: a
+        /generate of no tokens). It stays while the cache has room, as any prefix does."""
+        body = {"text": prefix, "sampling_params": {"max_new_tokens": 0}, **self._salt}
+        self.http.post_sync("/generate", body)
 
     def flush_cache(self) -> None:
         """Drop the server's cached prefixes."""

@@ -29,7 +29,10 @@ def sglang_meta_info(meta: dict, token_texts: TokenTexts | None) -> dict | None:
         info["output_token_logprobs"] = _listing(
             meta["logprobs"], meta.get("token_ids"), token_texts
         )
+        info["output_token_logprobs_length"] = len(meta["logprobs"])
         tops = meta.get("top_logprobs") or []
+        if "next_top_logprobs" in meta:  # max_tokens=0: the top tokens after the prompt
+            tops = [meta["next_top_logprobs"]]
         if any(tops):
             info["output_top_logprobs"] = [
                 _listing(list(top.values()), list(top), token_texts) for top in tops
@@ -69,3 +72,32 @@ def _listing(
         return [[lp, None, None] for lp in logprobs]
     texts = token_texts(token_ids) if token_texts is not None else [None] * len(token_ids)
     return [[lp, t, text] for lp, t, text in zip(logprobs, token_ids, texts, strict=True)]
+
+
+def sglang_piece_info(piece: Any, tokens_so_far: int, token_texts: TokenTexts | None) -> dict:
+    """The meta_info of a streamed piece before a gen's last (a StreamedText, whose tokens
+    are the ones since the previous piece; other text has none): completion_tokens so far and,
+    where the gen asked for logprobs, the listings of the piece's own tokens."""
+    info: dict[str, Any] = {"finish_reason": None, "completion_tokens": tokens_so_far}
+    logprobs = getattr(piece, "logprobs", None)
+    if logprobs is not None:
+        ids = piece.token_ids
+        info["output_token_logprobs"] = _listing(logprobs, ids, token_texts)
+        info["output_token_logprobs_length"] = tokens_so_far
+        if any(piece.top_logprobs):
+            info["output_top_logprobs"] = [
+                _listing(list(top.values()), list(top), token_texts) for top in piece.top_logprobs
+            ]
+    return info
+
+
+def sglang_last_piece_info(info: dict | None, tokens_before: int) -> dict | None:
+    """The meta_info of a gen's last streamed piece: the gen's, its listings from the tokens
+    after the earlier pieces' on (a select's piece is its only one)."""
+    if info is None or tokens_before == 0:
+        return info
+    cut = dict(info)
+    for key in ("output_token_logprobs", "output_top_logprobs"):
+        if key in cut:
+            cut[key] = cut[key][tokens_before:]
+    return cut

@@ -10,7 +10,7 @@ from typing import Any
 from braid.api import role_message
 from braid.interpreter.executor import StreamExecutor
 from braid.interpreter.ir import Op, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd
-from braid.meta_info import sglang_meta_info
+from braid.meta_info import sglang_last_piece_info, sglang_meta_info, sglang_piece_info
 from braid.trace import Trace, build_trace
 
 
@@ -118,8 +118,8 @@ class ProgramState:
 
     def text_iter(self, name: str | None = None, *, var_name: str | None = None) -> Iterator[str]:
         """The program's text as it is generated (only variable `name`'s, if given;
-        `var_name` is SGLang's keyword for it)."""
-        return self._executor.iter_text(name or var_name)
+        `var_name` is SGLang's keyword for it), in pieces that are never empty."""
+        return (str(piece) for piece in self._executor.iter_text(name or var_name) if piece)
 
     def text_async_iter(
         self,
@@ -129,22 +129,36 @@ class ProgramState:
         var_name: str | None = None,
     ) -> AsyncIterator[Any]:
         """`text_iter` for `async for`. With `return_meta_data` (SGLang's), it yields
-        (text, meta_info) for variable `name`: the last piece carries the gen's
-        get_meta_info, the ones before {"finish_reason": None}."""
+        (text, meta_info) for variable `name`, as SGLang's streamed gens do: each piece's
+        meta_info has completion_tokens (the gen's tokens so far) and, when the gen asked for
+        logprobs, the listings of the piece's own tokens (output_token_logprobs,
+        output_top_logprobs) with output_token_logprobs_length (so far); the last piece's is
+        the gen's get_meta_info with the listings cut the same way. No piece is empty: a gen
+        that writes no text yields nothing."""
         name = name or var_name
         if not return_meta_data:
-            return self._executor.aiter_text(name)
+            return self._aiter_pieces(name)
         if name is None:
             raise ValueError("text_async_iter(return_meta_data=True) needs a variable name")
         return self._aiter_with_meta(name)
 
-    async def _aiter_with_meta(self, name: str) -> AsyncIterator[tuple[str, dict | None]]:
-        held = None  # each piece waits for the next, so the last can carry the meta
+    async def _aiter_pieces(self, name: str | None) -> AsyncIterator[str]:
         async for piece in self._executor.aiter_text(name):
+            if piece:
+                yield str(piece)
+
+    async def _aiter_with_meta(self, name: str) -> AsyncIterator[tuple[str, dict | None]]:
+        token_texts = self._executor.backend.token_texts
+        held, done = None, 0  # each piece waits for the next, so the last can carry the meta
+        async for piece in self._executor.aiter_text(name):
+            if not piece:
+                continue
             if held is not None:
-                yield held, {"finish_reason": None}
+                done += len(getattr(held, "token_ids", ()))
+                yield str(held), sglang_piece_info(held, done, token_texts)
             held = piece
-        yield held or "", self.get_meta_info(name)
+        if held is not None:  # its tokens run to the gen's last (an EOS writes no text)
+            yield str(held), sglang_last_piece_info(self.get_meta_info(name), done)
 
     @contextmanager
     def var_scope(self, name: str) -> Iterator[ProgramState]:
@@ -182,6 +196,11 @@ class ProgramState:
         self += RoleBegin(role, thinking)
         yield self
         self += RoleEnd(role)
+
+    def __str__(self) -> str:
+        """SGLang's: "ProgramState(<the whole text so far>)" (waits for what was appended
+        before); its programs cut the text out of it (cot_decoding does)."""
+        return f"ProgramState({self.text()})"
 
     def __repr__(self) -> str:
         return f"<ProgramState {len(self._executor.text)} chars, error={self.error!r}>"
