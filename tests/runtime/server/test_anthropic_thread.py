@@ -39,7 +39,10 @@ def test_a_thread_is_refused_as_unsupported_with_its_error_code(server):
     assert r.status_code == 400
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error" and "thread" in error["message"]
-    assert error["details"] == {"error_code": "thread_unsupported_request", "unsupported": ["thread"]}
+    assert error["details"] == {
+        "error_code": "thread_unsupported_request",
+        "unsupported": ["thread"],
+    }
     for none in (False, None):  # no thread asked for: an ordinary request
         r = httpx.post(server.url + "/v1/messages", json=body | {"thread": none})
         assert r.status_code == 200, r.text
