@@ -31,6 +31,7 @@ import msgspec
 
 from braid.interpreter import openings
 from braid.interpreter.backend import Backend
+from braid.interpreter.captured import Captured
 from braid.interpreter.choices import METHODS, needs_unconditional
 from braid.interpreter.event_loop import interpreter_loop
 from braid.interpreter.ir import (
@@ -443,7 +444,7 @@ class StreamExecutor:
         meta.update(out.meta)
         # The answer, after the thought of a reasoning gen (the text keeps both).
         answer = meta.pop("content") if params.reasoning else out.text
-        value = answer
+        value, captured = answer, {}
         if op.decode is not None:
             try:
                 value = op.decode(answer)
@@ -454,10 +455,14 @@ class StreamExecutor:
                         f"gen({op.name!r}): cannot decode {answer!r} "
                         f"(finish reason {out.finish_reason}): {e}"
                     ) from None
+        if isinstance(value, Captured):  # a composed grammar's captures come with the text
+            value, captured = value.value, value.variables
         if self.events is not None:
             self._record("gen", op.name, len(prompt), submitted, meta=meta, params=params)
         if params.reasoning:
             self._keep_thought(op.name, meta["reasoning_content"], answer, content_from, meta)
+        for name, captured_value in captured.items():  # set before the gen's own variable,
+            self._set(name, captured_value, meta)  # which a reader may be waiting on
         self._set(op.name, value, meta)
 
     def _keep_thought(

@@ -27,6 +27,15 @@ _EXPORTS = {
     "select": "braid.api",
     "system": "braid.api",
     "user": "braid.api",
+    # grammars composed in Python, for gen(grammar=...)
+    "capture": "braid.compose",
+    "json": "braid.compose",
+    "one_of": "braid.compose",
+    "one_or_more": "braid.compose",
+    "optional": "braid.compose",
+    "regex": "braid.compose",
+    "substring": "braid.compose",
+    "zero_or_more": "braid.compose",
     "Program": "braid.program",
     "program": "braid.program",
     "ForkList": "braid.state",
@@ -56,6 +65,16 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # for type checkers and editors; at run time the names load lazily
     from braid.api import assistant, gen, select, system, user
+    from braid.compose import (
+        capture,
+        json,
+        one_of,
+        one_or_more,
+        optional,
+        regex,
+        substring,
+        zero_or_more,
+    )
     from braid.interpreter.backend import Backend, set_default_backend
     from braid.interpreter.choices import (
         token_length_normalized,

@@ -12,9 +12,11 @@ from typing import Any
 
 import msgspec
 
+from braid.compose import Grammar, gen_grammar
 from braid.grammars.constraints import dtype_constraint
 from braid.interpreter.choices import METHODS
 from braid.interpreter.ir import Gen, Parts, Role, Select
+from braid.json_types import schema_and_decoder
 from braid.runtime.protocol import SamplingParams
 
 _SAMPLING_FIELDS = frozenset(SamplingParams.__struct_fields__)
@@ -102,7 +104,10 @@ def gen(
     comes from the program's defaults, then SamplingParams' own. `dtype` (int, float, bool,
     str, or their names) constrains the text to a literal of that type and stores the value;
     `json_schema` takes a dict, JSON text, or a type msgspec can describe (msgspec.Struct,
-    dataclass, TypedDict, ...), whose value is then decoded into that type.
+    dataclass, TypedDict, ...) or pydantic's TypeAdapter takes (BaseModel, list[Model], ...),
+    whose value is then decoded into that type. `grammar` also takes a grammar composed with
+    braid.compose (`"Name: " + capture(regex("[A-Z][a-z]+"), "who")`): its one regex
+    constrains the text, which stays the value, and each capture sets its own variable.
     `return_logprobs` puts each token's logprob in `state.meta(name)["logprobs"]`.
     With `choices` it is `select(name, choices, choices_method)`, as in SGLang: the choices
     are scored, not sampled. `lora`: the name of a LoRA adapter the backend serves, for this
@@ -131,8 +136,14 @@ def gen(
     if sampling.get("n", 1) != 1:
         raise ValueError(f"{where}: n must be 1; fork the state for several samples")
     decode = None
+    if isinstance(sampling.get("regex"), Grammar):
+        raise ValueError(f"{where}: regex takes a pattern; a composed grammar goes in grammar=")
+    if isinstance(sampling.get("grammar"), Grammar):
+        if "regex" in sampling or json_schema is not None:
+            raise ValueError(f"{where}: a composed grammar cannot join regex or json_schema")
+        sampling["regex"], decode = gen_grammar(name, sampling.pop("grammar"))
     if json_schema is not None:
-        json_schema, decode = _schema(name, json_schema)
+        json_schema, decode = schema_and_decoder(json_schema, where)
         sampling["json_schema"] = json_schema
     if dtype is not None:
         dtype = _SGLANG_DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype
@@ -275,18 +286,3 @@ def _choice_after_thought(
         return text
 
     return Gen(name, sampling, one_of)
-
-
-def _schema(name: str | None, schema: Any) -> tuple[Any, Callable[[str], Any] | None]:
-    """The schema to constrain with, and a decoder when it was given as a type."""
-    if isinstance(schema, dict | str):
-        return schema, None
-    try:
-        described = msgspec.json.schema(schema)
-    except (TypeError, ValueError) as e:
-        raise ValueError(
-            f"gen({name!r}): json_schema must be a dict, JSON text, or a type msgspec can "
-            f"describe (msgspec.Struct, dataclass, TypedDict, ...): {e}"
-        ) from None
-    decoder = msgspec.json.Decoder(schema)
-    return described, decoder.decode
