@@ -28,16 +28,23 @@ class JsonSchema:
     models from padding with endless newlines. `strict` (the default) writes an object's
     unlisted properties only where the schema gives `additionalProperties` explicitly, as
     XGrammar's strict mode does; `strict=False` follows the spec, where its absence allows
-    any (written after the listed ones).
+    any (written after the listed ones). `separators` (item, key), e.g. (", ", ": "), are
+    the exact texts written between items and between a key and its value, as Python's
+    json.dumps takes them (whitespace then only inside brackets).
     """
 
     schema: str
     whitespace: str | None = None
     strict: bool = True
+    separators: tuple[str, str] | None = None
 
     @classmethod
     def of(
-        cls, schema: dict[str, Any] | str, whitespace: str | None = None, strict: bool = True
+        cls,
+        schema: dict[str, Any] | str,
+        whitespace: str | None = None,
+        strict: bool = True,
+        separators: tuple[str, str] | None = None,
     ) -> JsonSchema:
         if isinstance(schema, str):
             try:
@@ -56,7 +63,7 @@ class JsonSchema:
                 f"json_schema is nested {depth} levels deep; at most {MAX_SCHEMA_DEPTH} "
                 "are supported"
             )
-        return cls(json.dumps(schema, separators=(",", ":")), whitespace, strict)
+        return cls(json.dumps(schema, separators=(",", ":")), whitespace, strict, separators)
 
 
 # Deeper schemas are hostile rather than real (the deepest of MaskBench's 11,305 nests 63

@@ -41,7 +41,12 @@ def constraint_regex(constraint: Regex | JsonSchema | Choices | ToolCalls | Stru
         return structural_tag_regex(constraint)
     from braid.grammars.json_schema.convert import schema_to_regex
 
-    return schema_to_regex(json.loads(constraint.schema), constraint.whitespace, constraint.strict)
+    return schema_to_regex(
+        json.loads(constraint.schema),
+        constraint.whitespace,
+        constraint.strict,
+        constraint.separators,
+    )
 
 
 def short(pattern: str) -> str:

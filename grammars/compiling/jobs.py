@@ -10,8 +10,10 @@ job from them in the caller's process, where `run(job, index)` starts `produce` 
 back its results in order (`Results.next`).
 
 - A stop regex (CharPattern): its character automaton, a CharRegex (grammars/regex/char_regex.py).
-- An EBNF grammar: lark's parse table over terminal automata (grammars/ebnf/grammar.py), sent
-  without the vocabulary structures every EBNF grammar shares.
+- A grammar: read in its dialect (grammars/dialects); one whose rules do not recurse is its
+  regex, compiled as a regex's (below); else lark's parse table over terminal automata
+  (grammars/ebnf/grammar.py), sent without the vocabulary structures every EBNF grammar
+  shares.
 - A regex, JSON schema, choices or tool calls: their regex (grammars/compiling/constraint_regex.py;
   for tool calls grammars/tool_calls.py, from each tool's schema), then, where `index` asks,
   its outlines index (grammars/regex/outlines_index.py) or None. The regex becomes the lazy
@@ -126,20 +128,50 @@ def _char_regex(job: CharPattern, vocab: TokenVocabulary, index: bool) -> Iterat
 # ---- EBNF grammars -------------------------------------------------------------------------
 
 
-def _ebnf(job: Ebnf, vocab: TokenVocabulary, index: bool) -> Iterator[Grammar]:
+def _ebnf(job: Ebnf, vocab: TokenVocabulary, index: bool) -> Iterator:
+    """The grammar's EbnfGrammar, or (read in a dialect, no rule recursing) what a regex
+    job yields for its regex."""
+    from braid.grammars import dialects
     from braid.grammars.ebnf.grammar import EbnfGrammar
 
-    yield EbnfGrammar(job.grammar, vocab)
+    rules = dialects.read(job.grammar)
+    if rules is None:
+        yield EbnfGrammar(job.grammar, vocab)
+        return
+    for schema in rules.json_schemas():
+        rules.json_regex[schema] = constraint_regex(dialects.json_constraint(schema))
+    pattern = rules.regex()
+    if pattern is None:
+        yield EbnfGrammar(rules.lark(), vocab)
+        return
+    yield from _regex_results(pattern, vocab, index)
 
 
-def _dump_ebnf(grammar) -> bytes:
-    return grammar.dumps()
-
-
-def _load_ebnf(data: bytes, vocab: TokenVocabulary) -> Grammar:
+def _dump_ebnf(result) -> bytes:
     from braid.grammars.ebnf.grammar import EbnfGrammar
 
-    return EbnfGrammar.loads(data, vocab)
+    if isinstance(result, EbnfGrammar):
+        return b"E" + result.dumps()
+    return b"R" + _dump_regex_result(result)
+
+
+def _load_ebnf(data: bytes, vocab: TokenVocabulary) -> Any:
+    from braid.grammars.ebnf.grammar import EbnfGrammar
+
+    if data[:1] == b"E":
+        return EbnfGrammar.loads(data[1:], vocab)
+    return pickle.loads(data[1:])
+
+
+def _ebnf_grammar(job: Ebnf, vocab: TokenVocabulary, run: Run, max_state_mb: int) -> Grammar:
+    from braid.grammars.regex.lazy import lazy_available
+
+    lazy = lazy_available()
+    results = run(job, not lazy)
+    first = results.next()
+    if not isinstance(first, str):
+        return first
+    return _regex_grammar_of(job, first, results, lazy, vocab, run, max_state_mb)
 
 
 def _ebnf_shared_bytes(vocab: TokenVocabulary) -> int:
@@ -156,7 +188,10 @@ RegexJob = Regex | JsonSchema | Choices | ToolCalls  # compiled through their re
 def _regex(job: RegexJob, vocab: TokenVocabulary, index: bool) -> Iterator:
     """The job's regex, then, where `index` asks, its outlines index or None (too large for
     an index, past outlines' limits, or out of memory building it)."""
-    pattern = constraint_regex(job)
+    yield from _regex_results(constraint_regex(job), vocab, index)
+
+
+def _regex_results(pattern: str, vocab: TokenVocabulary, index: bool) -> Iterator:
     yield pattern
     if not index:
         return
@@ -183,18 +218,36 @@ def _dump_regex_result(result) -> bytes:
 
 
 def _regex_grammar(job: RegexJob, vocab: TokenVocabulary, run: Run, max_state_mb: int) -> Grammar:
-    from braid.grammars.regex.grammar import RegexGrammar
-    from braid.grammars.regex.lazy import LazyRegexGrammar, LazyUnsupported, lazy_available
+    from braid.grammars.regex.lazy import lazy_available
 
     lazy = lazy_available()
-    pattern, index = _regex_and_index(run(job, not lazy), not lazy)
+    results = run(job, not lazy)
+    return _regex_grammar_of(job, results.next(), results, lazy, vocab, run, max_state_mb)
+
+
+def _regex_grammar_of(
+    job: Job,
+    pattern: str,
+    results: Results,
+    lazy: bool,
+    vocab: TokenVocabulary,
+    run: Run,
+    max_state_mb: int,
+) -> Grammar:
+    """The grammar of a job's regex `pattern`: the lazy automaton's, or where it is not
+    available or refuses the syntax, the outlines index `results` holds (or a rerun makes)."""
+    from braid.grammars.regex.grammar import RegexGrammar
+    from braid.grammars.regex.lazy import LazyRegexGrammar, LazyUnsupported
+
+    index = None if lazy else _index(results)
     refusal = None
     if index is None and lazy:
         try:
             return LazyRegexGrammar(pattern, vocab, max_state_mb)
         except LazyUnsupported as e:
             refusal = e
-            pattern, index = _regex_and_index(run(job, True), True)  # syntax only outlines reads
+            results = run(job, True)  # syntax only outlines reads
+            pattern, index = results.next(), _index(results)
     if index is None:
         raise refusal or ValueError(
             f"regex {pattern[:200]!r} is too large to compile without lazy_dfa.cpp"
@@ -202,16 +255,13 @@ def _regex_grammar(job: RegexJob, vocab: TokenVocabulary, run: Run, max_state_mb
     return RegexGrammar(index, vocab, pattern)
 
 
-def _regex_and_index(results: Results, index: bool) -> tuple[str, Any]:
-    """The regex, and its index where one was asked for and came within INDEX_BUDGET_S."""
-    pattern = results.next()
-    if not index:
-        return pattern, None
+def _index(results: Results) -> Any:
+    """The index after the regex, where it came within INDEX_BUDGET_S."""
     try:
-        return pattern, results.next(INDEX_BUDGET_S)
+        return results.next(INDEX_BUDGET_S)
     except ResultLost as e:
         log.info("outlines index abandoned (%s); compiling the regex lazily", e)
-        return pattern, None
+        return None
 
 
 _REGEX = JobKind("the constraint", _regex, _regex_grammar, dump=_dump_regex_result)
@@ -221,7 +271,7 @@ KINDS: dict[type, JobKind] = {
     Ebnf: JobKind(
         "the constraint",
         _ebnf,
-        _only_result,
+        _ebnf_grammar,
         dump=_dump_ebnf,
         load=_load_ebnf,
         shared_bytes=_ebnf_shared_bytes,

@@ -78,7 +78,7 @@ def array_regex(conv: Any, schema: dict, path: str, depth: int) -> str | None:
         return contains_regex(conv, schema, rest, lo, hi, path, depth)
     parts = [conv.convert(s, f"{path}/prefixItems/{i}", depth) for i, s in enumerate(prefix)]
     item = conv.convert(rest, f"{path}/items", depth)
-    return _array(tuple_body(parts, item, lo, hi, conv.ws), conv.ws)
+    return _array(tuple_body(parts, item, lo, hi, conv.item_sep), conv.ws)
 
 
 def _array(body: str | None, w: str) -> str | None:
@@ -86,12 +86,11 @@ def _array(body: str | None, w: str) -> str | None:
 
 
 def tuple_body(
-    parts: list[str | None], item: str | None, lo: int, hi: int | None, w: str
+    parts: list[str | None], item: str | None, lo: int, hi: int | None, sep: str
 ) -> str | None:
     """The items of an array between its brackets, lo to hi of them: item i under parts[i]
     (None: no value, so the array ends before it), later ones under `item`. None when no
-    such array can be written."""
-    sep = f"{w},{w}"
+    such array can be written. `sep` is the regex between two items."""
     n = len(parts)
 
     def after(i: int) -> str | None:
@@ -121,7 +120,7 @@ def contains_regex(
     conv: Any, schema: dict, item_schema: Any, lo: int, hi: int | None, path: str, depth: int
 ) -> str | None:
     """Arrays with minContains to maxContains items matching `contains`."""
-    sep = f"{conv.ws},{conv.ws}"
+    sep = conv.item_sep
     least, most = schema.get("minContains", 1), schema.get("maxContains")
     for bound in (least, most):
         if bound is not None and (
@@ -147,10 +146,12 @@ def contains_regex(
                 f"'maxContains' at {path} needs the items that do not match 'contains': {e}"
             ) from None
     if most == 0 or match is None:
-        return _array(tuple_body([], other, lo, hi, conv.ws), conv.ws) if least == 0 else None
+        return _array(tuple_body([], other, lo, hi, conv.item_sep), conv.ws) if least == 0 else None
     if lo > least or hi is not None:
         # Bounded length: the matching items first (stricter), then the others.
-        return _array(tuple_body([match] * least, other, max(lo, least), hi, conv.ws), conv.ws)
+        return _array(
+            tuple_body([match] * least, other, max(lo, least), hi, conv.item_sep), conv.ws
+        )
     # Exact: the first matching item anywhere, then the others anywhere among the rest.
     more = f"{{{least - 1}}}" if most is None else f"{{{max(least - 1, 0)},{most - 1}}}"
     if other is None:
@@ -158,21 +159,21 @@ def contains_regex(
     else:
         body = f"({other}{sep})*{match}(({sep}{other})*{sep}{match}){more}({sep}{other})*"
     if least == 0:
-        plain = tuple_body([], other, 0, None, conv.ws)
+        plain = tuple_body([], other, 0, None, conv.item_sep)
         body = f"({plain}|{body})"
     return _array(body, conv.ws)
 
 
 def unique_regex(conv: Any, item_schema: Any, lo: int, hi: int | None, path: str) -> str | None:
     """Arrays of distinct values of a finite item schema."""
-    sep = f"{conv.ws},{conv.ws}"
+    sep = conv.item_sep
     values = finite_values(conv, item_schema, path)
     if values is None:
         raise UnsupportedSchema(
             f"'uniqueItems' at {path} (supported: items of finitely many values: enum, "
             "const, boolean, null)"
         )
-    if conv.ws and any(isinstance(v, (dict, list)) and v for v in values):
+    if conv.spaced and any(isinstance(v, (dict, list)) and v for v in values):
         raise UnsupportedSchema(f"'uniqueItems' of objects or arrays with whitespace at {path}")
     texts = [escape(conv.dump(v)) for v in values]
     longest = len(texts) if hi is None else min(hi, len(texts))

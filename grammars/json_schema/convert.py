@@ -55,16 +55,23 @@ MAX_REGEX_CHARS = 4_000_000  # past this the lazy automaton's NFA nears its 8M-n
 
 
 def schema_to_regex(
-    schema: dict[str, Any] | bool, whitespace: str | None = None, strict: bool = True
+    schema: dict[str, Any] | bool,
+    whitespace: str | None = None,
+    strict: bool = True,
+    separators: tuple[str, str] | None = None,
 ) -> str:
     """The regex of the schema's instances as JSON text, with `whitespace` between tokens;
-    `strict`: unlisted properties only where additionalProperties allows them explicitly.
+    `strict`: unlisted properties only where additionalProperties allows them explicitly;
+    `separators`: the texts between items and between a key and its value (their commas
+    and colons included), in place of whitespace around them.
     Raises UnsupportedSchema (a keyword it cannot enforce) or InvalidSchema."""
     too_large = None
     schema = local_refs(schema)
     for depth in range(MAX_DEPTH, MIN_DEPTH - 1, -1):
         try:
-            regex = _Converter(schema, whitespace or "", depth, strict).convert(schema, "#", 0)
+            regex = _Converter(schema, whitespace or "", depth, strict, separators).convert(
+                schema, "#", 0
+            )
         except _TooLarge as e:
             too_large = too_large or e
             continue
@@ -96,7 +103,7 @@ def _schema_ids(root: Any) -> set[int]:
 class _Converter:
     """One conversion (a root, whitespace, a depth): the dispatch on keywords, and what the
     keyword modules, handed it as `conv`, call back: convert, declared_types, deref, resolve,
-    resolver, extras, dump, members, and the fields ws and max_depth."""
+    resolver, extras, dump, members, and the fields ws, item_sep, key_sep and max_depth."""
 
     def __init__(
         self,
@@ -104,9 +111,15 @@ class _Converter:
         ws: str,
         depth: int = MAX_DEPTH,
         strict: bool = True,
+        separators: tuple[str, str] | None = None,
     ) -> None:
         self.root = root
         self.ws = ws
+        # Between two items or members, and between a key and its value.
+        item, key = separators or (None, None)
+        self.item_sep = f"{ws},{ws}" if item is None else escape(item)
+        self.key_sep = f"{ws}:{ws}" if key is None else escape(key)
+        self.spaced = bool(ws) or separators is not None  # not compact JSON
         self.strict = strict  # unlisted properties only where additionalProperties says so
         self.max_depth = depth  # $refs followed
         # The document's own subschemas (alive as long as the converter, so their ids are
@@ -304,7 +317,7 @@ class _Converter:
         kept = [v for v in values if is_valid(v, rest, lambda ref: self.resolve(ref, path))]
         if not kept:
             return None
-        if self.ws and any(isinstance(v, (dict, list)) and v for v in kept):
+        if self.spaced and any(isinstance(v, (dict, list)) and v for v in kept):
             raise UnsupportedSchema(f"enum/const of objects or arrays with whitespace at {path}")
         return alternatives([escape(compact_json(v)) for v in kept])
 
@@ -314,9 +327,9 @@ class _Converter:
         value = scalar
         w = self.ws
         for _ in range(depth):
-            array = rf"\[{w}({value}({w},{w}{value})*)?{w}\]"
-            member = f"{STRING}{w}:{w}{value}"
-            obj = rf"\{{{w}({member}({w},{w}{member})*)?{w}\}}"
+            array = rf"\[{w}({value}({self.item_sep}{value})*)?{w}\]"
+            member = f"{STRING}{self.key_sep}{value}"
+            obj = rf"\{{{w}({member}({self.item_sep}{member})*)?{w}\}}"
             value = f"({scalar}|{array}|{obj})"
         return value
 
@@ -357,7 +370,7 @@ class _Converter:
         return compact_json(value)
 
     def members(self, members: list[tuple[str, bool]], nonempty: bool) -> str:
-        return members_regex(members, self.ws, nonempty)
+        return members_regex(members, self.item_sep, nonempty)
 
 
 _MISSING = object()

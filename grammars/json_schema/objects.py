@@ -48,7 +48,7 @@ def object_regex(conv: Any, schema: dict, path: str, depth: int) -> str | None:
             if name in required:
                 return None
             continue
-        members.append((f"{escape(compact_json(name))}{w}:{w}{value}", name in required))
+        members.append((f"{escape(compact_json(name))}{conv.key_sep}{value}", name in required))
     lo, hi = schema.get("minProperties", 0), schema.get("maxProperties")
     if not members and names:
         # Every listed property is forbidden or cannot be written: only what is left is
@@ -64,13 +64,13 @@ def object_regex(conv: Any, schema: dict, path: str, depth: int) -> str | None:
         if value is None:
             return rf"\{{{w}\}}" if lo == 0 else None
         keys = [f'"{pattern_regex(p, CHAR, path)}"' for p in patterns]
-        return _map(alternatives(keys), value, lo, hi, w, path)
+        return _map(alternatives(keys), value, lo, hi, conv, path)
     if not members and extra not in (False, None) and extra != {"not": {}}:
         # A map: any keys, each value under additionalProperties.
         value = conv.convert(extra, f"{path}/additionalProperties", depth)
         if value is None:
             return rf"\{{{w}\}}" if lo == 0 else None
-        return _map(STRING, value, lo, hi, w, path)
+        return _map(STRING, value, lo, hi, conv, path)
     num_required = sum(req for _, req in members)
     # minProperties 1 over optional members only: the object is not empty.
     nonempty = lo == 1 and num_required == 0
@@ -81,12 +81,12 @@ def object_regex(conv: Any, schema: dict, path: str, depth: int) -> str | None:
         # Unlisted properties after the listed ones, each under additionalProperties.
         value = conv.convert(extra, f"{path}/additionalProperties", depth)
         if value is not None:
-            pair = f'"{string_not_in(names)}"{w}:{w}{value}'
-            members.append((f"{pair}({w},{w}{pair})*", False))
-    return rf"\{{{w}{members_regex(members, w, nonempty)}{w}\}}"
+            pair = f'"{string_not_in(names)}"{conv.key_sep}{value}'
+            members.append((f"{pair}({conv.item_sep}{pair})*", False))
+    return rf"\{{{w}{members_regex(members, conv.item_sep, nonempty)}{w}\}}"
 
 
-def _map(key: str, value: str, lo: int, hi: int | None, w: str, path: str) -> str:
+def _map(key: str, value: str, lo: int, hi: int | None, conv: Any, path: str) -> str:
     """An object of lo to hi members, each a key matching `key` (a string's regex) and a
     value matching `value`. A regex cannot keep keys apart, and a validator keeps one
     member of each repeated key, so more than one member cannot be required."""
@@ -95,13 +95,14 @@ def _map(key: str, value: str, lo: int, hi: int | None, w: str, path: str) -> st
             f"'minProperties' {lo} at {path} on an object whose keys are not listed (a "
             "regex cannot keep its keys distinct)"
         )
+    w = conv.ws
     if hi is not None:
         hi = min(hi, MAX_REPEAT)  # larger objects are not written: stricter
     if hi == 0:
         return rf"\{{{w}\}}"
-    member = f"{key}{w}:{w}{value}"
+    member = f"{key}{conv.key_sep}{value}"
     # The first member, then 0 to hi - 1 more (lo is at most 1).
-    body = f"{member}({w},{w}{member}){{0,{'' if hi is None else hi - 1}}}"
+    body = f"{member}({conv.item_sep}{member}){{0,{'' if hi is None else hi - 1}}}"
     if lo == 0:
         body = f"({body})?"
     return rf"\{{{w}{body}{w}\}}"
@@ -149,7 +150,7 @@ def _named_object(conv: Any, schema: dict, names_schema: Any, path: str, depth: 
     )
     if value is None or key is None:
         return rf"\{{{conv.ws}\}}" if lo == 0 else None
-    return _map(key, value, lo, hi, conv.ws, path)
+    return _map(key, value, lo, hi, conv, path)
 
 
 def _key_check(conv: Any, names_schema: Any, path: str) -> Callable[[str], bool]:
@@ -180,9 +181,9 @@ def _finite_names(names_schema: Any) -> list[str] | None:
     return None
 
 
-def members_regex(members: list[tuple[str, bool]], w: str, nonempty: bool = False) -> str:
+def members_regex(members: list[tuple[str, bool]], sep: str, nonempty: bool = False) -> str:
     """Members in order, each optional one present or not, commas only between present ones
-    (at least one present when `nonempty`).
+    (at least one present when `nonempty`); `sep` is the regex between two members.
 
     Up to the first required member, `head` is "the members written so far, at least one":
     head(k) = (head(k-1) (,m_k)? | m_k). Each member appears twice in it (bare when it is the
@@ -190,7 +191,6 @@ def members_regex(members: list[tuple[str, bool]], w: str, nonempty: bool = Fals
     with the members; branching on the first present member and repeating the rest after
     each would copy every later member once per earlier one.
     """
-    sep = f"{w},{w}"
     # head(k) opens one group per member after the first, so it is built as a list of the
     # pieces after those openings (re-copying a growing string was quadratic in the members).
     pieces: list[str] = []

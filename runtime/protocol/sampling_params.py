@@ -6,7 +6,9 @@ import math
 from typing import Any
 
 import msgspec
+from msgspec.structs import force_setattr
 
+from braid.grammars import dialects
 from braid.grammars.constraints import Choices, Constraint, Ebnf, JsonSchema, Regex, ToolCalls
 from braid.runtime.protocol.stop_regex import check_stop_regex
 
@@ -52,7 +54,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     trace: bool = False
     # Constraints (at most one), as in SGLang's sampling params: the output must match the
     # regex, be a JSON document valid under the schema (a dict or its JSON text), be one of
-    # the choices, or be a sentence of the lark grammar.
+    # the choices, or be a sentence of the grammar: lark, llguidance's lark or GBNF
+    # (grammars/dialects).
     regex: str | None = None
     json_schema: dict[str, Any] | str | None = None
     choices: list[str] | None = None
@@ -119,6 +122,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             raise ValueError(
                 f"SamplingParams: logit_bias values must be in [-100, 100]; got {bad_bias}"
             )
+        if self.grammar is not None:
+            self._take_reply_attributes()
         if any(s == "" for s in self.stop_strings):
             raise ValueError("SamplingParams: stop strings must not be empty")
         for pattern in self.stop_regexes:
@@ -133,6 +138,23 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
                 "SamplingParams: tool_calls must be a grammars.ToolCalls; it is not a request "
                 "field (the server makes it of a chat request's tools and tool_choice)"
             )
+
+    def _take_reply_attributes(self) -> None:
+        """What an llguidance grammar sets on the whole reply (grammars/dialects/llguidance.py)
+        applied to these fields: its max_tokens bounds theirs, its temperature replaces it, its
+        stop joins theirs."""
+        try:
+            attributes = dialects.reply_attributes(self.grammar)
+        except ValueError as e:
+            raise ValueError(f"SamplingParams: {e}") from None
+        if attributes.max_tokens is not None:
+            force_setattr(self, "max_tokens", min(self.max_tokens, attributes.max_tokens))
+        if attributes.temperature is not None:
+            force_setattr(self, "temperature", attributes.temperature)
+        for field, value in (("stop", attributes.stop), ("stop_regex", attributes.stop_regex)):
+            given = _as_tuple(getattr(self, field))
+            if value is not None and value not in given:
+                force_setattr(self, field, [*given, value])
 
     @property
     def constraint(self) -> Constraint | None:

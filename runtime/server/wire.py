@@ -79,6 +79,10 @@ def split_sampling(
     taken = SAMPLING_FIELDS - own
     sampling = {k: v for k, v in obj.items() if k in taken and v is not None}
     rest = {k: v for k, v in obj.items() if k not in taken}
+    if rest.get("ebnf") is not None:  # SGLang's name, on every route
+        if "grammar" in sampling:
+            raise BadRequest("ebnf and grammar give the same constraint twice: give one")
+        sampling["grammar"] = rest.pop("ebnf")
     return sampling, rest
 
 
@@ -328,13 +332,28 @@ class ChatCompletionRequest(_OpenAIRequest):
 
 # The response header naming the request's fields braid ignored.
 IGNORED_HEADER = "X-Braid-Ignored-Fields"
-# vLLM's names for braid's constraints (its older guided_* fields and its structured_outputs).
-_VLLM_CONSTRAINTS = {
+# Other servers' names for braid's constraints: vLLM's older guided_* fields and SGLang's
+# `ebnf` (a grammar in any dialect braid reads: grammars/dialects).
+_OTHER_CONSTRAINTS = {
     "guided_json": "json_schema",
     "guided_regex": "regex",
     "guided_choice": "choices",
+    "guided_grammar": "grammar",
+    "ebnf": "grammar",
 }
-_STRUCTURED_OUTPUTS = {"json": "json_schema", "regex": "regex", "choice": "choices"}
+# vLLM's structured_outputs: its constraints, and its switches braid takes at the value it
+# implements (None: any value, it changes nothing in the reply).
+_STRUCTURED_OUTPUTS = {
+    "json": "json_schema",
+    "regex": "regex",
+    "choice": "choices",
+    "grammar": "grammar",
+}
+_STRUCTURED_SWITCHES: dict[str, Any] = {
+    "disable_fallback": None,  # braid has one grammar engine: nothing to fall back from
+    "disable_any_whitespace": None,  # braid writes JSON compact either way (docs/json-schema.md)
+    "disable_additional_properties": None,  # braid's default: unlisted properties not written
+}
 # Fields other servers take that would change the output, which braid does not implement:
 # a 400 naming them unless they hold the value that changes nothing (ignoring them would be
 # a silently wrong reply). The value None: any non-null value is refused.
@@ -344,7 +363,6 @@ _UNIMPLEMENTED: dict[str, Any] = {
     "modalities": ["text"],
     "prediction": None,
     "web_search_options": None,
-    "guided_grammar": None,  # vLLM's grammar dialects differ from braid's `grammar` (lark)
     "guided_whitespace_pattern": None,
     "truncate_prompt_tokens": None,
     "chat_template": None,
@@ -394,23 +412,15 @@ def _known_fields(obj: dict[str, Any], kind: type[_OpenAIRequest]) -> tuple[dict
     known = {f.encode_name for f in msgspec.structs.fields(kind)}
     known |= SAMPLING_FIELDS | REPORTING_FIELDS
     obj = dict(obj)
-    constraints = {_VLLM_CONSTRAINTS[k]: obj.pop(k) for k in list(obj) if k in _VLLM_CONSTRAINTS}
-    structured = obj.pop("structured_outputs", None)
-    if structured is not None:
-        if not isinstance(structured, dict):
-            raise BadRequest("structured_outputs must be an object")
-        for key, value in structured.items():
-            if key not in _STRUCTURED_OUTPUTS:
-                raise BadRequest(
-                    f"structured_outputs.{key} is not supported (json, regex and choice are; "
-                    "braid's own `grammar` field takes a lark EBNF grammar)"
-                )
-            constraints[_STRUCTURED_OUTPUTS[key]] = value
-    for ours, value in constraints.items():
+    constraints = [
+        (k, _OTHER_CONSTRAINTS[k], obj.pop(k)) for k in list(obj) if k in _OTHER_CONSTRAINTS
+    ]
+    constraints += _structured_outputs(obj.pop("structured_outputs", None))
+    for theirs, ours, value in constraints:
         if value is None:
             continue
         if obj.get(ours) is not None:
-            raise BadRequest(f"{ours} is given twice (also under vLLM's name)")
+            raise BadRequest(f"{theirs} and {ours} give the same constraint twice: give one")
         obj[ours] = json.loads(value) if ours == "json_schema" and isinstance(value, str) else value
     ignored = []
     for key in [k for k in obj if k not in known]:
@@ -422,6 +432,30 @@ def _known_fields(obj: dict[str, Any], kind: type[_OpenAIRequest]) -> tuple[dict
         elif value is not None:
             ignored.append(key)
     return obj, ignored
+
+
+def _structured_outputs(structured: Any) -> list[tuple[str, str, Any]]:
+    """vLLM's structured_outputs as (its name, braid's field, the value)."""
+    if structured is None:
+        return []
+    if not isinstance(structured, dict):
+        raise BadRequest("structured_outputs must be an object")
+    found = []
+    for key, value in structured.items():
+        where = f"structured_outputs.{key}"
+        if key in _STRUCTURED_OUTPUTS:
+            found.append((where, _STRUCTURED_OUTPUTS[key], value))
+        elif key == "json_object":
+            if value:
+                found.append((where, "json_schema", {"type": "object"}))
+        elif key == "whitespace_pattern":
+            if value is not None:
+                raise BadRequest(f"{where} is not supported (braid writes JSON without whitespace)")
+        elif key not in _STRUCTURED_SWITCHES:
+            raise BadRequest(
+                f"{where} is not supported (json, regex, choice, grammar and json_object are)"
+            )
+    return found
 
 
 # ---- SGLang's native /generate ------------------------------------------------------------

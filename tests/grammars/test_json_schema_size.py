@@ -24,7 +24,7 @@ from braid.grammars.regex.outlines_index import fits_index
 def test_members_are_every_ordered_subset_with_required_ones(size):
     for required in itertools.product([False, True], repeat=size):
         members = [(f"m{i}", req) for i, req in enumerate(required)]
-        regex = re.compile(members_regex(members, ""))
+        regex = re.compile(members_regex(members, ","))
         for present in itertools.product([False, True], repeat=size):
             text = ",".join(f"m{i}" for i in range(size) if present[i])
             allowed = all(p or not r for p, r in zip(present, required, strict=True))

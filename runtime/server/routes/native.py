@@ -85,6 +85,8 @@ async def generate(request: Request) -> Response:
                 new = (chunk.token_ids, chunk.logprobs or [], chunk.top_logprobs or [])
             else:
                 new = (out_ids, meta.get("logprobs", []), meta.get("top_logprobs", []))
+            if "next_top_logprobs" in meta:  # max_new_tokens=0: the top tokens after the prompt
+                new = (new[0], new[1], [meta["next_top_logprobs"]])
             info.update(lister.output(*new), output_token_logprobs_length=len(out_ids))
             if finish is not None:
                 first = req.prompt_logprobs_start(len(jobs[i][0]))

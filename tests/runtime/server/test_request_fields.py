@@ -68,7 +68,7 @@ def test_unknown_fields_are_ignored_and_named(server):
     "field,value",
     [
         ("include_stop_str_in_output", True),
-        ("guided_grammar", "root ::= 'a'"),
+        ("guided_whitespace_pattern", r"\s*"),
         ("use_beam_search", True),
         ("suffix", "z"),
         ("modalities", ["text", "audio"]),
@@ -112,19 +112,19 @@ def test_vllm_constraint_fields(client):
         extra_body={"structured_outputs": {"regex": "[A-Z]{2}[0-9]"}},
     )
     assert re.fullmatch("[A-Z]{2}[0-9]", out.choices[0].text)
-    with pytest.raises(openai.BadRequestError, match="given twice"):
+    with pytest.raises(openai.BadRequestError, match="same constraint twice"):
         client.completions.create(
             model="tiny",
             prompt="x",
             max_tokens=2,
             extra_body={"regex": "a", "guided_regex": "b"},
         )
-    with pytest.raises(openai.BadRequestError, match="structured_outputs.grammar"):
+    with pytest.raises(openai.BadRequestError, match="structured_outputs.whitespace_pattern"):
         client.completions.create(
             model="tiny",
             prompt="x",
             max_tokens=2,
-            extra_body={"structured_outputs": {"grammar": "root ::= 'a'"}},
+            extra_body={"structured_outputs": {"json": schema, "whitespace_pattern": " "}},
         )
 
 
