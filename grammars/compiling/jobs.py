@@ -14,8 +14,9 @@ back its results in order (`Results.next`).
   regex, compiled as a regex's (below); else lark's parse table over terminal automata
   (grammars/ebnf/grammar.py), sent without the vocabulary structures every EBNF grammar
   shares.
-- A regex, JSON schema, choices or tool calls: their regex (grammars/compiling/constraint_regex.py;
-  for tool calls grammars/tool_calls.py, from each tool's schema), then, where `index` asks,
+- A regex, JSON schema, choices, tool calls or structural tag: their regex
+  (grammars/compiling/constraint_regex.py; for tool calls grammars/tool_calls.py, from each
+  tool's schema; for a structural tag grammars/structural_tag_regex.py), then, where `index` asks,
   its outlines index (grammars/regex/outlines_index.py) or None. The regex becomes the lazy
   automaton (grammars/regex/lazy.py), which makes states and masks as they are reached:
   compiling costs milliseconds, and each state's mask one walk of the vocabulary the first
@@ -38,7 +39,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from braid.grammars.compiling.constraint_regex import constraint_regex
-from braid.grammars.constraints import Choices, Constraint, Ebnf, JsonSchema, Regex, ToolCalls
+from braid.grammars.constraints import (
+    Choices,
+    Constraint,
+    Ebnf,
+    JsonSchema,
+    Regex,
+    StructuralTag,
+    ToolCalls,
+)
 from braid.grammars.regex.char_regex import CharPattern, CharRegex
 
 if TYPE_CHECKING:
@@ -180,9 +189,9 @@ def _ebnf_shared_bytes(vocab: TokenVocabulary) -> int:
     return trie_memory_bytes(vocab)
 
 
-# ---- regexes, JSON schemas, choices, tool calls ---------------------------------------------
+# ---- regexes, JSON schemas, choices, tool calls, structural tags ----------------------------
 
-RegexJob = Regex | JsonSchema | Choices | ToolCalls  # compiled through their regex
+RegexJob = Regex | JsonSchema | Choices | ToolCalls | StructuralTag  # through their regex
 
 
 def _regex(job: RegexJob, vocab: TokenVocabulary, index: bool) -> Iterator:
@@ -280,4 +289,5 @@ KINDS: dict[type, JobKind] = {
     JsonSchema: _REGEX,
     Choices: _REGEX,
     ToolCalls: _REGEX,
+    StructuralTag: _REGEX,
 }
