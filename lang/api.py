@@ -160,10 +160,10 @@ def gen(
 def select(
     name: str | None = None,
     choices: Sequence[str] | None = None,
-    method: str | Callable = "token_length_normalized",
-    *,
+    method: str | Callable | float = "token_length_normalized",
     choices_method: str | Callable | None = None,
-    temperature: float = 0.0,
+    *,
+    temperature: float | None = None,
     reasoning: bool | int | None = None,
 ) -> Select | Gen:
     """Append the choice the model scores best and store it in `state[name]`.
@@ -173,7 +173,9 @@ def select(
     decoder follows furthest) or "unconditional_likelihood_normalized" (mean gain over the
     choice's logprobs without the context), or the method itself (`braid.greedy_token_selection`
     and the others SGLang names). `choices_method` is SGLang's keyword for it; `temperature`
-    is SGLang's too and must be 0, since nothing is scored at another.
+    is SGLang's too and must be 0, since nothing is scored at another. SGLang's positional
+    order works as well, `select(name, choices, temperature, choices_method)`: a number where
+    the method goes is SGLang's temperature (no method is a number).
 
     `reasoning=True` (or N, a thinking budget) lets the model think first: scoring cannot
     follow a thought it has not written, so the thought is generated (sampled as the
@@ -182,7 +184,11 @@ def select(
     """
     where = f"select({name!r})"
     choices = _checked_choices(choices, where)
-    if temperature != 0:
+    if isinstance(method, int | float) and not isinstance(method, bool):
+        if temperature is not None:
+            raise TypeError(f"{where}: temperature is given twice (third positional and keyword)")
+        temperature, method = method, "token_length_normalized"
+    if temperature is not None and temperature != 0:
         raise ValueError(f"{where}: temperature must be 0: the choices are scored, not sampled")
     method = choices_method if choices_method is not None else method
     if callable(method):  # SGLang's method objects are braid's methods

@@ -235,11 +235,6 @@ def test_cache_prefix_has_the_server_cache_it(engine, server):
     assert cached_tokens() >= len(engine.encode(prefix)) - 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs lang/api.py's select to read SGLang's positional order (name, choices, "
-    "temperature, choices_method); remove this mark with that edit",
-)
 def test_select_takes_sglangs_positional_temperature(engine):
     choices = ["yes", "no", "maybe"]
 
@@ -260,11 +255,6 @@ def test_select_takes_sglangs_positional_temperature(engine):
         sgl.select("x", choices, 0.5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs runtime/server/routes/native.py's /generate to report a max_new_tokens=0 "
-    "request's next_top_logprobs as output_top_logprobs; remove this mark with that edit",
-)
 def test_next_token_top_k_through_a_server(engine, server, next_token_logprobs):
     @sgl.function
     def step_0(s):
