@@ -9,10 +9,18 @@ import msgspec
 from msgspec.structs import force_setattr
 
 from braid.grammars import dialects
-from braid.grammars.constraints import Choices, Constraint, Ebnf, JsonSchema, Regex, ToolCalls
+from braid.grammars.constraints import (
+    Choices,
+    Constraint,
+    Ebnf,
+    JsonSchema,
+    Regex,
+    StructuralTag,
+    ToolCalls,
+)
 from braid.runtime.protocol.stop_regex import check_stop_regex
 
-_CONSTRAINTS = ("regex", "json_schema", "choices", "grammar", "tool_calls")
+_CONSTRAINTS = ("regex", "json_schema", "choices", "grammar", "structural_tag", "tool_calls")
 _INT64 = 2**63
 
 
@@ -60,6 +68,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     json_schema: dict[str, Any] | str | None = None
     choices: list[str] | None = None
     grammar: str | None = None
+    # Or be in the language of an XGrammar structural tag (grammars/structural_tag.py): the
+    # `{"type": "structural_tag", "format": ...}` object or the legacy structures + triggers,
+    # a dict or its JSON text (SGLang's /generate sends text).
+    structural_tag: dict[str, Any] | str | None = None
     # Or be calls of a chat request's tools (a grammars.ToolCalls), which the server sets from
     # its tools and tool_choice (runtime/server/chat/tools.py). Never read from a request body:
     # it is typed loosely because msgspec cannot decode a ToolCalls (its `text` is a union of
@@ -167,6 +179,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             return Choices(tuple(self.choices))
         if self.grammar is not None:
             return Ebnf(self.grammar)
+        if self.structural_tag is not None:
+            return StructuralTag.of(self.structural_tag)
         return self.tool_calls
 
     @property

@@ -124,17 +124,28 @@ class JsonSchemaFormat(msgspec.Struct, forbid_unknown_fields=True, rename={"sche
 
 
 class ResponseFormat(msgspec.Struct, forbid_unknown_fields=True):
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
+    # An XGrammar structural tag (SGLang's and vLLM's): its format, or the legacy structures
+    # and triggers; grammars/structural_tag.py checks them (the errors name each field).
+    format: dict[str, Any] | None = None
+    structures: list[Any] | None = None
+    triggers: list[Any] | None = None
 
     def as_sampling(self) -> dict[str, Any]:
         """The constraint it asks for, as SamplingParams fields."""
+        tag = {k: getattr(self, k) for k in ("format", "structures", "triggers")}
+        tag = {k: v for k, v in tag.items() if v is not None}
+        if self.type != "structural_tag" and tag:
+            raise BadRequest(f"response_format.{next(iter(tag))} is only for type structural_tag")
         if self.type == "json_object":
             return {"json_schema": {"type": "object"}}
         if self.type == "json_schema":
             if self.json_schema is None or self.json_schema.schema_ is None:
                 raise BadRequest("response_format json_schema needs json_schema.schema")
             return {"json_schema": self.json_schema.schema_}
+        if self.type == "structural_tag":
+            return {"structural_tag": {"type": "structural_tag", **tag}}
         return {}
 
 
