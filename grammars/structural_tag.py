@@ -10,6 +10,7 @@ nested to any depth, or the legacy form `{"structures": [{"begin", "schema", "en
 
     const_string   value                     json_schema  json_schema (style "json")
     regex          pattern (Python syntax)   any_text     excludes
+    grammar        grammar (GBNF, as XGrammar's EBNF; no rule may recurse)
     sequence, or   elements                  optional, plus, star, repeat (min, max)  content
     tag            begin, content, end (a string or a list of them)
     triggered_tags triggers, tags, at_least_one, stop_after_first, excludes
@@ -18,7 +19,7 @@ nested to any depth, or the legacy form `{"structures": [{"begin", "schema", "en
 
 and refuses, naming the field, what it cannot honour: the token-level formats (token,
 exclude_token, any_tokens, token_triggered_tags, token_dispatch, and a tag's begin or end
-given as a token), `grammar` (an EBNF grammar is not a regex), the XML styles of
+given as a token), a `grammar` whose rules recurse (not a regex), the XML styles of
 json_schema and qwen_xml_parameter, any_order, and any_text's max_tokens and max_chars.
 Every field is checked: an unknown one is an error, as is a format without its `type`.
 """
@@ -33,7 +34,6 @@ from typing import Any
 
 # Formats XGrammar defines that braid cannot compile to a regex, and why.
 _REFUSED = {
-    "grammar": "an EBNF grammar cannot be part of the one regex a structural tag compiles to",
     "qwen_xml_parameter": "braid writes JSON arguments only (json_schema style 'json')",
     "token": "braid's structural tags are text, not token ids",
     "exclude_token": "braid's structural tags are text, not token ids",
@@ -269,6 +269,20 @@ def _pattern(value: Any, path: str) -> str:
     return value
 
 
+def _gbnf(value: Any, path: str) -> str:
+    """XGrammar's EBNF (GBNF, grammars/dialects): read now, so a bad one is named here; its
+    regex is made when the tag compiles, where a rule that recurses is refused."""
+    from braid.grammars import dialects
+
+    if dialects.dialect(_word(value, path)) != "gbnf":
+        raise ValueError(f"{path}: must be an EBNF grammar of `name ::= ...` rules (GBNF)")
+    try:
+        dialects.read(value).check()
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+    return value
+
+
 def _ends(value: Any, path: str) -> list[str]:
     if isinstance(value, dict):
         raise ValueError(f"{path}: a token end is not supported by braid (its tags are text)")
@@ -315,6 +329,7 @@ _FORMATS: dict[str, dict[str, tuple[Check, Any]]] = {
         "max_whitespace_cnt": (_optional_count, lambda: None),
     },
     "regex": {"pattern": (_pattern, None)},
+    "grammar": {"grammar": (_gbnf, None)},
     "any_text": {
         "excludes": (_list_of(_word), list),
         "max_tokens": (_optional_count, lambda: None),

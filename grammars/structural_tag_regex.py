@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from braid.grammars import dialects
 from braid.grammars.compiling.constraint_regex import escape
 from braid.grammars.json_schema.convert import schema_to_regex
 from braid.grammars.regex.excluding import excluding, scan
@@ -41,6 +42,8 @@ def _regex(fmt: dict[str, Any], path: str, ends: tuple[str, ...]) -> str:
         return _schema(fmt["json_schema"], f"{path}.json_schema")
     if kind == "regex":
         return _group(fmt["pattern"])
+    if kind == "grammar":
+        return _grammar(fmt["grammar"], f"{path}.grammar")
     if kind == "any_text":
         words = [*fmt["excludes"], *ends]
         return excluding(words) if words else r"[\s\S]*"
@@ -65,6 +68,20 @@ def _schema(schema: dict[str, Any] | bool, path: str) -> str:
         raise ValueError(f"{path} is nested too deeply to compile") from None
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
+
+
+def _grammar(text: str, path: str) -> str:
+    """A GBNF grammar's regex, its rules inlined (grammars/dialects), JSON inside as braid's."""
+    rules = dialects.read(text)
+    for schema in rules.json_schemas():
+        rules.json_regex[schema] = _schema(json.loads(schema), path)
+    regex = rules.regex()
+    if regex is None:
+        raise ValueError(
+            f"{path}: a rule recurses (or inlining passes its bound), which the one regex of a "
+            "structural tag cannot hold"
+        )
+    return regex
 
 
 def _repeated(fmt: dict[str, Any], content: str) -> str:

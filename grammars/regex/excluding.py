@@ -50,7 +50,8 @@ def scan(triggers: Iterable[str], excluded: Iterable[str]) -> Scan:
     """The Scan of text for `triggers` and `excluded` words (all non-empty). Where words end
     at the same place (one is a suffix of another), an excluded one wins, then the longest
     trigger."""
-    triggers, excluded = list(dict.fromkeys(triggers)), set(excluded)
+    # Lists in the order given (not sets): the regex is then the same in every process.
+    triggers, excluded = list(dict.fromkeys(triggers)), list(dict.fromkeys(excluded))
     words = [*triggers, *(w for w in excluded if w not in triggers)]
     if any(w == "" for w in words):
         raise ValueError("the words to scan for must not be empty")
@@ -107,7 +108,7 @@ class _Automaton:
 
 
 def _edges(
-    automaton: _Automaton, finals: dict[str, int], excluded: set[str], free: int
+    automaton: _Automaton, finals: dict[str, int], excluded: list[str], free: int
 ) -> tuple[dict[int, dict[int, list[str]]], list[int]]:
     """The automaton's live states (where no word has ended) and hubs (below) with the edges
     between them, each a list of alternative regexes, and the order to eliminate them in:

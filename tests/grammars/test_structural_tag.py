@@ -76,6 +76,11 @@ CASES = {
         ["A: 12"],
         ["A: ", "12", "A: 1x"],
     ),
+    "grammar": (
+        {"type": "grammar", "grammar": 'root ::= answer " " [0-9]+\nanswer ::= "yes" | "no"'},
+        ["yes 12", "no 0"],
+        ["maybe 1", "yes ", "yes12"],
+    ),
     "or": ({"type": "or", "elements": [const("yes"), const("no")]}, ["yes", "no"], ["", "yesno"]),
     "optional": ({"type": "optional", "content": const("x")}, ["", "x"], ["xx"]),
     "plus": ({"type": "plus", "content": const("ab")}, ["ab", "abab"], ["", "aba"]),
@@ -322,9 +327,10 @@ REFUSALS = [
     ),
     ({"value": "a"}, r"^structural_tag\.format\.type: missing"),
     ({"type": "const_string"}, r"^structural_tag\.format\.value: missing"),
+    ({"type": "grammar", "grammar": 'start: "a"'}, r"^structural_tag\.format\.grammar: must be"),
     (
-        {"type": "grammar", "grammar": 'root ::= "a"'},
-        r"^structural_tag\.format\.type: format 'grammar'",
+        {"type": "grammar", "grammar": "root ::= item\nitem ::= [a-z] missing"},
+        r"^structural_tag\.format\.grammar: .*undefined `missing`",
     ),
     ({"type": "token", "token": 7}, r"^structural_tag\.format\.type: format 'token'"),
     (
@@ -393,11 +399,20 @@ def test_top_level_and_legacy_refusals():
             {"structures": [{"begin": "<a>", "end": "</a>"}], "triggers": ["<a"]},
             r"^structural_tag\.structures\[0\]\.schema: missing",
         ),
-        ({"format": json.loads('{"type":"optional","content":' * 130 + "{}" + "}" * 130)}, "nested"),
+        (
+            {"format": json.loads('{"type":"optional","content":' * 130 + "{}" + "}" * 130)},
+            "nested",
+        ),
     ]
     for tag, message in cases:
         with pytest.raises(ValueError, match=message):
             StructuralTag.of(tag)
+
+
+def test_a_grammar_whose_rules_recurse_is_refused_by_its_path():
+    fmt = tag("<p>", {"type": "grammar", "grammar": 'root ::= "(" root ")" | "x"'}, "</p>")
+    with pytest.raises(ValueError, match=r"^structural_tag\.format\.content\.grammar: a rule"):
+        structural_tag_regex(StructuralTag.of({"format": fmt}))
 
 
 def test_a_schema_braid_cannot_compile_is_named_by_its_path():

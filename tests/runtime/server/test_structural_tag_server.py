@@ -140,8 +140,8 @@ def test_sglang_generate_takes_it_as_json_text(server):
             "structural_tag.format.elements[0].type: unknown format 'foo'",
         ),
         (
-            {"type": "structural_tag", "format": {"type": "grammar", "grammar": 'root ::= "a"'}},
-            "structural_tag.format.type: format 'grammar' is not supported",
+            {"type": "structural_tag", "format": {"type": "token", "token": "<|end|>"}},
+            "structural_tag.format.type: format 'token' is not supported",
         ),
         (
             {"type": "structural_tag", "format": {"type": "any_text", "max_tokens": 4}},
