@@ -430,9 +430,12 @@ def _known_fields(obj: dict[str, Any], kind: type[_OpenAIRequest]) -> tuple[dict
     for theirs, ours, value in constraints:
         if value is None:
             continue
-        if obj.get(ours) is not None:
+        value = json.loads(value) if ours == "json_schema" and isinstance(value, str) else value
+        # guidance's VLLMModel sends one grammar under both of vLLM's names: the same one twice
+        # is one constraint.
+        if obj.get(ours) is not None and obj[ours] != value:
             raise BadRequest(f"{theirs} and {ours} give the same constraint twice: give one")
-        obj[ours] = json.loads(value) if ours == "json_schema" and isinstance(value, str) else value
+        obj[ours] = value
     ignored = []
     for key in [k for k in obj if k not in known]:
         value = obj.pop(key)

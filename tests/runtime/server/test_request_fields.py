@@ -117,7 +117,7 @@ def test_vllm_constraint_fields(client):
             model="tiny",
             prompt="x",
             max_tokens=2,
-            extra_body={"regex": "a", "guided_regex": "b"},
+            extra_body={"regex": "a", "guided_regex": "b"},  # two different ones
         )
     with pytest.raises(openai.BadRequestError, match="structured_outputs.whitespace_pattern"):
         client.completions.create(
