@@ -296,10 +296,10 @@ def constrain(plan: ToolPlan, params: SamplingParams) -> SamplingParams:
             raise BadRequest(str(e)) from None
     text = None
     if plan.mode == "auto":
-        if params.regex is not None or params.grammar is not None:
+        if any(v is not None for v in (params.regex, params.grammar, params.structural_tag)):
             raise BadRequest(
-                "regex and grammar cannot be combined with tools in tool_choice 'auto' "
-                "(response_format json_schema and choices can)"
+                "regex, grammar and structural tags cannot be combined with tools in "
+                "tool_choice 'auto' (response_format json_schema and choices can)"
             )
         try:
             own = params.constraint  # response_format's json_schema or choices, or None
@@ -314,6 +314,7 @@ def constrain(plan: ToolPlan, params: SamplingParams) -> SamplingParams:
         "json_schema": None,
         "choices": None,
         "grammar": None,
+        "structural_tag": None,
     }
     if plan.mode != "auto":  # the output is calls: a stop string could only cut one short
         fields |= {"stop": None, "stop_regex": None}
