@@ -151,7 +151,8 @@ def _ebnf(job: Ebnf, vocab: TokenVocabulary, index: bool) -> Iterator:
         rules.json_regex[schema] = constraint_regex(dialects.json_constraint(schema))
     pattern = rules.regex()
     if pattern is None:
-        yield EbnfGrammar(rules.lark(), vocab)
+        text, budgets = rules.lark()
+        yield EbnfGrammar(text, vocab, budgets)
         return
     yield from _regex_results(pattern, vocab, index)
 

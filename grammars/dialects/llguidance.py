@@ -10,9 +10,10 @@ into grammar nodes.
 Lark's rules and terminals (lexemes) are read alike; `%json {...}` embeds a JSON schema and
 `%regex {"substring_chunks": [...]}` the substrings of a text. A rule's attributes: `capture`
 names the client's variable (the client reads it back from the text, so it changes nothing
-here); `max_tokens`, `temperature` and `stop` act on the whole reply, so they are taken only
-where the rule is the grammar's reply: `start: rule` (and `stop` also on the start rule's
-last item, where the text ends at it and leaves it out, as llguidance hides it). Anything
+here); `max_tokens` bounds the rule's lexeme in tokens (the reply's max_tokens where the
+rule is the whole reply, `start: rule`); `temperature` is taken where the rule is the whole
+reply, and `stop` on the start rule's last item, where the reply ends at it and leaves it
+out, as llguidance hides it. Anything
 else llguidance reads (`%ignore`, imports, token references, subgrammars, lexeme
 operators, `lazy`, `suffix`) is refused, naming it.
 """
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from braid.grammars.dialects.gbnf import unescape
 from braid.grammars.dialects.python_regex import regex_node
 from braid.grammars.dialects.tree import Alt, Chars, Json, Lit, Node, Ref, Rep, Rules, Seq
+from braid.grammars.regex.substrings import substrings_regex
 
 WHERE = "llguidance grammar"
 _TOKEN = re.compile(
@@ -72,31 +74,46 @@ def read(text: str) -> tuple[Rules, dict[str, Attributes]]:
     grammar = Rules(rules, "start", WHERE)
     grammar.check()
     _check_placement(grammar, attributes)
+    whole = _whole_reply(rules)
+    grammar.budgets = {
+        name: a.max_tokens
+        for name, a in attributes.items()
+        if a.max_tokens is not None and name != whole
+    }
     return grammar, attributes
 
 
 def reply_attributes(text: str) -> Attributes:
-    """The attributes that act on the whole reply (checked where they stand by `read`)."""
-    _, attributes = _Parser(_tokens(text)).definitions()
+    """The attributes that act on the whole reply (checked where they stand by `read`): the
+    stop of the start rule's last item, and max_tokens and temperature of the rule that is
+    the reply (`start: rule`); a max_tokens inside the grammar bounds its own rule only."""
+    rules, attributes = _Parser(_tokens(text)).definitions()
+    whole = _whole_reply(rules)
     merged: dict = {}
-    for a in attributes.values():
+    for name, a in attributes.items():
         for key, value in vars(a).items():
-            if value is not None:
+            if value is not None and (name == whole or key in ("stop", "stop_regex")):
                 merged[key] = value
     return Attributes(**merged)
 
 
+def _whole_reply(rules: dict[str, Node]) -> str | None:
+    """The rule that is the whole reply (`start: rule`), if one is."""
+    start = rules.get("start")
+    return start.name if isinstance(start, Ref) else None
+
+
 def _check_placement(grammar: Rules, attributes: dict[str, Attributes]) -> None:
     start = grammar.rules["start"]
-    whole = start.name if isinstance(start, Ref) else None
+    whole = _whole_reply(grammar.rules)
     last = start.items[-1] if isinstance(start, Seq) else start
     tail = last.name if isinstance(last, Ref) else None
     for name, a in attributes.items():
         uses = sum(_count_refs(node, name) for node in grammar.rules.values())
-        if (a.max_tokens is not None or a.temperature is not None) and (whole != name or uses > 1):
+        if a.temperature is not None and (whole != name or uses > 1):
             raise ValueError(
-                f"{WHERE}: rule `{name}`: max_tokens and temperature are supported on the "
-                "rule that is the whole reply (`start: {name}`), not inside a longer grammar"
+                f"{WHERE}: rule `{name}`: temperature is supported on the rule that is the "
+                f"whole reply (`start: {name}`), not inside a longer grammar"
             )
         if (a.stop is not None or a.stop_regex is not None) and (tail != name or uses > 1):
             raise ValueError(
@@ -284,11 +301,6 @@ class _Parser:
         return int(value)
 
 
-# Longest text whose substrings `%regex {"substring_...": ...}` takes: its grammar has a
-# branch per suffix, so its size grows with the square of the chunks.
-MAX_SUBSTRING_CHUNKS = 200
-
-
 def substrings(spec: dict) -> Node:
     """Any run of consecutive chunks of a text (llguidance's `substring_chunks`, `_words` and
     `_chars`: guidance's substring()), the empty one included."""
@@ -303,19 +315,12 @@ def substrings(spec: dict) -> Node:
         chunks = list(value)
     else:
         raise ValueError(f"{WHERE}: %regex {{{key!r}: ...}} is not supported")
-    if len(chunks) > MAX_SUBSTRING_CHUNKS:
-        raise ValueError(
-            f"{WHERE}: %regex substrings of {len(chunks)} chunks; at most "
-            f"{MAX_SUBSTRING_CHUNKS} are supported"
-        )
-    # Chunks i..j for every i <= j, as one optional chain per start: i, then i+1, ...
-    options: list[Node] = [Lit("")]
-    for start in range(len(chunks)):
-        chain: Node | None = None
-        for chunk in reversed(chunks[start:]):
-            chain = Lit(chunk) if chain is None else Seq((Lit(chunk), Rep(chain, 0, 1)))
-        options.append(chain)
-    return Alt(tuple(options))
+    if not chunks:
+        return Lit("")
+    try:
+        return Rep(regex_node(substrings_regex(chunks), WHERE), 0, 1)
+    except ValueError as e:
+        raise ValueError(f"{WHERE}: %regex {e}") from None
 
 
 def _string(token: str) -> str:

@@ -68,6 +68,9 @@ class Rules:
     start: str
     where: str  # what errors call the grammar (its dialect)
     json_regex: dict[str, str] = field(default_factory=dict)  # schema text -> its regex
+    # Rules whose text is bounded in tokens (llguidance's max_tokens inside a grammar): rule
+    # name -> tokens. Each is one lexeme; grammars/ebnf counts the tokens in its terminal.
+    budgets: dict[str, int] = field(default_factory=dict)
 
     def check(self) -> None:
         """Every reference names a rule."""
@@ -117,7 +120,7 @@ class Rules:
     def regex(self) -> str | None:
         """The grammar as one regex (rules inlined), or None when it recurses or inlining
         would pass MAX_INLINED_REGEX."""
-        if self.recursive():
+        if self.budgets or self.recursive():
             return None
         done: dict[str, str] = {}
         order = _postorder(self.rules, self.start)
@@ -143,19 +146,58 @@ class Rules:
         body = "(?:" + self._regex(node.item, done) + ")"
         return body + _count(node.min, node.max)
 
-    def lark(self) -> str:
-        """The grammar as lark text for grammars/ebnf: each rule a lark rule, each part free of
-        references one terminal (lark's lexer takes no empty terminal: a part that can match
-        nothing becomes an optional terminal of what it matches when not empty)."""
+    def lark(self) -> tuple[str, dict[str, int]]:
+        """The grammar as lark text for grammars/ebnf, and the token budgets of its terminals
+        (by name): each rule a lark rule, each part free of references one terminal (lark's
+        lexer takes no empty terminal: a part that can match nothing becomes an optional
+        terminal of what it matches when not empty). A budgeted rule's lexeme is a terminal
+        of its own."""
         names = {name: f"r_{i}" for i, name in enumerate(self.rules)}
         names[self.start] = "start"
         terminals: dict[str, str] = {}  # regex -> its terminal's name
-        lines = []
+        lines, budgets = [], {}
         for name, node in self.rules.items():
+            if name in self.budgets:
+                lines.append(f"{names[name]}: {self._budgeted(name, node, len(budgets))}")
+                budgets[f"B_{len(budgets)}"] = self.budgets[name]
+                continue
             lines.append(f"{names[name]}: {self._lark(node, names, terminals)}")
         for regex, terminal in terminals.items():
             lines.append(f"{terminal}: /{_slashes(regex)}/")
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines) + "\n", budgets
+
+    def _budgeted(self, name: str, node: Node, i: int) -> str:
+        """A budgeted rule's body: its lexeme as terminal B_i, defined on the line after."""
+        node = self._inlined(node, (name,))
+        if node is None or isinstance(node, Json):
+            raise ValueError(
+                f"{self.where}: rule `{name}`: max_tokens needs a rule that is one lexeme "
+                "(a regex or text, no references)"
+            )
+        nonempty = _nonempty(node)
+        if nonempty is None:
+            return "()"
+        terminal = f"B_{i}\nB_{i}: /{_slashes(self._regex(nonempty, {}))}/"
+        return terminal.replace("\n", "?\n", 1) if _nullable(node) else terminal
+
+    def _inlined(self, node: Node, path: tuple[str, ...]) -> Node | None:
+        """`node` with the rules it references written in (None where one recurses)."""
+        if isinstance(node, Ref):
+            if node.name in path:
+                return None
+            return self._inlined(self.rules[node.name], (*path, node.name))
+        if isinstance(node, (Seq, Alt)):
+            parts = [
+                self._inlined(n, path)
+                for n in (node.items if isinstance(node, Seq) else node.options)
+            ]
+            if any(p is None for p in parts):
+                return None
+            return Seq(tuple(parts)) if isinstance(node, Seq) else Alt(tuple(parts))
+        if isinstance(node, Rep):
+            item = self._inlined(node.item, path)
+            return None if item is None else Rep(item, node.min, node.max)
+        return node
 
     def _lark(self, node: Node, names: dict[str, str], terminals: dict[str, str]) -> str:
         if not _refs(node):
@@ -187,8 +229,10 @@ def _count(lo: int, hi: int | None) -> str:
 
 
 def _class(chars: Chars) -> str:
+    """A character class in the syntax Python's re, the lazy automaton and interegular (the
+    EBNF lexer's) all read: \\x escapes below 0x100, other characters as themselves."""
     if not chars.ranges:
-        return "[^\\x00-\\U0010ffff]" if not chars.negated else "[\\x00-\\U0010ffff]"
+        return "[\\s\\S]" if chars.negated else "[^\\s\\S]"
     body = "".join(
         _class_char(lo) if lo == hi else f"{_class_char(lo)}-{_class_char(hi)}"
         for lo, hi in sorted(set(chars.ranges))
@@ -198,8 +242,8 @@ def _class(chars: Chars) -> str:
 
 def _class_char(cp: int) -> str:
     c = chr(cp)
-    if c in "\\]^-[" or not c.isprintable() or cp > 0x7E and cp < 0xA0:
-        return f"\\x{cp:02x}" if cp < 0x100 else f"\\u{cp:04x}" if cp < 0x10000 else f"\\U{cp:08x}"
+    if cp < 0x100 and (c in "\\]^-[" or not c.isprintable()):
+        return f"\\x{cp:02x}"
     return c
 
 

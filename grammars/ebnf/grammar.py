@@ -41,7 +41,12 @@ _MAX_FORCED_CHARS = 4096
 
 
 class EbnfGrammar(Grammar):
-    def __init__(self, text: str, vocab: TokenVocabulary) -> None:
+    """`budgets`: terminals (by name) whose lexeme may take at most this many tokens, after
+    which it ends where it stands (llguidance's max_tokens inside a grammar)."""
+
+    def __init__(
+        self, text: str, vocab: TokenVocabulary, budgets: dict[str, int] | None = None
+    ) -> None:
         try:
             parser = lark.Lark(text, parser="lalr", lexer="contextual", start="start")
         except LarkError as e:
@@ -70,6 +75,7 @@ class EbnfGrammar(Grammar):
             for t in parser.terminals
         ]
         self.ignore = frozenset(self._term_id[n] for n in parser.ignore_tokens)
+        self.budgets = {self._term_id[n]: k for n, k in (budgets or {}).items()}
         self.lexer = Lexer(terminals, self.ignore)
         self.trie = _token_trie(vocab)
         self.eos_ids = np.array(sorted(vocab.eos_token_ids), dtype=np.int64)
@@ -159,6 +165,23 @@ class EbnfGrammar(Grammar):
             return None
         result = self.lexer.step_char(self._fresh(stack2), ch)
         return (result[1], stack2) if result[0] == CONTINUE else None
+
+    def budgeted(self, position: Position) -> int | None:
+        """The budgeted terminal whose lexeme `position` is inside, if any."""
+        lex = position[0]
+        if lex[2]:
+            return None
+        return next((t for t, _ in lex[0] if t in self.budgets), None)
+
+    def ended(self, position: Position, terminal: int) -> Position | None:
+        """`position` with `terminal`'s lexeme ended where it stands, or None where it cannot
+        end (inside a character, or not at a final state)."""
+        lex, stack = position
+        state = dict(lex[0]).get(terminal)
+        if lex[1] or state not in self.lexer.terminals[terminal].fsm.finals:
+            return None
+        stack2 = self._feed(stack, terminal)
+        return None if stack2 is None else (self._fresh(stack2), stack2)
 
     def can_end(self, position: Position) -> bool:
         lex, stack = position
@@ -309,7 +332,18 @@ class EbnfMatcher(Matcher):
     def __init__(self, grammar: EbnfGrammar) -> None:
         self.grammar = grammar
         self.positions = [grammar.initial]  # one per accepted token, for rollback
+        # Per position: (the budgeted terminal it is inside, the tokens its lexeme has
+        # taken), or None.
+        self.spent: list[tuple[int, int] | None] = [None]
         self.ended = False
+
+    def _position(self) -> Position:
+        """Where the next token starts: the last position, with a budgeted lexeme that has
+        taken its tokens ended."""
+        position, spent = self.positions[-1], self.spent[-1]
+        if spent is not None and spent[1] >= self.grammar.budgets[spent[0]]:
+            return self.grammar.ended(position, spent[0]) or position
+        return position
 
     def fill_bitmask(self, row: torch.Tensor) -> None:
         g = self.grammar
@@ -317,26 +351,39 @@ class EbnfMatcher(Matcher):
             row.zero_()
             set_bits(row, g.vocab.eos_token_ids)
         else:
-            row.copy_(torch.from_numpy(g.mask(self.positions[-1])[0]))
+            row.copy_(torch.from_numpy(g.mask(self._position())[0]))
 
     def accept_token(self, token_id: int) -> bool:
         g = self.grammar
         if self.ended:
             return False
+        start = self._position()
         if token_id in g.vocab.eos_token_ids:
-            self.ended = g.can_end(self.positions[-1])
+            self.ended = g.can_end(start)
             return self.ended
         data = g.vocab.token_bytes[token_id] if token_id < g.vocab.size else None
         if not data:
             return False
-        nxt = g.advance(self.positions[-1], data)
+        nxt = g.advance(start, data)
         if nxt is None:
             return False
+        self.spent.append(self._spent(start, nxt))
         self.positions.append(nxt)
         return True
 
+    def _spent(self, start: Position, nxt: Position) -> tuple[int, int] | None:
+        """What a token from `start` to `nxt` leaves spent: one more token of the budgeted
+        lexeme it stays in, or the first of one it starts."""
+        if not self.grammar.budgets:
+            return None
+        terminal = self.grammar.budgeted(nxt)
+        if terminal is None:
+            return None
+        before = self.spent[-1] if start is self.positions[-1] else None  # not ended
+        return (terminal, before[1] + 1 if before and before[0] == terminal else 1)
+
     def is_terminated(self) -> bool:
-        return self.ended or self.grammar.mask(self.positions[-1])[1]
+        return self.ended or self.grammar.mask(self._position())[1]
 
     def rollback(self, n: int) -> None:
         if n and self.ended:
@@ -346,9 +393,10 @@ class EbnfMatcher(Matcher):
             raise ValueError(f"cannot roll back {n} tokens: only {len(self.positions) - 1} taken")
         if n:
             del self.positions[-n:]
+            del self.spent[-n:]
 
     def jump_forward(self) -> str:
-        return "" if self.ended else self.grammar.forced_text(self.positions[-1])
+        return "" if self.ended else self.grammar.forced_text(self._position())
 
 
 class _TokenTrie:

@@ -182,6 +182,24 @@ def test_recursive_llguidance_grammar_compiles_to_lark(vocab, tokenizer):
     assert not accepts(grammar, tokenizer, "[1,[2]")
 
 
+def test_max_tokens_inside_a_grammar_bounds_its_rules_lexeme(vocab, tokenizer, check_rollback):
+    from guidance import gen
+
+    text = ("Answer: " + gen("a", regex="[a-z ]+", max_tokens=3) + "!").ll_grammar()
+    grammar = compiled(text, vocab)
+    assert isinstance(grammar, EbnfGrammar)
+    words = tokenizer.encode(" hello world foo bar", add_special_tokens=False)
+    assert len(words) == 4  # one token a word: the budget counts them
+    assert accepts(grammar, tokenizer, "Answer: hello world foo!")
+    assert not accepts(grammar, tokenizer, "Answer: hello world foo bar!")
+    assert accepts(grammar, tokenizer, "Answer: hi!")
+    check_rollback(grammar, "Answer: hello world foo!")
+    # The same rule as the whole reply bounds the reply instead (and stays one regex).
+    whole = gen("a", max_tokens=3).ll_grammar()
+    assert SamplingParams(grammar=whole).max_tokens == 3
+    assert SamplingParams(grammar=text).max_tokens == SamplingParams().max_tokens
+
+
 def test_reply_attributes_become_the_requests_sampling():
     from guidance import gen
 
@@ -199,7 +217,8 @@ def test_reply_attributes_become_the_requests_sampling():
 @pytest.mark.parametrize(
     "text,message",
     [
-        ('%llguidance {}\nstart: "a: " t "b"\nt[max_tokens=3]: /x+/\n', "whole reply"),
+        ('%llguidance {}\nstart: "a: " t "b"\nt[temperature=0.2]: /x+/\n', "whole reply"),
+        ('%llguidance {}\nstart: t\nt: "a" u\nu[max_tokens=2]: "x" t\n', "one lexeme"),
         ('%llguidance {}\nstart: t "b"\nt[stop="x"]: /y+/\n', "last item"),
         ("%llguidance {}\nstart: t\nt[lazy]: /y+/\n", "attribute lazy"),
         ("%llguidance {}\nstart: <[12]>\n", "token references"),

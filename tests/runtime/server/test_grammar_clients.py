@@ -135,14 +135,14 @@ def test_a_grammar_braid_cannot_read_is_a_400_naming_it(client):
         client.completions.create(
             model="tiny", prompt="x", max_tokens=2, extra_body={"ebnf": 'root ::= "a" (= "b")'}
         )
-    with pytest.raises(openai.BadRequestError, match="whole reply"):
+    with pytest.raises(openai.BadRequestError, match="temperature"):
         client.completions.create(
             model="tiny",
             prompt="x",
             max_tokens=2,
             extra_body={
                 "structured_outputs": {
-                    "grammar": '%llguidance {}\nstart: "a" t\nt[max_tokens=2]: /b+/\n'
+                    "grammar": '%llguidance {}\nstart: "a" t\nt[temperature=0.5]: /b+/\n'
                 }
             },
         )
