@@ -36,6 +36,8 @@ def ray_cluster():
     ray.shutdown()
 
 
+# Starting a Ray cluster takes most of a minute (the cluster extra, docs/scale-out.md).
+@pytest.mark.slow
 def test_run_batch_on_ray_actors_equals_the_local_run_batch(ray_cluster, tiny_model_path):
     batch = [{"shots": SHOTS[i % 4], "a": i, "b": 2 * i + 1} for i in range(64)]
     batch.append({"shots": SHOTS[0], "a": 1, "b": 2, "pattern": "(unclosed"})

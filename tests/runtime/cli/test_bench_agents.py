@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from braid.runtime.cli.main import main
 
 
+# A minute of agent programs; the bench's parts run in the scheduler and lease tests.
+@pytest.mark.slow
 def test_bench_agents_runs_every_row(long_tiny_model, tmp_path):
     out = tmp_path / "agents.json"
     model = long_tiny_model(8.0, tied=True)  # decisive greedy picks: programs that end

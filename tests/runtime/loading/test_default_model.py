@@ -67,6 +67,8 @@ def test_logits_match_transformers(engine, reference):
     torch.testing.assert_close(ours, ref, atol=1e-3, rtol=1e-4)
 
 
+# Suite time: the logits test above holds the default model to transformers every run.
+@pytest.mark.slow
 def test_greedy_matches_transformers_generate(engine, reference):
     for ids in prompts(engine):
         ours = engine.generate(ids, SamplingParams(temperature=0, max_tokens=NEW_TOKENS))

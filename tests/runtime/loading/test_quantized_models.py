@@ -287,6 +287,7 @@ DECODE_BOUNDS = {"gguf": 0.02, "int8": 0.02, "int4": 0.10}
 
 
 @pytest.mark.model
+@pytest.mark.slow  # suite time: the default model's quantized perplexity runs every time
 def test_quantized_decode_steps_perplexity_stays_within_bounds(default_model_path):
     config = load_model_config(default_model_path)
     ids = transformers.AutoTokenizer.from_pretrained(default_model_path)(TEXT.read_text())

@@ -171,7 +171,8 @@ SAMPLED = {"temperature": 1, "seed": 1}
             {"prompt": LISTED_PROMPT, "echo": True, "logprobs": 20, "max_tokens": 1, "n": 14}
             | SAMPLED,
         ),
-        (
+        # The other routes build their listings with the same code (suite time: under -m slow).
+        pytest.param(
             "/v1/chat/completions",
             {
                 "messages": [{"role": "user", "content": "Listed"}],
@@ -182,8 +183,9 @@ SAMPLED = {"temperature": 1, "seed": 1}
                 "n": 13,
             }
             | SAMPLED,
+            marks=pytest.mark.slow,
         ),
-        (
+        pytest.param(
             "/generate",
             {
                 "text": LISTED_PROMPT,
@@ -193,6 +195,7 @@ SAMPLED = {"temperature": 1, "seed": 1}
                 "return_text_in_logprobs": True,
                 "sampling_params": {"max_new_tokens": 1, "n": 14} | SAMPLED,
             },
+            marks=pytest.mark.slow,
         ),
         (
             "/v1/completions",
