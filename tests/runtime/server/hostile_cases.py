@@ -56,14 +56,16 @@ async def decoding_victims(url: str, http: httpx.AsyncClient) -> list[asyncio.Ta
     return victims
 
 
-async def probe_health(url: str, http: httpx.AsyncClient, stop: asyncio.Event) -> int:
-    """Probe /health until stopped (for four minutes at most), each probe allowed one second;
+async def probe_health(
+    url: str, http: httpx.AsyncClient, stop: asyncio.Event, limit_s: float = 1.0
+) -> int:
+    """Probe /health until stopped (for four minutes at most), each probe allowed `limit_s`;
     returns the probe count."""
     probes = 0
     deadline = time.monotonic() + 240
     while not stop.is_set():
         assert time.monotonic() < deadline, "the probes were never stopped"
-        r = await http.get(url + "/health", timeout=1.0)  # raises past one second
+        r = await http.get(url + "/health", timeout=limit_s)  # raises past the limit
         assert r.status_code == 200
         probes += 1
         await asyncio.sleep(0.02)

@@ -115,7 +115,9 @@ def test_a_select_whose_client_left_holds_its_room_until_the_engine_has_ended_it
         async with httpx.AsyncClient(timeout=120) as http:
             victims = await decoding_victims(roomy_server.url, http)
             stop = asyncio.Event()
-            health = asyncio.create_task(probe_health(roomy_server.url, http, stop))
+            # Three seconds a probe: a loaded CI machine once stalled one past a second while
+            # the engine, in this test's own process (one GIL), ended the 1,024 leaves.
+            health = asyncio.create_task(probe_health(roomy_server.url, http, stop, 3.0))
             leaving = httpx.AsyncClient(timeout=120)
             select = asyncio.create_task(
                 leaving.post(roomy_server.url + "/braid/score", json=SELECT)
