@@ -173,17 +173,6 @@ def _load_ebnf(data: bytes, vocab: TokenVocabulary) -> Any:
     return pickle.loads(data[1:])
 
 
-def _ebnf_grammar(job: Ebnf, vocab: TokenVocabulary, run: Run, max_state_mb: int) -> Grammar:
-    from braid.grammars.regex.lazy import lazy_available
-
-    lazy = lazy_available()
-    results = run(job, not lazy)
-    first = results.next()
-    if not isinstance(first, str):
-        return first
-    return _regex_grammar_of(job, first, results, lazy, vocab, run, max_state_mb)
-
-
 def _ebnf_shared_bytes(vocab: TokenVocabulary) -> int:
     from braid.grammars.ebnf.grammar import trie_memory_bytes
 
@@ -227,12 +216,17 @@ def _dump_regex_result(result) -> bytes:
         return pickle.dumps(None)
 
 
-def _regex_grammar(job: RegexJob, vocab: TokenVocabulary, run: Run, max_state_mb: int) -> Grammar:
+def _regex_grammar(job: Job, vocab: TokenVocabulary, run: Run, max_state_mb: int) -> Grammar:
+    """The job's grammar from its first result: a regex (a regex job's, or a grammar's that
+    does not recurse) compiled below, or a grammar as it came (an EbnfGrammar)."""
     from braid.grammars.regex.lazy import lazy_available
 
     lazy = lazy_available()
     results = run(job, not lazy)
-    return _regex_grammar_of(job, results.next(), results, lazy, vocab, run, max_state_mb)
+    first = results.next()
+    if not isinstance(first, str):
+        return first
+    return _regex_grammar_of(job, first, results, lazy, vocab, run, max_state_mb)
 
 
 def _regex_grammar_of(
@@ -281,7 +275,7 @@ KINDS: dict[type, JobKind] = {
     Ebnf: JobKind(
         "the constraint",
         _ebnf,
-        _ebnf_grammar,
+        _regex_grammar,
         dump=_dump_ebnf,
         load=_load_ebnf,
         shared_bytes=_ebnf_shared_bytes,

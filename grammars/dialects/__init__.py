@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from functools import lru_cache
 
 from braid.grammars.constraints import JsonSchema
 from braid.grammars.dialects import gbnf, llguidance
@@ -41,6 +42,7 @@ def read(text: str) -> Rules | None:
     return None
 
 
+@lru_cache(maxsize=256)  # SamplingParams reads it at each construction and copy
 def reply_attributes(text: str) -> Attributes:
     """What the grammar sets on the whole reply (llguidance's max_tokens, temperature and
     stop on the rule that is the reply); nothing for the other dialects."""
