@@ -359,6 +359,7 @@ _STRUCTURED_OUTPUTS = {
     "regex": "regex",
     "choice": "choices",
     "grammar": "grammar",
+    "structural_tag": "structural_tag",  # a dict or its JSON text, as vLLM sends it
 }
 _STRUCTURED_SWITCHES: dict[str, Any] = {
     "disable_fallback": None,  # braid has one grammar engine: nothing to fall back from
@@ -467,7 +468,8 @@ def _structured_outputs(structured: Any) -> list[tuple[str, str, Any]]:
                 raise BadRequest(f"{where} is not supported (braid writes JSON without whitespace)")
         elif key not in _STRUCTURED_SWITCHES:
             raise BadRequest(
-                f"{where} is not supported (json, regex, choice, grammar and json_object are)"
+                f"{where} is not supported (json, regex, choice, grammar, structural_tag and "
+                "json_object are)"
             )
     return found
 

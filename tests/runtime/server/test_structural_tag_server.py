@@ -85,6 +85,22 @@ def test_chat_response_format_structural_tag(client):
     assert text.startswith("Calling: <function=") and len(check_calls(text)) == 1, text
 
 
+def test_vllms_structured_outputs_structural_tag(client):
+    """vLLM's field: the tag as JSON text."""
+    tag = {"type": "structural_tag", "format": ONE_CALL}
+    reply = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Forecast for Oslo?"}],
+        extra_body={"structured_outputs": {"structural_tag": json.dumps(tag)}},
+        max_tokens=96,
+        temperature=0.8,
+        seed=3,
+    )
+    text = reply.choices[0].message.content
+    assert reply.choices[0].finish_reason == "stop", text
+    assert re.fullmatch(pattern_of(tag), text) and len(check_calls(text)) == 1, text
+
+
 def test_legacy_structures_and_triggers(server):
     tag = {
         "type": "structural_tag",
