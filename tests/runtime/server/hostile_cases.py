@@ -72,15 +72,18 @@ async def probe_health(
     return probes
 
 
-def under_attack(server: LiveServer, path: str, **request) -> httpx.Response:
+def under_attack(
+    server: LiveServer, path: str, health_limit_s: float = 1.0, **request
+) -> httpx.Response:
     """Send one request (httpx.post keywords) while three greedy streams are decoding; check
-    the streams finish whole and /health answered throughout; return the response."""
+    the streams finish whole and /health answered throughout, each probe within
+    `health_limit_s`; return the response."""
 
     async def main() -> httpx.Response:
         async with httpx.AsyncClient(timeout=120) as http:
             victims = await decoding_victims(server.url, http)
             stop = asyncio.Event()
-            health = asyncio.create_task(probe_health(server.url, http, stop))
+            health = asyncio.create_task(probe_health(server.url, http, stop, health_limit_s))
             response = await http.post(server.url + path, **request)
             finals = await asyncio.gather(*victims)
             stop.set()
