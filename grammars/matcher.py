@@ -76,6 +76,20 @@ class Matcher(ABC):
         allowed only where the text so far is a complete sentence of the grammar; once the
         grammar is terminated only EOS is allowed."""
 
+    def fill_bitmask_within(self, row: torch.Tensor, tokens_left: int) -> bool:
+        """`fill_bitmask`, steered so that the text can be completed within `tokens_left`
+        tokens (the one sampled next included): a token is allowed only where what follows
+        it can be completed in the tokens left after it. True when that removed a token
+        the plain mask allows (the output was steered). Where the text cannot be completed
+        in time, the plain mask. This default does not steer."""
+        self.fill_bitmask(row)
+        return False
+
+    def shortest_completion(self) -> int | None:
+        """An upper bound on the tokens that complete the text from here (0: it is complete
+        now); None where the matcher cannot tell."""
+        return None
+
     @abstractmethod
     def accept_token(self, token_id: int) -> bool:
         """Advance by one token; False (and no change) if the grammar forbids it."""

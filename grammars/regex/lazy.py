@@ -39,6 +39,8 @@ _SIGNATURES = {
     "lazy_start": ([_P], _INT),
     "lazy_advance": ([_P, _INT, ctypes.c_char_p, _I64], _INT),
     "lazy_fill": ([_P, _INT, _P], _INT),
+    "lazy_fill_within": ([_P, _INT, _I64, _P], _INT),
+    "lazy_shortest": ([_P, _INT], _I64),
     "lazy_is_final": ([_P, _INT], _INT),
     "lazy_forced": ([_P, _INT, ctypes.c_char_p, _INT, ctypes.POINTER(_INT)], _INT),
     "lazy_stats": ([_P, ctypes.POINTER(_I64)], None),
@@ -175,6 +177,18 @@ class LazyRegexGrammar(Grammar):
         """Write state's mask (EOS excluded) into row; flags 1: final, 2: no token allowed."""
         return self._check(self.lib.lazy_fill(self.handle, state, row.data_ptr()))
 
+    def fill_within(self, state: int, tokens_left: int, row: torch.Tensor) -> int:
+        """Write state's mask steered to complete within tokens_left tokens (EOS excluded)
+        into row; flags 1: final, 2: no token allowed, 4: steered (a token went)."""
+        return self._check(
+            self.lib.lazy_fill_within(self.handle, state, tokens_left, row.data_ptr())
+        )
+
+    def shortest(self, state: int) -> int | None:
+        """The fewest tokens completing the text from state (None: none can)."""
+        n = self.lib.lazy_shortest(self.handle, state)
+        return None if n < 0 else n
+
     def advance(self, state: int, data: bytes) -> int:
         return self._check(self.lib.lazy_advance(self.handle, state, data, len(data)))
 
@@ -221,6 +235,19 @@ class LazyMatcher(Matcher):
             set_bits(row, g.eos_ids)
         elif self._at_state(g.fill, row) & 1:
             set_bits(row, g.eos_ids)
+
+    def fill_bitmask_within(self, row: torch.Tensor, tokens_left: int) -> bool:
+        g = self.grammar
+        if self.ended:
+            self.fill_bitmask(row)
+            return False
+        flags = self._at_state(g.fill_within, tokens_left, row)
+        if flags & 1:
+            set_bits(row, g.eos_ids)
+        return bool(flags & 4)
+
+    def shortest_completion(self) -> int | None:
+        return 0 if self.ended else self._at_state(self.grammar.shortest)
 
     def accept_token(self, token_id: int) -> bool:
         g = self.grammar

@@ -658,10 +658,10 @@ class Nfa {
   }
 
   // Predecessor lists as one array (a list per node cost an allocation each: seconds for the
-  // millions of nodes of a large schema).
-  void mark_live(int match) {
+  // millions of nodes of a large schema): node i's are preds[first[i]] to preds[first[i+1]).
+  void predecessors(std::vector<int>& first, std::vector<int>& preds) const {
     size_t n = nodes.size();
-    std::vector<int> first(n + 1, 0), preds;
+    first.assign(n + 1, 0);
     for (const NfaNode& node : nodes) {
       if (node.a >= 0) ++first[node.a + 1];
       if (node.b >= 0) ++first[node.b + 1];
@@ -673,7 +673,12 @@ class Nfa {
       if (nodes[i].a >= 0) preds[fill[nodes[i].a]++] = static_cast<int>(i);
       if (nodes[i].b >= 0) preds[fill[nodes[i].b]++] = static_cast<int>(i);
     }
-    live.assign(n, 0);
+  }
+
+  void mark_live(int match) {
+    std::vector<int> first, preds;
+    predecessors(first, preds);
+    live.assign(nodes.size(), 0);
     std::vector<int> todo{match};
     live[match] = 1;
     while (!todo.empty()) {
@@ -684,6 +689,44 @@ class Nfa {
         if (!live[p]) live[p] = 1, todo.push_back(p);
       }
     }
+  }
+
+ public:
+  // Per node, the fewest bytes from it to the match over byte steps whose range holds a
+  // byte in `spellable` (kNever where none leads there): a 0-1 breadth-first search
+  // backwards from the match, byte steps costing 1 and splits 0. With every byte spellable
+  // it is the exact shortest completion in bytes; otherwise, in single-byte tokens, an
+  // upper bound on the tokens a completion needs.
+  static constexpr int kNever = INT32_MAX;
+  std::vector<int> shortest_completions(const std::vector<uint8_t>& spellable) const {
+    std::vector<int> first, preds;
+    predecessors(first, preds);
+    std::vector<int> dist(nodes.size(), kNever);
+    std::vector<int> todo{0}, later;  // node 0 is the match (made first)
+    dist[0] = 0;
+    for (int d = 0; !todo.empty(); ++d, todo.swap(later), later.clear()) {
+      while (!todo.empty()) {
+        int n = todo.back();
+        todo.pop_back();
+        if (dist[n] != d) continue;
+        for (int i = first[n]; i < first[n + 1]; ++i) {
+          int p = preds[i];
+          const NfaNode& pn = nodes[p];
+          int w = 0;
+          if (pn.kind == NfaNode::kByte) {
+            bool any = false;
+            for (int b = pn.lo; b <= pn.hi && !any; ++b) any = spellable[b];
+            if (!any) continue;
+            w = 1;
+          }
+          if (d + w < dist[p]) {
+            dist[p] = d + w;
+            (w ? later : todo).push_back(p);
+          }
+        }
+      }
+    }
+    return dist;
   }
 };
 
@@ -706,6 +749,7 @@ struct Vocab {
   std::vector<std::string> bytes;  // empty: never allowed (special tokens)
   Trie all, special;
   std::vector<std::vector<uint32_t>> plain_upto;  // [k]: plain tokens of at most k bytes
+  std::vector<uint8_t> single_byte = std::vector<uint8_t>(256, 0);  // [b]: a token is b alone
 
   Trie build_trie(const std::vector<int>& ids) const {
     // Sorted by bytes, the tokens spell a trie in depth-first order.
@@ -741,6 +785,7 @@ struct Vocab {
     for (int i = 0; i < n; ++i) {
       bytes[i].assign(data + offsets[i], offsets[i + 1] - offsets[i]);
       max_len = std::max<int>(max_len, bytes[i].size());
+      if (bytes[i].size() == 1) single_byte[static_cast<uint8_t>(bytes[i][0])] = 1;
     }
     plain_upto.assign(max_len + 1, std::vector<uint32_t>(words, 0));
     for (int i = 0; i < n; ++i) {
@@ -788,6 +833,10 @@ class Grammar {
   // error instead of taking the process's memory.
   Grammar(const Vocab& vocab, const std::string& pattern, size_t max_state_bytes)
       : vocab_(vocab), nfa_(parse(pattern)), max_state_bytes_(max_state_bytes) {
+    shortest_ = nfa_.shortest_completions(vocab.single_byte);
+    for (size_t n = 0; n < shortest_.size(); ++n) {
+      if (nfa_.live[n] && shortest_[n] != Nfa::kNever) longest_ = std::max(longest_, shortest_[n]);
+    }
     start_ = state_of(closure({nfa_.start}));
   }
 
@@ -797,8 +846,39 @@ class Grammar {
   int num_masks() const { return static_cast<int>(masks_.size()); }
   int num_nfa_nodes() const { return static_cast<int>(nfa_.nodes.size()); }
   size_t state_bytes() const { return state_bytes_; }
+  int vocab_words() const { return vocab_.words; }
 
   bool is_final(int s) const { return states_[s].final; }
+
+  // The fewest tokens that complete the text from state s (an upper bound: single-byte
+  // tokens, exact in bytes), Nfa::kNever where single-byte tokens cannot complete it.
+  int shortest(int s) const { return states_[s].shortest; }
+
+  // The tokens t of s's mask whose next state completes within `budget` - 1 more tokens,
+  // into out; returns whether that removed any token of the plain mask (the text was
+  // steered). Where even s cannot complete within `budget`, out is the plain mask.
+  bool budget_mask(int s, int64_t budget, uint32_t* out) {
+    const size_t bytes = vocab_.words * sizeof(uint32_t);
+    // Steering is needed only where some token leads to a state needing more than what is
+    // left after it: never past the longest shortest completion of any node, nor past
+    // the longest among s's next states once a walk found it.
+    int64_t after = budget - 1;
+    if (after >= longest_ || after >= states_[s].reach || shortest(s) > budget) {
+      std::memcpy(out, mask(s).data(), bytes);
+      return false;
+    }
+    int64_t key = static_cast<int64_t>(s) << 32 | after;
+    auto it = budget_index_.find(key);
+    if (it == budget_index_.end() || it->second.epoch != epoch_) {
+      if (masks_.size() >= kMaxMasks) forget_masks();
+      int reach = 0;
+      masks_.push_back(budget_walk(s, after, &reach));
+      states_[s].reach = reach;
+      it = budget_index_.insert_or_assign(key, Budgeted{static_cast<int>(masks_.size()) - 1, epoch_}).first;
+    }
+    std::memcpy(out, masks_[it->second.mask].data(), bytes);
+    return after < states_[s].reach;  // some token of the plain mask went
+  }
 
   int step(int s, uint8_t byte) {
     State& st = states_[s];
@@ -836,11 +916,7 @@ class Grammar {
     if (it != mask_index_.end()) {
       id = it->second;
     } else {
-      if (masks_.size() >= kMaxMasks) {
-        masks_.clear();
-        mask_index_.clear();
-        ++epoch_;
-      }
+      if (masks_.size() >= kMaxMasks) forget_masks();
       id = static_cast<int>(masks_.size());
       masks_.push_back(walk(s));
       mask_index_.emplace(std::move(key), id);
@@ -879,6 +955,11 @@ class Grammar {
     bool final = false;
     int mask = -1;
     int mask_epoch = -1;
+    int shortest = Nfa::kNever;  // the least of its nodes' shortest completions
+    int reach = INT32_MAX;  // the most of its next states' (once a budgeted walk found it)
+  };
+  struct Budgeted {
+    int mask, epoch;
   };
 
   const Vocab& vocab_;
@@ -886,6 +967,9 @@ class Grammar {
   std::vector<State> states_;
   std::unordered_map<std::vector<int64_t>, int, VecHash> index_, mask_index_;
   std::vector<std::vector<uint32_t>> masks_;
+  std::unordered_map<int64_t, Budgeted> budget_index_;  // (state, tokens after) -> mask
+  std::vector<int> shortest_;  // per NFA node (Nfa::shortest_completions)
+  int longest_ = 0;            // the most of shortest_ over live nodes that complete
   size_t tables_ = 0;
   int epoch_ = 0;
   int start_ = kDead;
@@ -935,12 +1019,22 @@ class Grammar {
                                std::to_string(states_.size()) + " states");
     }
     State st;
-    for (int n : set) st.final |= nfa_.nodes[n].kind == NfaNode::kMatch;
+    for (int n : set) {
+      st.final |= nfa_.nodes[n].kind == NfaNode::kMatch;
+      st.shortest = std::min(st.shortest, shortest_[n]);
+    }
     st.nfa = std::move(set);
     states_.push_back(std::move(st));
     int id = static_cast<int>(states_.size()) - 1;
     index_.emplace(std::move(key), id);
     return id;
+  }
+
+  void forget_masks() {
+    masks_.clear();
+    mask_index_.clear();
+    budget_index_.clear();
+    ++epoch_;
   }
 
   void drop_tables() {
@@ -996,6 +1090,36 @@ class Grammar {
       cur = next;
     }
     return vocab_.max_len;
+  }
+
+  // s's tokens whose next state completes within `after` tokens (the whole trie: the plain
+  // chain's shortcut allows by length, blind to where each token leads), and in *reach the
+  // most any of s's next states needs.
+  std::vector<uint32_t> budget_walk(int s, int64_t after, int* reach) {
+    std::vector<uint32_t> bits(vocab_.words, 0);
+    const Trie& trie = vocab_.all;
+    std::vector<std::pair<int, int>> todo{{0, s}};
+    while (!todo.empty()) {
+      auto [node, state] = todo.back();
+      todo.pop_back();
+      for (int c = trie.child_start[node]; c < trie.child_start[node + 1]; ++c) {
+        int t = step(state, trie.child_byte[c]);
+        if (t < 0) continue;
+        int child = trie.child_node[c];
+        if (trie.token_start[child] != trie.token_start[child + 1]) {
+          int need = states_[t].shortest;
+          *reach = std::max(*reach, need);
+          if (need <= after) {
+            for (int k = trie.token_start[child]; k < trie.token_start[child + 1]; ++k) {
+              int id = trie.tokens[k];
+              bits[id / 32] |= 1u << (id % 32);
+            }
+          }
+        }
+        if (trie.child_start[child] != trie.child_start[child + 1]) todo.push_back({child, t});
+      }
+    }
+    return bits;
   }
 
   std::vector<uint32_t> walk(int s) {
@@ -1094,6 +1218,33 @@ int lazy_fill(void* gp, int state, uint32_t* out) {
     last_error = e.what();
     return -3;
   }
+}
+
+// The mask of tokens whose next state completes within budget - 1 tokens (no EOS) into out;
+// returns 1 | 2 | 4: final | no token allowed | steered (a token of the plain mask went).
+int lazy_fill_within(void* gp, int state, int64_t budget, uint32_t* out) {
+  auto* g = static_cast<Grammar*>(gp);
+  std::lock_guard<std::mutex> lock(g->mutex);
+  try {
+    bool steered = g->budget_mask(state, budget, out);
+    const int words = g->vocab_words();
+    bool none = std::all_of(out, out + words, [](uint32_t w) { return w == 0; });
+    return (g->is_final(state) ? 1 : 0) | (none ? 2 : 0) | (steered ? 4 : 0);
+  } catch (const Exhausted& e) {
+    last_error = e.what();
+    return -4;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return -3;
+  }
+}
+
+// The fewest tokens completing the text from state (single-byte tokens), -1: none can.
+int64_t lazy_shortest(void* gp, int state) {
+  auto* g = static_cast<Grammar*>(gp);
+  std::lock_guard<std::mutex> lock(g->mutex);
+  int n = g->shortest(state);
+  return n == Nfa::kNever ? -1 : n;
 }
 
 int lazy_is_final(void* gp, int state) {

@@ -47,14 +47,27 @@ class ConstraintState:
         self._jump = jump
         self.error: str | None = None  # set when the matcher fails: the request then ends
         self._num_drafted = 0  # draft tokens accepted since the last `reset_draft`
+        # A mask steered the output to close within its tokens left: it removed a token the
+        # grammar allowed, so the output ends for its length whatever ends it.
+        self.steered = False
+        self._steering = False  # the last mask was filled with the output's room
 
-    def fill_bitmask(self, row: torch.Tensor) -> bool:
+    def fill_bitmask(self, row: torch.Tensor, tokens_left: int | None = None) -> bool:
         """Write the tokens allowed next into `row`; False (row left as it was, the error
-        kept) when the matcher fails."""
+        kept) when the matcher fails. With `tokens_left` (the output's room, the token
+        sampled next included) the mask is steered to let the text complete in time; draft
+        tokens walked since the last reset count as taken."""
         if self.error is not None:
             return False
         try:
-            self._matcher.fill_bitmask(row)
+            self._steering = tokens_left is not None
+            if tokens_left is None:
+                self._matcher.fill_bitmask(row)
+            else:
+                left = tokens_left - self._num_drafted
+                steered = self._matcher.fill_bitmask_within(row, left)
+                # A draft's mask is a proposal: only a mask for a token kept steers.
+                self.steered |= steered and not self._num_drafted
         except MatcherError as e:
             self.error = str(e)
             return False
@@ -142,14 +155,17 @@ class ConstraintState:
         forced = matcher.jump_forward().encode()
         if not forced:
             return tokens
+        tail = jump.tokenize(forced)
         if sampled is not None:
             merged = jump.tokenize(jump.vocab.token_bytes[sampled] + forced)
-            if merged is not None:
+            # A steered mask counted on the sampled token and the forced text's own tokens:
+            # a merge into more tokens than those could overrun the room it left.
+            longer = self._steering and (tail is None or len(merged or ()) > 1 + len(tail))
+            if merged is not None and not longer:
                 matcher.rollback(1)
                 if accept_all(matcher, merged):
                     return merged
                 matcher.accept_token(sampled)
-        tail = jump.tokenize(forced)
         if tail is not None and accept_all(matcher, tail):
             return tokens + tail
         return tokens

@@ -175,10 +175,18 @@ def _grammar_bitmask(reqs: list[Request], grammar_vocab_size: int) -> torch.Tens
     bitmask = allocate_bitmask(len(reqs), grammar_vocab_size)
     for row, r in enumerate(reqs):
         # A constraint that fails leaves its row unmasked: output processing then fails r.
-        if r.constraint is not None and r.constraint.fill_bitmask(bitmask[row]):
+        if r.constraint is not None and r.constraint.fill_bitmask(bitmask[row], _tokens_left(r)):
             if r.trace is not None:
                 r.trace.next_allowed = count_allowed(bitmask[row])
     return bitmask
+
+
+def _tokens_left(r: Request) -> int | None:
+    """The room left in r's output (the token sampled now included) when its constraint
+    steers the text to close in time, else None."""
+    if not r.params.close_documents:
+        return None
+    return r.max_new_tokens - len(r.output_ids)
 
 
 # A soft thinking budget closes the thought where its end marker is among this many of the

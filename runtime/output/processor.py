@@ -134,13 +134,15 @@ class OutputProcessor:
                 r.output_logprobs.append(lp)
                 r.output_top_logprobs.append(top)
         last = tokens[-1]
+        # A document steered to close in time ends for its length, however it ends.
+        closed = "length" if r.constraint is not None and r.constraint.steered else "stop"
         if last in r.stop_ids:
-            return self.end(r, "stop", text=r.stop_matcher.flush(), tokens=tokens)
+            return self.end(r, closed, text=r.stop_matcher.flush(), tokens=tokens)
         text = r.stop_matcher.add(r.detokenizer.add(tokens))
         if r.stop_matcher.stopped:
             return self.end(r, "stop", text=text, tokens=tokens)
         if r.constraint is not None and r.constraint.is_terminated() and not cut:  # nothing follows
-            return self.end(r, "stop", text=text + r.stop_matcher.flush(), tokens=tokens)
+            return self.end(r, closed, text=text + r.stop_matcher.flush(), tokens=tokens)
         if len(r.output_ids) >= r.max_new_tokens:
             return self.end(r, "length", text=text + r.stop_matcher.flush(), tokens=tokens)
         return r, _chunk(r, text, tokens)

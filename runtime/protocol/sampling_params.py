@@ -72,6 +72,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     # `{"type": "structural_tag", "format": ...}` object or the legacy structures + triggers,
     # a dict or its JSON text (SGLang's /generate sends text).
     structural_tag: dict[str, Any] | str | None = None
+    # A constrained output that max_tokens would cut is steered to complete its document in
+    # time (the tokens that would leave too little room to finish are masked near the end);
+    # finish_reason stays "length" when that changed the output. False: cut where it stops.
+    close_documents: bool = True
     # Or be calls of a chat request's tools (a grammars.ToolCalls), which the server sets from
     # its tools and tool_choice (runtime/server/chat/tools.py). Never read from a request body:
     # it is typed loosely because msgspec cannot decode a ToolCalls (its `text` is a union of
