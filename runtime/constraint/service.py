@@ -33,6 +33,7 @@ from braid.grammars.phases import (
     TokenClasses,
 )
 from braid.grammars.regex.char_regex import CharPattern, CharRegex
+from braid.grammars.token_healing import HealingIndex, HealingMatcher
 from braid.grammars.vocabulary import TokenVocabulary, build_vocabulary
 from braid.runtime.config import EngineConfig
 from braid.runtime.constraint.state import ConstraintState, JumpForward
@@ -70,6 +71,7 @@ class GrammarService:
         self._classes: TokenClasses | None = None
         self._harmony: HarmonyTokens | None = None
         self._guards: dict[str, MarkerGuard] = {}
+        self._healing: HealingIndex | None = None
 
     @property
     def vocab(self) -> TokenVocabulary:
@@ -122,6 +124,15 @@ class GrammarService:
             if marker not in self._guards:
                 self._guards[marker] = MarkerGuard.of(marker.encode(), vocab.token_bytes)
             return self._guards[marker]
+
+    @property
+    def healing_index(self) -> HealingIndex:
+        """The vocabulary sorted for token healing (built once: a sort of the vocabulary)."""
+        vocab = self.vocab
+        with self._lock:
+            if self._healing is None:
+                self._healing = HealingIndex(vocab)
+            return self._healing
 
     def _harmony_calls(self, calls: ToolCalls) -> Future[Grammar]:
         """A harmony call grammar, of its parts compiled as usual: the names, each tool's
@@ -185,14 +196,23 @@ class GrammarService:
                 self._compiler.close()
                 self._compiler = None
 
-    def constraint(self, grammar: Grammar | None, phases: Phases | None = None) -> ConstraintState:
+    def constraint(
+        self, grammar: Grammar | None, phases: Phases | None = None, healed: bytes = b""
+    ) -> ConstraintState:
         """A new request's state in `grammar` (a fresh matcher; None: an answer held to
-        nothing), in `phases` when the request reasons first."""
+        nothing), in `phases` when the request reasons first, behind token healing of the
+        prompt bytes `healed` where there are some (never with phases: a thought comes
+        first there)."""
+        if healed:
+            assert phases is None
+            index = self.healing_index
+            inner = grammar.matcher() if grammar is not None else None
+            with self._lock:
+                jump = self._jump_locked()
+            return ConstraintState(HealingMatcher(inner, healed, index), jump)
         with self._lock:
             vocab = self._vocab_locked()
-            if self._jump is None:
-                self._jump = JumpForward(self.tokenizer, vocab, self.config.jump_forward)
-            jump = self._jump
+            jump = self._jump_locked()
             classes = self._classes_locked() if phases is not None else None
         if phases is None:
             assert grammar is not None
@@ -201,6 +221,11 @@ class GrammarService:
             grammar.matcher() if grammar is not None else FreeMatcher(classes, vocab.eos_token_ids)
         )
         return ConstraintState(PhasedMatcher(inner, phases, classes), jump)
+
+    def _jump_locked(self) -> JumpForward:
+        if self._jump is None:
+            self._jump = JumpForward(self.tokenizer, self._vocab_locked(), self.config.jump_forward)
+        return self._jump
 
 
 def _gather(futures: list[Future], combine: Callable[[list], T]) -> Future[T]:
