@@ -81,6 +81,7 @@ class _Snapshot:
     open_role: str | None
     variables: dict[str, Any]
     metas: dict[str, dict]
+    ends_in_markup: bool
 
 
 class StreamExecutor:
@@ -117,6 +118,9 @@ class StreamExecutor:
         self.text = ""
         self.messages: list[dict[str, str]] = []
         self.open_role: str | None = None
+        # The text ends in template markup (a role's opening or end), not in text the program
+        # or a model wrote: a gen there is not token-healed (its boundary is the template's).
+        self.ends_in_markup = False
         self.variables: dict[str, Any] = {}
         self.metas: dict[str, dict] = {}
         self.error: BaseException | None = None
@@ -347,10 +351,15 @@ class StreamExecutor:
             except BaseException as e:  # the state fails; the loop and other states go on
                 self.fail(e)
 
-    def _append(self, text: str, var: str | None = None, *, content: bool = True) -> None:
+    def _append(
+        self, text: str, var: str | None = None, *, content: bool = True, markup: bool = False
+    ) -> None:
         """Append `text` (written by variable `var`'s gen or select, if any); `content`: it
-        belongs to the open message's content (a message's opening does not)."""
+        belongs to the open message's content (a message's opening does not); `markup`: it
+        is template markup (a role's opening or end)."""
         with self._cond:
+            if text:
+                self.ends_in_markup = markup
             self.text += text
             if self.open_role is not None and content:
                 self.messages[-1]["content"] += text
@@ -378,7 +387,7 @@ class StreamExecutor:
         as_history, as_generated = self._pending_opening
         self._pending_opening = None
         start = len(self.text)
-        self._append(as_generated if by_model else as_history, content=False)
+        self._append(as_generated if by_model else as_history, content=False, markup=True)
         for name, at in self._scopes.items():  # a scope opened with the message: its content
             if at == start:
                 self._scopes[name] = len(self.text)
@@ -400,7 +409,7 @@ class StreamExecutor:
         as_history = self.backend.chat_template.begin(op.role, first=first)
         as_generated = openings.generation_opening(self.backend, op, as_history, first)
         if as_generated == as_history:
-            self._append(as_history)  # before the message opens: not its content
+            self._append(as_history, markup=True)  # before the message opens: not its content
         else:  # written by the message's first text (runtime/text/generation_openings.py)
             self._pending_opening = (as_history, as_generated)
         with self._cond:
@@ -414,7 +423,7 @@ class StreamExecutor:
         self._open(by_model=False)  # an empty message, as a history renders it
         with self._cond:
             self.open_role = None
-        self._append(self.backend.chat_template.end(op.role))
+        self._append(self.backend.chat_template.end(op.role), markup=True)
 
     @_run.register
     async def _(self, op: Role) -> None:
@@ -429,6 +438,8 @@ class StreamExecutor:
         if opens_reply and self.thinks_by_default:
             params = openings.reply_params(self.backend, op, params, self.sampling, self.text)
         openings.check_reasoning(self.backend, op, params)
+        if params.token_healing and self.ends_in_markup:
+            params = msgspec.structs.replace(params, token_healing=False)
         if self.events is not None:  # the trace shows each token's logprob and alternatives
             top = max(params.top_logprobs, 5)
             params = msgspec.structs.replace(params, trace=True, top_logprobs=top)
@@ -562,6 +573,7 @@ class StreamExecutor:
                 self.open_role,
                 dict(self.variables),
                 dict(self.metas),
+                self.ends_in_markup,
             )
         for f in op.children:
             f.set_result(snapshot)
@@ -576,6 +588,7 @@ class StreamExecutor:
                 s.open_role,
             )
             self.fork_start = len(s.text)
+            self.ends_in_markup = s.ends_in_markup
             self.variables.update(s.variables)
             self.metas.update(s.metas)
 

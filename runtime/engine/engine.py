@@ -49,6 +49,16 @@ log = logging.getLogger(__name__)
 Prompt = str | list[int]
 
 
+class HealedPrompt(list):
+    """A text prompt's token ids with token healing applied (Engine.heal): its last token
+    taken off, and `healed`, the bytes it spelled, which the output's first tokens spell
+    again. Given as a prompt, it runs so (a server heals where it counts a prompt's tokens)."""
+
+    def __init__(self, ids: list[int], healed: bytes) -> None:
+        super().__init__(ids)
+        self.healed = healed
+
+
 class Engine:
     def __init__(
         self, model: str | None = None, lora_adapters: dict[str, str] | None = None, **config_fields
@@ -119,11 +129,12 @@ class Engine:
         params = params or SamplingParams()
         many = isinstance(prompt, list) and prompt and not isinstance(prompt[0], int)
         prompts = prompt if many else [prompt]
-        id_lists = [self.encode(p) for p in prompts]  # validate all before submitting any
+        encoded = [self.prompt_ids(p, params) for p in prompts]  # all checked before any runs
         adapter = self.adapter(lora)
         prepared = self.prepare(params).result()  # raises for a bad constraint
         groups = [
-            self._enqueue(ids, params, prepared, priority, cache_salt, adapter) for ids in id_lists
+            self._enqueue(ids, params, prepared, priority, cache_salt, adapter, healed=healed)
+            for ids, healed in encoded
         ]
         outs = [[s.result() for s in group] for group in groups]
         outs = [group if params.n > 1 else group[0] for group in outs]
@@ -228,12 +239,12 @@ class Engine:
         params = params or SamplingParams()
         if params.n != 1:
             raise ValueError("stream() takes n=1; call it once per sample")
-        ids = self.encode(prompt)
+        ids, healed = self.prompt_ids(prompt, params)
         adapter = self.adapter(lora)
         prepared = await asyncio.wrap_future(self.prepare(params))
         loop = asyncio.get_running_loop()
         [stream] = self._enqueue(
-            ids, params, prepared, priority, cache_salt, adapter, loop, program=program
+            ids, params, prepared, priority, cache_salt, adapter, loop, None, program, healed
         )
         if on_submit is not None:
             on_submit(stream.rid)
@@ -261,11 +272,11 @@ class Engine:
         engine), so a bad constraint raises here."""
         if params.n != 1:
             raise ValueError("submit() takes n=1")
-        ids = self.encode(prompt)
+        ids, healed = self.prompt_ids(prompt, params)
         adapter = self.adapter(lora)
         prepared = self.prepare(params).result()
         [stream] = self._enqueue(
-            ids, params, prepared, priority, cache_salt, adapter, on_chunk=emit, program=program
+            ids, params, prepared, priority, cache_salt, adapter, None, emit, program, healed
         )
         return stream.rid
 
@@ -426,6 +437,34 @@ class Engine:
             )
         return ids
 
+    def prompt_ids(self, prompt: Prompt, params: SamplingParams) -> tuple[list[int], bytes]:
+        """The token ids a request's prompt is prefilled with, and the bytes token healing
+        took off its end (b"": none), which the output's first tokens spell again and its
+        text leaves out (grammars/token_healing.py)."""
+        if isinstance(prompt, HealedPrompt):
+            return list(prompt), prompt.healed
+        ids = self.heal(prompt, self.encode(prompt), params)
+        return list(ids), getattr(ids, "healed", b"")
+
+    def heal(self, prompt: Prompt, ids: list[int], params: SamplingParams) -> list[int]:
+        """`ids`, the tokens of `prompt`, healed where params.token_healing asks for it and
+        there is something to heal (a HealedPrompt), else as they are.
+
+        Only a text prompt is healed, and not where the output thinks first (the boundary is
+        the thought's, not the text's), where prompt logprobs are asked for (they are of the
+        prompt as given), or over an added token (chat markers: template text)."""
+        if not (
+            params.token_healing
+            and isinstance(prompt, str)
+            and not params.reasoning
+            and params.prompt_logprobs_from is None
+            and params.max_tokens > 0
+            and ids[-1] not in self.tokenizer.added_tokens_decoder
+        ):
+            return ids
+        healed = self.grammars.healing_index.heals(ids)
+        return HealedPrompt(ids[:-1], healed) if healed else ids
+
     def prepare(self, params: SamplingParams) -> Future[Prepared]:
         """Check the params against the model (raises ValueError now) and compile their
         constraint and stop regexes off the caller's and the engine's threads, in the bounded
@@ -465,9 +504,11 @@ class Engine:
         loop: asyncio.AbstractEventLoop | None = None,
         on_chunk: Callable[[StreamChunk], None] | None = None,
         program: str | None = None,
+        healed: bytes = b"",
     ) -> list[RequestStream]:
         """Queue params.n requests for the engine thread; each one's chunks come back through
-        its stream (to an asyncio consumer on `loop`, to `on_chunk`, or to a blocking one)."""
+        its stream (to an asyncio consumer on `loop`, to `on_chunk`, or to a blocking one).
+        `healed`: the bytes token healing took off the prompt (see prompt_ids)."""
         base_seed = params.seed if params.seed is not None else random.getrandbits(62)
         stop_ids = set(params.stop_token_ids or ())
         if not params.ignore_eos:
@@ -486,7 +527,9 @@ class Engine:
                 params=params,
                 seed=base_seed + i,
                 emit=stream.put,
-                detokenizer=IncrementalDetokenizer(self.tokenizer, ids, keep_special),
+                detokenizer=IncrementalDetokenizer(
+                    self.tokenizer, ids, keep_special, given=healed.decode()
+                ),
                 stop_matcher=StopMatcher(params.stop_strings, prepared.stop_regexes),
                 stop_ids=frozenset(stop_ids),
                 max_new_tokens=min(params.max_tokens, self.context_length - len(ids)),
@@ -495,8 +538,8 @@ class Engine:
                 lora=adapter,
                 lease_key=(namespace, program) if leases and program is not None else None,
                 constraint=(
-                    self.grammars.constraint(grammar, phases)
-                    if grammar is not None or phases is not None
+                    self.grammars.constraint(grammar, phases, healed)
+                    if grammar is not None or phases is not None or healed
                     else None
                 ),
             )

@@ -18,17 +18,32 @@ class IncrementalDetokenizer:
     """
 
     def __init__(
-        self, tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int], keep_special: bool = False
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        prompt_ids: list[int],
+        keep_special: bool = False,
+        given: str = "",
     ) -> None:
         """`keep_special`: special tokens stay in the text (a reasoning format's markers
-        that are special tokens, which the output is split at)."""
+        that are special tokens, which the output is split at). `given`: text the output's
+        tokens start with that the caller has already (the prompt text token healing took
+        off and the output spells again); it is left out of what `add` returns."""
         self.decode = _decoder(tokenizer)
         self.skip_special = not keep_special
         self.ids = list(prompt_ids[-_CONTEXT_TOKENS:])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
+        self.given = given  # what of it the output has not spelled yet
 
     def add(self, token_ids: list[int]) -> str:
+        text = self._add(token_ids)
+        if self.given and text:
+            # The tokens spell the given text's bytes first, so the text starts with it.
+            n = min(len(text), len(self.given))
+            text, self.given = text[n:], self.given[n:]
+        return text
+
+    def _add(self, token_ids: list[int]) -> str:
         self.ids.extend(token_ids)
         decode = self.decode
         skip = self.skip_special

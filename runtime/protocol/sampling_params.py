@@ -89,6 +89,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     reasoning: bool = False
     thinking_budget: int | None = None
     thinking_budget_mode: str = "soft"
+    # Token healing (grammars/token_healing.py): a text prompt's last token is taken off and
+    # the output's first tokens spell it again, then go on as the model likes (under the
+    # constraint, if any); the output text starts after it. Off here, as in vLLM and SGLang;
+    # a program's gens heal by default (as guidance's).
+    token_healing: bool = False
 
     def __post_init__(self) -> None:
         # Ints a kernel or the sampler reads as int64 are bounded by it; floats must be finite

@@ -398,6 +398,8 @@ def openai_request(
     chat = issubclass(kind, ChatCompletionRequest)
     fields, rest = split_sampling(obj, REASONING_FIELDS if chat else frozenset())
     req = convert(rest, kind)
+    if fields.get("token_healing"):
+        check_healing(req)
     if isinstance(req, ChatCompletionRequest):
         if not req.messages:
             raise BadRequest("messages must not be empty")
@@ -416,6 +418,21 @@ def openai_request(
     # OpenAI's max_tokens defaults to the rest of the context (the engine caps it there).
     fields.setdefault("max_tokens", context_length)
     return req, sampling_params(fields), ignored
+
+
+def check_healing(req: Any) -> None:
+    """token_healing=true is honoured on a text completion without echo or logprobs; a 400
+    naming it elsewhere."""
+    if not isinstance(req, CompletionRequest):
+        raise BadRequest(
+            "token_healing: a conversation's prompt ends in the chat template's generation "
+            "prompt, which is not healed; heal a text prompt on /v1/completions or /generate"
+        )
+    if req.echo or req.logprobs is not None:
+        raise BadRequest(
+            "token_healing cannot be combined with echo or logprobs: the first output token "
+            "spells the prompt's last token again, so the listing would not match the text"
+        )
 
 
 def _known_fields(obj: dict[str, Any], kind: type[_OpenAIRequest]) -> tuple[dict, list[str]]:
@@ -576,7 +593,9 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             fields["logprobs"] = True
             fields["top_logprobs"] = self.top_logprobs_num
             start = self.prompt_logprobs_start(num_prompt_tokens)
-            if start < num_prompt_tokens:  # the first token has no logprob: start at 1
+            # SGLang's default reports the prompt's last token, which healing takes off.
+            healing = fields.get("token_healing") and self.logprob_start_len == -1
+            if start < num_prompt_tokens and not healing:  # the first has no logprob: from 1
                 fields["prompt_logprobs_from"] = max(1, start)
         return sampling_params(fields)
 

@@ -49,6 +49,8 @@ async def generate(request: Request) -> Response:
     for i, prompt in enumerate(prompts):
         ids = await svc.encode(prompt)
         params = req.params(i, len(ids))
+        if params.token_healing:
+            ids = await svc.off_loop(svc.engine.heal, prompt, ids, params)
         where, item = fields[i if len(fields) > 1 else 0]  # one for all, or one each
         for name in ("max_new_tokens", "max_tokens"):  # SGLang's check: given, it must fit
             if item.get(name) is not None:

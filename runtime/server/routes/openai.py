@@ -119,6 +119,9 @@ async def completions(request: Request) -> Response:
     drawn = _best_of(req, params)  # best_of samples per prompt, of which n are returned
     svc.check_room(len(prompts) * drawn.n)  # before anything is tokenized or expanded
     prompt_ids = [await svc.encode(p) for p in prompts]
+    if params.token_healing:
+        pairs = zip(prompts, prompt_ids, strict=True)
+        prompt_ids = [await svc.off_loop(svc.engine.heal, p, ids, params) for p, ids in pairs]
     field = _max_tokens_field(obj)
     for ids in prompt_ids if field is not None else ():
         check_max_tokens(field, params.max_tokens, len(ids), svc.engine.context_length)

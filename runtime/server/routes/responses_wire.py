@@ -21,6 +21,7 @@ from braid.runtime.server.wire import (
     NamedToolChoice,
     Tool,
     ToolCall,
+    check_healing,
     convert,
     split_sampling,
 )
@@ -139,6 +140,8 @@ def decode(obj: dict[str, Any]) -> tuple[ResponsesRequest, dict[str, Any]]:
     fields (seed, top_k, stop, logit_bias, ...) as on /v1/chat/completions."""
     # `reasoning` is the Responses API's own object; braid's thinking fields are chat's.
     fields, rest = split_sampling(obj, REASONING_FIELDS)
+    if fields.get("token_healing"):
+        check_healing(None)
     for name, instead in _NOT_HERE.items():
         if name in fields:
             raise BadRequest(f"{name} is not a Responses API field: {instead}")
