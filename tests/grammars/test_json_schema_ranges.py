@@ -48,7 +48,7 @@ def written(draw) -> str:
     return ("-" if draw(st.booleans()) else "") + f"{whole}{fraction}"
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     st.one_of(st.none(), DECIMALS),
     st.one_of(st.none(), DECIMALS),

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from braid.runtime.cli.main import main
 
 
+@pytest.mark.slow  # suite time: LoRA's numerics are tested against PEFT elsewhere
 def test_bench_lora_writes_both_rates(tiny_model_path, tmp_path):
     out = tmp_path / "lora.json"
     args = ["bench", "lora", "--model", str(tiny_model_path), "--dtype", "float32"]

@@ -113,6 +113,7 @@ def test_openai_routes_and_braid_only_fields_pass_the_front(front):
     assert httpx.post(front.url + "/generate", json=native, timeout=60).status_code == 401
 
 
+@pytest.mark.slow  # suite time; the front's routing is tested above
 def test_a_replica_that_dies_fails_its_stream_and_is_started_again(front):
     body = {
         "text": "Count: one two three",

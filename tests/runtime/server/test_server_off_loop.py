@@ -175,7 +175,8 @@ SAMPLED = {"temperature": 1, "seed": 1}
             {"prompt": LISTED_PROMPT, "echo": True, "logprobs": 20, "max_tokens": 1, "n": 14}
             | SAMPLED,
         ),
-        # The other routes build their listings with the same code (suite time: under -m slow).
+        # The other routes and the stream build their listings with the same code (suite
+        # time: under -m slow).
         pytest.param(
             "/v1/chat/completions",
             {
@@ -201,11 +202,12 @@ SAMPLED = {"temperature": 1, "seed": 1}
             },
             marks=pytest.mark.slow,
         ),
-        (
+        pytest.param(
             "/v1/completions",
             {"prompt": LISTED_PROMPT, "echo": True, "logprobs": 20, "max_tokens": 1, "n": 14}
             | SAMPLED
             | {"stream": True},
+            marks=pytest.mark.slow,
         ),
     ],
     ids=["completions", "chat", "generate", "completions streamed"],

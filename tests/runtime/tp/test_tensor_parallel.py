@@ -65,6 +65,7 @@ def test_bad_tp_is_refused(tiny_model_path):
 
 
 @pytest.mark.model
+@pytest.mark.slow  # suite time: the tiny model's tp2 tests run by default
 def test_default_model_tp2_matches_tp1():
     prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a small"]
     config = dict(device="cpu", dtype="float32", max_kv_tokens=1024, quantization="none")
