@@ -17,24 +17,33 @@ class Regex:
     pattern: str
 
 
+# The whitespace a JSON document may hold between two tokens, before it and after it, by
+# default: what models write (they learnt JSON from pretty-printers as much as from compact
+# text), bounded so that a model held off its own token cannot pad forever. A gap of a
+# pretty-printed document is a newline and the indentation of its depth: 20 characters hold
+# json.dumps(indent=2) to 9 levels deep, indent=4 to 4 and tabs to 19.
+JSON_WHITESPACE = r"[ \n\t]{0,20}"
+COMPACT = ""  # JsonSchema(whitespace=COMPACT): no whitespace at all
+
+
 @dataclass(frozen=True)
 class JsonSchema:
     """Output must be a JSON document valid under this schema.
 
     `schema` is the schema as compact JSON text so equal schemas share one compiled grammar;
     keys keep their order, since properties are generated in the schema's order; build it
-    with `JsonSchema.of(dict_or_text)`. `whitespace` is the regex
-    allowed between JSON tokens; the default allows none (compact output), which keeps
-    models from padding with endless newlines. `strict` (the default) writes an object's
-    unlisted properties only where the schema gives `additionalProperties` explicitly, as
-    XGrammar's strict mode does; `strict=False` follows the spec, where its absence allows
-    any (written after the listed ones). `separators` (item, key), e.g. (", ", ": "), are
-    the exact texts written between items and between a key and its value, as Python's
-    json.dumps takes them (whitespace then only inside brackets).
+    with `JsonSchema.of(dict_or_text)`. `whitespace` is the regex allowed between JSON
+    tokens and around the document: by default JSON_WHITESPACE (what models write, bounded
+    per gap), COMPACT ("") for none. `strict` (the default) writes an object's unlisted
+    properties only where the schema gives `additionalProperties` explicitly, as XGrammar's
+    strict mode does; `strict=False` follows the spec, where its absence allows any (written
+    after the listed ones). `separators` (item, key), e.g. (", ", ": "), are the exact texts
+    written between items and between a key and its value, as Python's json.dumps takes
+    them (`whitespace` then only inside brackets and around the document).
     """
 
     schema: str
-    whitespace: str | None = None
+    whitespace: str = JSON_WHITESPACE
     strict: bool = True
     separators: tuple[str, str] | None = None
 
@@ -42,7 +51,7 @@ class JsonSchema:
     def of(
         cls,
         schema: dict[str, Any] | str,
-        whitespace: str | None = None,
+        whitespace: str = JSON_WHITESPACE,
         strict: bool = True,
         separators: tuple[str, str] | None = None,
     ) -> JsonSchema:

@@ -325,7 +325,8 @@ _FORMATS: dict[str, dict[str, tuple[Check, Any]]] = {
         "json_schema": (_schema, None),
         "style": (_string, lambda: "json"),
         "any_order": (_bool, _false),
-        # braid writes JSON compact, which any whitespace count allows.
+        # The whitespace in each gap between JSON tokens: at most this many characters (by
+        # default JsonSchema's, grammars/constraints.py).
         "max_whitespace_cnt": (_optional_count, lambda: None),
     },
     "regex": {"pattern": (_pattern, None)},

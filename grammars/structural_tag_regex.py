@@ -21,6 +21,7 @@ from typing import Any
 
 from braid.grammars import dialects
 from braid.grammars.compiling.constraint_regex import escape
+from braid.grammars.constraints import JSON_WHITESPACE
 from braid.grammars.json_schema.convert import schema_to_regex
 from braid.grammars.regex.excluding import excluding, scan
 from braid.grammars.structural_tag import StructuralTag, trigger_of
@@ -39,7 +40,9 @@ def _regex(fmt: dict[str, Any], path: str, ends: tuple[str, ...]) -> str:
     if kind == "const_string":
         return escape(fmt["value"])
     if kind == "json_schema":
-        return _schema(fmt["json_schema"], f"{path}.json_schema")
+        count = fmt["max_whitespace_cnt"]
+        whitespace = JSON_WHITESPACE if count is None else rf"[ \n\t]{{0,{count}}}"
+        return _schema(fmt["json_schema"], f"{path}.json_schema", whitespace)
     if kind == "regex":
         return _group(fmt["pattern"])
     if kind == "grammar":
@@ -61,9 +64,11 @@ def _regex(fmt: dict[str, Any], path: str, ends: tuple[str, ...]) -> str:
     return _dispatch(fmt, path, ends)
 
 
-def _schema(schema: dict[str, Any] | bool, path: str) -> str:
+def _schema(
+    schema: dict[str, Any] | bool, path: str, whitespace: str = JSON_WHITESPACE
+) -> str:
     try:
-        return schema_to_regex(schema)
+        return schema_to_regex(schema, whitespace)
     except RecursionError:
         raise ValueError(f"{path} is nested too deeply to compile") from None
     except ValueError as e:

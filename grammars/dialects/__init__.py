@@ -17,7 +17,7 @@ import json
 import re
 from functools import lru_cache
 
-from braid.grammars.constraints import JsonSchema
+from braid.grammars.constraints import COMPACT, JsonSchema
 from braid.grammars.dialects import gbnf, llguidance
 from braid.grammars.dialects.llguidance import Attributes
 from braid.grammars.dialects.tree import Rules
@@ -65,7 +65,8 @@ _JSON_OPTIONS = {
 
 def json_constraint(schema_text: str) -> JsonSchema:
     """An embedded schema's constraint, with llguidance's "x-guidance" options: the
-    separators it writes (guidance's ", " and ": "), or flexible whitespace."""
+    separators it writes (guidance's ", " and ": ") and no other whitespace, or flexible
+    whitespace; without options, JsonSchema's default whitespace."""
     schema = json.loads(schema_text)
     options = schema.pop("x-guidance", None) if isinstance(schema, dict) else None
     if options is None:
@@ -81,4 +82,4 @@ def json_constraint(schema_text: str) -> JsonSchema:
         pattern = options.get("whitespace_pattern") or r"[ \t\n\r]*"
         return JsonSchema.of(schema, whitespace=pattern)
     separators = (options.get("item_separator", ","), options.get("key_separator", ":"))
-    return JsonSchema.of(schema, separators=separators)
+    return JsonSchema.of(schema, whitespace=COMPACT, separators=separators)

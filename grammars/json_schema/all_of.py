@@ -84,10 +84,11 @@ def _collect_parts(conv: Any, schema: Any, path: str, depth: int, parts: list[di
         schema = unconditional(conv, schema, path)
     deepest = depth
     if "$ref" in schema:
-        if depth >= conv.max_depth:
+        deeper = conv.follow(schema["$ref"], depth)
+        if deeper is None:
             return None
         target = conv.resolve(schema["$ref"], path)
-        deepest = _collect_parts(conv, target, path, depth + 1, parts)
+        deepest = _collect_parts(conv, target, path, deeper, parts)
         if deepest is None:
             return None
     subs = schema.get("allOf", [])

@@ -15,7 +15,6 @@ from __future__ import annotations
 from math import perm
 from typing import Any
 
-from braid.grammars.compiling.constraint_regex import escape
 from braid.grammars.json_schema.errors import InvalidSchema, UnsupportedSchema
 from braid.grammars.json_schema.values import is_valid, json_equal
 
@@ -173,9 +172,7 @@ def unique_regex(conv: Any, item_schema: Any, lo: int, hi: int | None, path: str
             f"'uniqueItems' at {path} (supported: items of finitely many values: enum, "
             "const, boolean, null)"
         )
-    if conv.spaced and any(isinstance(v, (dict, list)) and v for v in values):
-        raise UnsupportedSchema(f"'uniqueItems' of objects or arrays with whitespace at {path}")
-    texts = [escape(conv.dump(v)) for v in values]
+    texts = [conv.literal(v) for v in values]
     longest = len(texts) if hi is None else min(hi, len(texts))
     if lo > longest:
         return None

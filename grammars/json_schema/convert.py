@@ -1,7 +1,7 @@
 """JSON Schema -> regex, exact or refused.
 
-The regex matches JSON text of valid instances, written compactly (or with the given
-whitespace between tokens) with properties in the schema's order. The rule that keeps
+The regex matches JSON text of valid instances, with the given whitespace between tokens
+and around the document (none: compact) and properties in the schema's order. The rule that keeps
 generation safe: every text the regex matches must be valid under the schema. Being
 stricter than the schema is allowed (the model just cannot write some valid documents,
 e.g. extra properties or `1.0` for an integer); being looser is a bug. A keyword that
@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from braid.grammars.compiling.constraint_regex import escape
+from braid.grammars.constraints import JSON_WHITESPACE
 from braid.grammars.json_schema.all_of import all_of_regex
 from braid.grammars.json_schema.arrays import array_regex
 from braid.grammars.json_schema.conditional import unconditional, without_dependencies
@@ -42,25 +43,32 @@ from braid.grammars.json_schema.numbers import bounded_number, integer_except, n
 from braid.grammars.json_schema.objects import members_regex, object_regex
 from braid.grammars.json_schema.one_of import exclusive_branches
 from braid.grammars.json_schema.ranges import number_regex
-from braid.grammars.json_schema.refs import local_refs
+from braid.grammars.json_schema.refs import local_refs, recursive_refs
 from braid.grammars.json_schema.strings import string_not_in, string_regex
 from braid.grammars.json_schema.unevaluated import without_unevaluated
 from braid.grammars.json_schema.values import is_type, is_valid, json_equal
 
-# $refs are followed this deep (recursion unrolls); deeper instances cannot be generated.
-# A regex past MAX_REGEX_CHARS is converted again one level shallower (down to MIN_DEPTH).
+# Recursive $refs (on a cycle) are followed this deep (recursion unrolls); deeper instances
+# cannot be generated. A chain of distinct definitions (nested models) is followed to its
+# end. A regex past MAX_REGEX_CHARS is converted again one level shallower (down to
+# MIN_DEPTH).
 MAX_DEPTH = 4
 MIN_DEPTH = 2
 MAX_REGEX_CHARS = 4_000_000  # past this the lazy automaton's NFA nears its 8M-node limit
+# Subschemas converted inside one another, $refs followed included: conversion recurses per
+# level, and a chain of definitions nesting deeper than this is hostile (nested models nest
+# a few levels, each two here) rather than real; it is refused before Python's stack ends.
+MAX_NESTING = 160
 
 
 def schema_to_regex(
     schema: dict[str, Any] | bool,
-    whitespace: str | None = None,
+    whitespace: str = JSON_WHITESPACE,
     strict: bool = True,
     separators: tuple[str, str] | None = None,
 ) -> str:
-    """The regex of the schema's instances as JSON text, with `whitespace` between tokens;
+    """The regex of the schema's instances as JSON text, with `whitespace` between tokens
+    and around the document ("": compact);
     `strict`: unlisted properties only where additionalProperties allows them explicitly;
     `separators`: the texts between items and between a key and its value (their commas
     and colons included), in place of whitespace around them.
@@ -69,7 +77,7 @@ def schema_to_regex(
     schema = local_refs(schema)
     for depth in range(MAX_DEPTH, MIN_DEPTH - 1, -1):
         try:
-            regex = _Converter(schema, whitespace or "", depth, strict, separators).convert(
+            regex = _Converter(schema, whitespace, depth, strict, separators).convert(
                 schema, "#", 0
             )
         except _TooLarge as e:
@@ -79,7 +87,8 @@ def schema_to_regex(
             raise too_large or UnsupportedSchema(
                 "the schema admits no instance that can be generated"
             )
-        return regex
+        # json.loads takes whitespace around the document, and models often end with a newline.
+        return f"{whitespace}({regex}){whitespace}" if whitespace else regex
     raise too_large
 
 
@@ -103,7 +112,7 @@ def _schema_ids(root: Any) -> set[int]:
 class _Converter:
     """One conversion (a root, whitespace, a depth): the dispatch on keywords, and what the
     keyword modules, handed it as `conv`, call back: convert, declared_types, deref, resolve,
-    resolver, extras, dump, members, and the fields ws, item_sep, key_sep and max_depth."""
+    resolver, extras, literal, members, and the fields ws, item_sep, key_sep and max_depth."""
 
     def __init__(
         self,
@@ -119,14 +128,15 @@ class _Converter:
         item, key = separators or (None, None)
         self.item_sep = f"{ws},{ws}" if item is None else escape(item)
         self.key_sep = f"{ws}:{ws}" if key is None else escape(key)
-        self.spaced = bool(ws) or separators is not None  # not compact JSON
         self.strict = strict  # unlisted properties only where additionalProperties says so
-        self.max_depth = depth  # $refs followed
+        self.max_depth = depth  # recursive $refs followed
+        self.recursive = recursive_refs(root, lambda ref: _found(resolve_pointer(root, ref)))
         # The document's own subschemas (alive as long as the converter, so their ids are
         # theirs alone) -> their regex at each depth: a definition that many $refs name is
         # converted once per depth, not once per reference.
         self.document = _schema_ids(root)
         self.converted: dict[tuple[int, int], str | None] = {}
+        self.nesting = 0  # convert() calls open
 
     # ---- dispatch --------------------------------------------------------------------
 
@@ -134,7 +144,16 @@ class _Converter:
         key = (id(schema), depth)
         if key in self.converted:
             return self.converted[key]
-        regex = self._convert(schema, path, depth)
+        if self.nesting >= MAX_NESTING:
+            raise UnsupportedSchema(
+                f"the schema nests subschemas more than {MAX_NESTING} deep at {path} "
+                "(the $refs followed counted)"
+            )
+        self.nesting += 1
+        try:
+            regex = self._convert(schema, path, depth)
+        finally:
+            self.nesting -= 1
         if regex is not None and len(regex) > MAX_REGEX_CHARS:
             raise _TooLarge(f"the schema's regex is too large at {path}")
         if key[0] in self.document:
@@ -232,9 +251,17 @@ class _Converter:
         ref = schema["$ref"]
         if not isinstance(ref, str) or not ref.startswith("#"):
             raise UnsupportedSchema(f"only local '$ref's (#/...) are supported, got {ref!r}")
-        if depth >= self.max_depth:
+        deeper = self.follow(ref, depth)
+        if deeper is None:
             return None  # recursion this deep is not generated
-        return self.convert(self.resolve(ref, path), ref, depth + 1)
+        return self.convert(self.resolve(ref, path), ref, deeper)
+
+    def follow(self, ref: str, depth: int) -> int | None:
+        """The depth past a $ref at `depth`: one deeper where it is recursion, the same
+        where it is not; None where recursion is max_depth deep already."""
+        if ref not in self.recursive:
+            return depth
+        return depth + 1 if depth < self.max_depth else None
 
     def one_of(self, schema: dict, path: str, depth: int) -> str | None:
         subs = schema["oneOf"]
@@ -317,9 +344,7 @@ class _Converter:
         kept = [v for v in values if is_valid(v, rest, lambda ref: self.resolve(ref, path))]
         if not kept:
             return None
-        if self.spaced and any(isinstance(v, (dict, list)) and v for v in kept):
-            raise UnsupportedSchema(f"enum/const of objects or arrays with whitespace at {path}")
-        return alternatives([escape(compact_json(v)) for v in kept])
+        return alternatives([self.literal(v) for v in kept])
 
     def any_value(self, depth: int) -> str:
         """Any JSON value nested at most `depth` containers deep."""
@@ -366,14 +391,32 @@ class _Converter:
             return None if extra in (False, None) or extra == {"not": {}} else extra
         return None if self.strict else True
 
-    def dump(self, value: Any) -> str:
-        return compact_json(value)
+    def literal(self, value: Any) -> str:
+        """The regex of one value's JSON text, whitespace and separators as everywhere else.
+        An object's members stay in the order written: const and enum name their values
+        as JSON, and a model copying one writes it in that order (another order is equal
+        under the spec, so not writing it is stricter, and safe)."""
+        w = self.ws
+        if isinstance(value, list):
+            items = self.item_sep.join(self.literal(v) for v in value)
+            return rf"\[{w}{items}{w}\]" if value else rf"\[{w}\]"
+        if isinstance(value, dict):
+            key = self.key_sep
+            members = self.item_sep.join(
+                f"{escape(compact_json(k))}{key}{self.literal(v)}" for k, v in value.items()
+            )
+            return rf"\{{{w}{members}{w}\}}" if value else rf"\{{{w}\}}"
+        return escape(compact_json(value))
 
     def members(self, members: list[tuple[str, bool]], nonempty: bool) -> str:
         return members_regex(members, self.item_sep, nonempty)
 
 
 _MISSING = object()
+
+
+def _found(target: Any) -> Any:
+    return None if target is _MISSING else target
 
 
 def resolve_pointer(root: Any, ref: str) -> Any:

@@ -19,6 +19,7 @@ anchors (nearly all) skip the rewrite.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urldefrag, urljoin
 
@@ -238,3 +239,77 @@ def _node_at(root: Any, pointer: tuple) -> Any:
     for part in pointer:
         root = root[part]
     return root
+
+
+def recursive_refs(root: Any, resolve: Callable[[str], Any]) -> frozenset[str]:
+    """The `$ref` pointers that lie on a cycle: following one may lead back to it, so it is
+    recursion, which the converter unrolls to a bounded depth. Other references (nested
+    models, shared definitions) are a finite chain and are followed to their end.
+    `resolve(pointer)` is what a pointer names (None for nothing)."""
+    found = _refs_within(root)
+    edges: dict[str, list[str]] = {}
+    while found:
+        ref = found.pop()
+        if ref not in edges:
+            target = resolve(ref)
+            edges[ref] = sorted(_refs_within(target)) if target is not None else []
+            found.update(edges[ref])
+    return frozenset(r for component in _components(edges) for r in component)
+
+
+def _refs_within(node: Any) -> set[str]:
+    """The local `$ref` pointers anywhere in a schema."""
+    refs, stack = set(), [node]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#"):
+                refs.add(ref)
+            stack.extend(v for k, v in node.items() if k not in _DATA)
+    return refs
+
+
+def _components(edges: dict[str, list[str]]) -> list[list[str]]:
+    """The cyclic strongly connected components of a graph (Tarjan's, iteratively): each
+    of more than one node, or of one node with an edge to itself."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    out = []
+    for start in edges:
+        if start in index:
+            continue
+        work = [(start, 0)]
+        while work:
+            node, i = work.pop()
+            if i == 0:
+                index[node] = low[node] = len(index)
+                stack.append(node)
+                on_stack.add(node)
+            successors = edges[node]
+            if i < len(successors):
+                work.append((node, i + 1))
+                nxt = successors[i]
+                if nxt not in index:
+                    work.append((nxt, 0))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1 or node in successors:
+                    out.append(component)
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+    return out

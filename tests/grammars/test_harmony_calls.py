@@ -76,7 +76,9 @@ def test_a_call_is_a_name_a_header_arguments_and_call(tok, service):
     # After "weather" the name may go on ("_alerts") or end: the header's first token.
     assert tokens[header] in masks[header] and len(masks[header]) > 1
     assert all(len(mask) == 1 for mask in masks[header + 1 : after])  # forced
-    assert masks[-1] == {call} and ret not in set().union(*masks)
+    # After the arguments: the call's end, or whitespace after the JSON (bounded).
+    assert call in masks[-1] and ret not in set().union(*masks)
+    assert all(tok.decode([t]).isspace() for t in masks[-1] - {call})
     arguments = tok.decode(tokens[after:-1])
     jsonschema.validate(json.loads(arguments), WEATHER)
 
@@ -88,7 +90,8 @@ def test_a_text_reply_where_the_reply_may_be_text(tok, service):
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
     held = grammar(service, ToolCalls(TOOLS, text=JsonSchema.of(schema))).matcher()
     masks = walk(held, ids(tok, '<|channel|>final<|message|>{"ok":true}<|return|>'), len(tok))
-    assert masks[-1] == {tok.convert_tokens_to_ids("<|return|>")}
+    ret = tok.convert_tokens_to_ids("<|return|>")
+    assert ret in masks[-1] and all(tok.decode([t]).isspace() for t in masks[-1] - {ret})
     calls_only = grammar(service, ToolCalls(TOOLS)).matcher()
     assert not calls_only.accept_token(tok.convert_tokens_to_ids("<|channel|>"))
 

@@ -12,6 +12,7 @@ import pytest
 import transformers
 
 from braid import grammars
+from braid.grammars.constraints import COMPACT
 from braid.grammars.matcher import allocate_bitmask, allowed_token_ids
 from braid.grammars.phases import (
     LEAD_SPACES,
@@ -51,7 +52,9 @@ def classes(vocab):
 
 @pytest.fixture(scope="module")
 def schema_grammar(vocab):
-    return grammars.compile(grammars.JsonSchema.of(SCHEMA), vocab)
+    # Compact: the whitespace before the answer is the phases' own (bounded), none of the
+    # answer's grammar.
+    return grammars.compile(grammars.JsonSchema.of(SCHEMA, whitespace=COMPACT), vocab)
 
 
 def ids(tok, text: str) -> list[int]:

@@ -97,8 +97,8 @@ CASES = {
     ),
     "tag": (
         tag("<r>", {"type": "json_schema", "json_schema": PING}, ["</r>", "</answer>"]),
-        ["<r>{}</r>", "<r>{}</answer>"],
-        ["<r>{}", "{}</r>", "<r>{} </r>"],
+        ["<r>{}</r>", "<r>{}</answer>", "<r>{ }\n</r>"],
+        ["<r>{}", "{}</r>", "<r>{}}</r>"],
     ),
     # any_text inside a tag stops at the tag's end: the first "</think>" closes the thought.
     "thought": (
@@ -154,6 +154,15 @@ def test_each_format_matches_its_language(name):
         assert not pattern.fullmatch(text), (name, text)
 
 
+def test_max_whitespace_cnt_bounds_each_gap():
+    fmt = {"type": "json_schema", "json_schema": WEATHER, "max_whitespace_cnt": 2}
+    pattern = regex_of(fmt)
+    assert pattern.fullmatch('{ "city":  "Paris"\n}')
+    assert not pattern.fullmatch('{"city":   "Paris"}')
+    default = regex_of({"type": "json_schema", "json_schema": WEATHER})
+    assert default.fullmatch('{\n  "city": "Paris"\n}\n')
+
+
 def test_the_json_examples_are_what_they_say():
     _, accepted, refused = CASES["json_schema"]
     for text in accepted:
@@ -167,7 +176,7 @@ def test_the_json_examples_are_what_they_say():
 
 
 def compact(arguments: dict, schema: dict) -> str:
-    """JSON as braid writes it: compact, properties in the schema's order."""
+    """JSON compact, properties in the schema's order (braid's order)."""
     ordered = {k: arguments[k] for k in schema["properties"] if k in arguments}
     ordered |= {k: v for k, v in arguments.items() if k not in ordered}
     return json.dumps(ordered, ensure_ascii=False, separators=(",", ":"))
@@ -175,9 +184,9 @@ def compact(arguments: dict, schema: dict) -> str:
 
 def read_calls(text: str, excludes: tuple[str, ...] = ()) -> list[tuple[str, dict, int]] | None:
     """The calls in `text` as XGrammar's triggered_tags reads it: free text up to each
-    trigger, which must begin a tag of a known function whose arguments validate (written
-    compact); each call's name, arguments and where it ends. None where the text is not in
-    the language."""
+    trigger, which must begin a tag of a known function whose arguments validate (their
+    properties in the schema's order); each call's name, arguments and where it ends. None
+    where the text is not in the language."""
     found, at = [], 0
     while True:
         start = text.find(TRIGGER, at)
@@ -196,7 +205,8 @@ def read_calls(text: str, excludes: tuple[str, ...] = ()) -> list[tuple[str, dic
                     jsonschema.validate(value, schema)
                 except (ValueError, jsonschema.ValidationError):
                     return None
-                if arguments != compact(value, schema):
+                written = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+                if written != compact(value, schema):
                     return None
                 at = end + len(END)
                 found.append((name, value, at))
