@@ -104,7 +104,7 @@ def test_not_healed(engine):
     assert engine.prompt_ids(PROMPT, logprobs)[1] == b""
 
 
-def test_program_gens_heal_by_default(engine):
+def test_program_gens_heal_when_asked(engine):
     @program
     def text(s, **sampling):
         s += PROMPT
@@ -114,15 +114,15 @@ def test_program_gens_heal_by_default(engine):
     healed = engine.generate(PROMPT, greedy(max_tokens=6, token_healing=True))
     unhealed = engine.generate(PROMPT, greedy(max_tokens=6))
     assert healed.token_ids != unhealed.token_ids  # the test can tell them apart
-    assert text.run(backend=backend)["x"] == healed.text
-    assert text.run(backend=backend, token_healing=False)["x"] == unhealed.text
+    assert text.run(backend=backend, token_healing=True)["x"] == healed.text
+    assert text.run(backend=backend)["x"] == unhealed.text
 
 
 def test_gen_after_a_role_opening_is_not_healed(engine):
     @program
     def chat(s):
         s += user("Hi there ")
-        s += assistant(gen("x", max_tokens=6, temperature=0))
+        s += assistant(gen("x", max_tokens=6, temperature=0, token_healing=True))
 
     backend = LocalBackend(engine)
     state = chat.run(backend=backend)
@@ -150,3 +150,18 @@ def test_server_field(engine):
         assert refused.status_code == 400 and "token_healing" in refused.text
     finally:
         server.stop()
+
+
+@pytest.mark.model
+def test_default_model_heals_the_capital_of_france():
+    """The issue's case: after a trailing space the default model writes "21st" unhealed;
+    healed, it writes what it writes after the prompt without the space, less that space."""
+    engine = Engine(max_kv_tokens=512)
+    try:
+        params = greedy(max_tokens=8)
+        without_space = engine.generate(PROMPT[:-1], params).text
+        assert without_space.startswith(" Paris")
+        healed = engine.generate(PROMPT, greedy(max_tokens=8, token_healing=True)).text
+        assert healed[:5] == without_space[1:6] == "Paris"  # the first word: "Paris." both
+    finally:
+        engine.shutdown()
