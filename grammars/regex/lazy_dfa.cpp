@@ -18,6 +18,11 @@
 // of characters read so far, each character stepping to the next copy; those copies form a
 // counted group too.
 //
+// Each NFA node knows the fewest bytes from it to the match (single-byte tokens only: then
+// also an upper bound on tokens), a DFA state the least over its nodes; a budgeted mask keeps
+// the tokens whose next state can still complete in the tokens left after them, so an output
+// near max_tokens closes its document in time.
+//
 // Called through ctypes from grammars/regex/lazy.py; every entry point catches C++ exceptions.
 
 #include <algorithm>
@@ -856,14 +861,14 @@ class Grammar {
 
   // The tokens t of s's mask whose next state completes within `budget` - 1 more tokens,
   // into out; returns whether that removed any token of the plain mask (the text was
-  // steered). Where even s cannot complete within `budget`, out is the plain mask.
+  // steered). Where no token lets s complete within `budget`, out is the plain mask.
   bool budget_mask(int s, int64_t budget, uint32_t* out) {
     const size_t bytes = vocab_.words * sizeof(uint32_t);
     // Steering is needed only where some token leads to a state needing more than what is
     // left after it: never past the longest shortest completion of any node, nor past
     // the longest among s's next states once a walk found it.
     int64_t after = budget - 1;
-    if (after >= longest_ || after >= states_[s].reach || shortest(s) > budget) {
+    if (after >= longest_ || after >= states_[s].reach) {
       std::memcpy(out, mask(s).data(), bytes);
       return false;
     }
@@ -876,7 +881,13 @@ class Grammar {
       states_[s].reach = reach;
       it = budget_index_.insert_or_assign(key, Budgeted{static_cast<int>(masks_.size()) - 1, epoch_}).first;
     }
-    std::memcpy(out, masks_[it->second.mask].data(), bytes);
+    const std::vector<uint32_t>& kept = masks_[it->second.mask];
+    bool none = std::all_of(kept.begin(), kept.end(), [](uint32_t w) { return w == 0; });
+    if (none && !is_final(s)) {  // too late to close: the plain mask
+      std::memcpy(out, mask(s).data(), bytes);
+      return false;
+    }
+    std::memcpy(out, kept.data(), bytes);
     return after < states_[s].reach;  // some token of the plain mask went
   }
 

@@ -1,0 +1,139 @@
+"""The lazy automaton's shortest completions and budgeted masks, against a reference twin:
+a breadth-first search over strings with the `regex` module's partial matching."""
+
+from __future__ import annotations
+
+import random
+from functools import cache
+
+import pytest
+import regex as reference_re
+import torch
+
+from braid import grammars
+from braid.grammars.matcher import allowed_token_ids
+from braid.grammars.regex.lazy import LazyRegexGrammar
+from braid.grammars.vocabulary import TokenVocabulary
+
+# (pattern, the characters its shortest completions are spelled with)
+CASES = [
+    (r"ab|cde", "abcde"),
+    (r"(ab)+c?", "abc"),
+    (r"[ab]{2,5}c", "abc"),
+    (r"a{17,20}b", "ab"),  # counted units (past 16 repetitions)
+    (r"(x|yz)*w", "xyzw"),
+    # A length lookahead: the JSON-schema string's regex (given as its schema).
+    ({"type": "string", "pattern": "^(ab|cde)+$", "minLength": 5, "maxLength": 7}, 'abcde"'),
+    (r'\{"k":(true|false|[0-9]{1,3}),"s":"[a-z]{0,20}"\}', '{}":,kstrufale0'),
+]
+
+
+def _pattern(vocab, case: str | dict) -> str:
+    if isinstance(case, str):
+        return case
+    grammar = grammars.compile(grammars.JsonSchema.of(case), vocab)
+    assert "(?=" in grammar.source
+    return grammar.source
+
+
+@cache
+def reference_shortest(pattern: str, prefix: str, alphabet: str, limit: int = 30) -> int | None:
+    """The fewest characters that complete `prefix` to a full match (None: none within
+    `limit`), by breadth-first search over the continuations that can still match."""
+    compiled = reference_re.compile(pattern)
+    level = [""]
+    for n in range(limit + 1):
+        if any(compiled.fullmatch(prefix + s) for s in level):
+            return n
+        level = sorted(
+            {
+                s + c
+                for s in level
+                for c in alphabet
+                if compiled.fullmatch(prefix + s + c, partial=True)
+            }
+        )
+        if not level:
+            return None
+    return None
+
+
+def _text(vocab: TokenVocabulary, ids: list[int]) -> str:
+    return b"".join(vocab.token_bytes[t] for t in ids).decode()
+
+
+def _ascii(vocab: TokenVocabulary, ids) -> list[int]:
+    return [t for t in ids if vocab.token_bytes[t] and vocab.token_bytes[t].isascii()]
+
+
+def _walks(vocab, pattern: str, steps: int = 8, seed: int = 0):
+    """(matcher, text so far) along a random walk of allowed ASCII tokens."""
+    rng = random.Random(seed)
+    grammar = LazyRegexGrammar(pattern, vocab)
+    m = grammar.matcher()
+    row = grammars.allocate_bitmask(1, vocab.size)[0]
+    taken: list[int] = []
+    for _ in range(steps):
+        yield m, _text(vocab, taken)
+        m.fill_bitmask(row)
+        ids = _ascii(vocab, [t for t in allowed_token_ids(row) if t not in vocab.eos_token_ids])
+        if not ids:
+            return
+        t = rng.choice(ids)
+        assert m.accept_token(t)
+        taken.append(t)
+
+
+@pytest.mark.parametrize(("pattern", "alphabet"), CASES)
+def test_shortest_completion_matches_the_reference(vocab, pattern, alphabet):
+    pattern = _pattern(vocab, pattern)
+    for seed in range(2):
+        for m, text in _walks(vocab, pattern, seed=seed):
+            assert m.shortest_completion() == reference_shortest(pattern, text, alphabet), text
+
+
+@pytest.mark.parametrize(("pattern", "alphabet"), CASES)
+def test_budgeted_masks_keep_exactly_the_tokens_that_fit(vocab, pattern, alphabet):
+    pattern = _pattern(vocab, pattern)
+    rng = random.Random(1)
+    plain = grammars.allocate_bitmask(1, vocab.size)[0]
+    row = grammars.allocate_bitmask(1, vocab.size)[0]
+    checked = 0
+    for m, text in _walks(vocab, pattern):
+        need = reference_shortest(pattern, text, alphabet)
+        m.fill_bitmask(plain)
+        for budget in range(max(need - 2, 1), need + 4):
+            steered = m.fill_bitmask_within(row, budget)
+            kept = set(allowed_token_ids(row))
+            assert kept <= set(allowed_token_ids(plain))
+            assert steered == (not torch.equal(row, plain))
+            words = [
+                t for t in _ascii(vocab, allowed_token_ids(plain)) if t not in vocab.eos_token_ids
+            ]
+            fits = {
+                t: (after := reference_shortest(pattern, text + _text(vocab, [t]), alphabet))
+                is not None
+                and after <= budget - 1
+                for t in rng.sample(words, min(len(words), 8))
+            }
+            checked += len(fits)
+            if steered:  # exactly the tokens that leave room to complete
+                assert kept, "a steered mask allows some token"
+                assert all((t in kept) == ok for t, ok in fits.items()), (text, budget)
+                assert bool(set(vocab.eos_token_ids) & kept) == (need == 0)
+            else:  # every token fits, or (too late to close) none does
+                assert all(fits.values()) or (budget < need and not any(fits.values()))
+    assert checked
+
+
+def test_without_single_byte_tokens_the_bound_stays_sound():
+    # No token is "y" alone: "xy" is one token, but single-byte completions go through z.
+    token_bytes = (b"xy", b"x", b"z", None)
+    vocab = TokenVocabulary(token_bytes, frozenset({3}), "no-single-y")
+    m = LazyRegexGrammar(r"xy|z{3}", vocab).matcher()
+    assert m.shortest_completion() == 3  # an upper bound: "xy" takes one token
+    row = grammars.allocate_bitmask(1, vocab.size)[0]
+    assert m.fill_bitmask_within(row, 1)
+    assert allowed_token_ids(row) == [0]  # "xy" closes; "x" and "z" could not in time
+    assert m.accept_token(2)
+    assert m.shortest_completion() == 2
