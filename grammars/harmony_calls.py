@@ -102,6 +102,21 @@ class HarmonyCallsMatcher(Matcher):
         else:
             only_bits(row, [tok.ret])
 
+    def fill_bitmask_within(self, row: torch.Tensor, tokens_left: int) -> bool:
+        """Steered in a call's arguments and in a constrained final text (the token that
+        ends the part takes one of the tokens left); the name and headers are not."""
+        at, tok = self._at, self.g.tokens
+        if at.part == ARGS:
+            steered = self._args.fill_bitmask_within(row, tokens_left - 1)
+            _end_with(row, tok, tok.call)
+            return steered
+        if at.part == TEXT and self._text is not None:
+            steered = self._text.fill_bitmask_within(row, tokens_left - 1)
+            _end_with(row, tok, tok.ret)
+            return steered
+        self.fill_bitmask(row)
+        return False
+
     def accept_token(self, token_id: int) -> bool:
         after = self._next(token_id)
         if after is None:

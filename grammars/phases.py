@@ -194,6 +194,36 @@ class PhasedMatcher(Matcher):
         if not at.matched and at.spaces:
             row |= self.classes.whitespace
 
+    def fill_bitmask_within(self, row: torch.Tensor, tokens_left: int) -> bool:
+        """Steered in the answer (the inner grammar's), before it (whitespace only while the
+        answer still fits after it) and in the thought (its end is forced once what follows
+        it, end marker, header and the answer's shortest completion, would no longer fit
+        after one more thought token). The opening phase is not steered."""
+        at, p = self._at, self.phases
+        if at.phase == ANSWER:
+            return self.inner.fill_bitmask_within(row, tokens_left)
+        answer = self.inner.shortest_completion()
+        if at.phase == LEAD:
+            steered = self.inner.fill_bitmask_within(row, tokens_left)
+            if at.spaces:
+                if answer is None or answer <= tokens_left - 1:
+                    row |= self.classes.whitespace
+                else:
+                    steered = True
+            return steered
+        if at.phase == THOUGHT and answer is not None and not self._forced_end():
+            after = len(p.end_ids) - len(at.matched) + len(p.answer_ids) + answer
+            if tokens_left - 1 < after <= tokens_left:
+                only_bits(row, [p.end_ids[len(at.matched)]])
+                return True
+        self.fill_bitmask(row)
+        return False
+
+    def shortest_completion(self) -> int | None:
+        if self._at.phase == ANSWER:
+            return self.inner.shortest_completion()
+        return None
+
     def accept_token(self, token_id: int) -> bool:
         before = self._at
         after = self._next(before, token_id)
