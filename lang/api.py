@@ -105,7 +105,8 @@ def gen(
     str, or their names) constrains the text to a literal of that type and stores the value;
     `json_schema` takes a dict, JSON text, or a type msgspec can describe (msgspec.Struct,
     dataclass, TypedDict, ...) or pydantic's TypeAdapter takes (BaseModel, list[Model], ...),
-    whose value is then decoded into that type. `grammar` also takes a grammar composed with
+    whose value is then decoded into that type; the document may hold the whitespace models
+    write (bounded), none with `json_compact=True`. `grammar` also takes a grammar composed with
     braid.compose (`"Name: " + capture(regex("[A-Z][a-z]+"), "who")`): its one regex
     constrains the text, which stays the value, and each capture sets its own variable.
     `return_logprobs` puts each token's logprob in `state.meta(name)["logprobs"]`.

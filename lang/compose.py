@@ -18,7 +18,7 @@ from functools import cached_property
 from typing import Any
 
 from braid.grammars.compiling.constraint_regex import constraint_regex, escape, short
-from braid.grammars.constraints import JsonSchema
+from braid.grammars.constraints import COMPACT, JSON_WHITESPACE, JsonSchema
 from braid.grammars.regex.substrings import MAX_SUBSTRING_CHUNKS, substrings_regex
 from braid.interpreter.captured import Captured
 from braid.json_types import schema_and_decoder
@@ -205,7 +205,7 @@ class _Capture(Grammar):
 
 @dataclass(frozen=True, eq=False, repr=False)
 class _Json(Grammar):
-    """A JSON document under a schema (compact, as gen(json_schema=...) writes it)."""
+    """A JSON document under a schema (with the whitespace gen(json_schema=...) allows)."""
 
     pattern: str
     decode: Callable[[str], Any] | None  # into the type it was given as, if one
@@ -299,14 +299,16 @@ def capture(item: Grammar | str, name: str) -> Grammar:
     return _Capture(_piece(item), name)
 
 
-def json(schema: Any) -> Grammar:
+def json(schema: Any, compact: bool = False) -> Grammar:
     """A JSON document valid under `schema`: a dict, JSON text, or a type as
     gen(json_schema=...) takes it (msgspec.Struct, dataclass, TypedDict, pydantic BaseModel,
-    list[Model], ...). Captured, a type's document comes back decoded into it."""
+    list[Model], ...), with the whitespace models write (bounded) or, `compact`, none, as
+    gen(json_compact=True). Captured, a type's document comes back decoded into it."""
     where = f"json({getattr(schema, '__name__', 'schema')})"
     described, decode = schema_and_decoder(schema, where)
     try:
-        pattern = constraint_regex(JsonSchema.of(described))
+        whitespace = COMPACT if compact else JSON_WHITESPACE
+        pattern = constraint_regex(JsonSchema.of(described, whitespace))
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
     return _Json(pattern, decode)

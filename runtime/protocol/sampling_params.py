@@ -10,6 +10,8 @@ from msgspec.structs import force_setattr
 
 from braid.grammars import dialects
 from braid.grammars.constraints import (
+    COMPACT,
+    JSON_WHITESPACE,
     Choices,
     Constraint,
     Ebnf,
@@ -66,6 +68,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     # (grammars/dialects).
     regex: str | None = None
     json_schema: dict[str, Any] | str | None = None
+    # The JSON document without whitespace (vLLM's disable_any_whitespace); by default it may
+    # hold the whitespace models write, bounded (grammars/constraints.py JSON_WHITESPACE).
+    json_compact: bool = False
     choices: list[str] | None = None
     grammar: str | None = None
     # Or be in the language of an XGrammar structural tag (grammars/structural_tag.py): the
@@ -183,7 +188,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         if self.regex is not None:
             return Regex(self.regex)
         if self.json_schema is not None:
-            return JsonSchema.of(self.json_schema)
+            whitespace = COMPACT if self.json_compact else JSON_WHITESPACE
+            return JsonSchema.of(self.json_schema, whitespace)
         if self.choices is not None:
             return Choices(tuple(self.choices))
         if self.grammar is not None:

@@ -363,7 +363,6 @@ _STRUCTURED_OUTPUTS = {
 }
 _STRUCTURED_SWITCHES: dict[str, Any] = {
     "disable_fallback": None,  # braid has one grammar engine: nothing to fall back from
-    "disable_any_whitespace": None,  # braid writes JSON compact either way (docs/json-schema.md)
     "disable_additional_properties": None,  # braid's default: unlisted properties not written
 }
 # Fields other servers take that would change the output, which braid does not implement:
@@ -480,9 +479,15 @@ def _structured_outputs(structured: Any) -> list[tuple[str, str, Any]]:
         elif key == "json_object":
             if value:
                 found.append((where, "json_schema", {"type": "object"}))
+        elif key == "disable_any_whitespace":  # JSON without whitespace (docs/json-schema.md)
+            if value:
+                found.append((where, "json_compact", True))
         elif key == "whitespace_pattern":
             if value is not None:
-                raise BadRequest(f"{where} is not supported (braid writes JSON without whitespace)")
+                raise BadRequest(
+                    f"{where} is not supported (braid writes JSON with bounded whitespace, or "
+                    "none with disable_any_whitespace)"
+                )
         elif key not in _STRUCTURED_SWITCHES:
             raise BadRequest(
                 f"{where} is not supported (json, regex, choice, grammar, structural_tag and "
