@@ -32,7 +32,7 @@ _MESSAGE = re.compile(r"\x00<(\w+)>\x00(.*?)(\x00</\1>\x00|\Z)", re.DOTALL)
 # so an endpoint that does not know them still accepts a request that does not use them.
 _OPENAI_FIELDS = ("temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty")
 _EXTRA_FIELDS = ("top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos")
-_EXTRA_FIELDS += ("stop_token_ids", "stop_regex", "regex", "choices", "grammar")
+_EXTRA_FIELDS += ("stop_token_ids", "stop_regex", "regex", "choices", "grammar", "close_documents")
 
 
 class OpenAIBackend(TextOnlyBackend):

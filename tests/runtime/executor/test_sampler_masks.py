@@ -61,6 +61,7 @@ def _requests(vocab, temperature: float) -> list[SimpleNamespace]:
             seed=params.seed,
             token_ids=[1, 2, 3, 7 * i],
             output_ids=[7 * i],
+            max_new_tokens=params.max_tokens,
             stop_ids={min(vocab.eos_token_ids)},
             trace=None,
         )
