@@ -598,9 +598,7 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             fields["logprobs"] = True
             fields["top_logprobs"] = self.top_logprobs_num
             start = self.prompt_logprobs_start(num_prompt_tokens)
-            # SGLang's default reports the prompt's last token, which healing takes off.
-            healing = fields.get("token_healing") and self.logprob_start_len == -1
-            if start < num_prompt_tokens and not healing:  # the first has no logprob: from 1
+            if start < num_prompt_tokens:  # the first token has no logprob: start at 1
                 fields["prompt_logprobs_from"] = max(1, start)
         return sampling_params(fields)
 

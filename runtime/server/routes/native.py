@@ -50,7 +50,10 @@ async def generate(request: Request) -> Response:
         ids = await svc.encode(prompt)
         params = req.params(i, len(ids))
         if params.token_healing:
-            ids = await svc.off_loop(svc.engine.heal, prompt, ids, params)
+            # A listing of the prompt is of the one prefilled: healed first, counted after.
+            unlisted = msgspec.structs.replace(params, prompt_logprobs_from=None)
+            ids = await svc.off_loop(svc.engine.heal, prompt, ids, unlisted)
+            params = req.params(i, len(ids))
         where, item = fields[i if len(fields) > 1 else 0]  # one for all, or one each
         for name in ("max_new_tokens", "max_tokens"):  # SGLang's check: given, it must fit
             if item.get(name) is not None:
