@@ -41,6 +41,11 @@ class Backend(Protocol):
         does not think. Raises NotImplementedError, naming the backend, where it cannot tell
         (a reasoning gen cannot run there)."""
 
+    @property
+    def heals_prompts(self) -> bool:
+        """Whether its gens honour SamplingParams.token_healing. Where not, a program's gens
+        run unhealed by default and one that asks for healing raises."""
+
     async def generate(
         self,
         prompt: str,
@@ -102,7 +107,9 @@ class TextOnlyBackend:
     RayBackend (its engines are in actors, each request routed on its own). Token texts,
     pieces and prompt offsets are not available; nothing compiles ahead; no lease is kept,
     so none is released; the template's generation prompt and the model's reasoning format
-    are not known."""
+    are not known; the prompt is not token-healed (that takes the model's tokens)."""
+
+    heals_prompts = False
 
     @property
     def generation_openings(self) -> GenerationOpenings | None:

@@ -438,7 +438,14 @@ class StreamExecutor:
         if opens_reply and self.thinks_by_default:
             params = openings.reply_params(self.backend, op, params, self.sampling, self.text)
         openings.check_reasoning(self.backend, op, params)
-        if params.token_healing and self.ends_in_markup:
+        if params.token_healing and (self.ends_in_markup or not self.backend.heals_prompts):
+            asked = "token_healing" in op.sampling or "token_healing" in self.sampling
+            if asked and not self.ends_in_markup:
+                raise ValueError(
+                    f"gen({op.name!r}): token_healing=True, but {type(self.backend).__name__} "
+                    "cannot heal the prompt; give token_healing=False, or run the program on "
+                    "a LocalBackend, RemoteBackend or RayBackend"
+                )
             params = msgspec.structs.replace(params, token_healing=False)
         if self.events is not None:  # the trace shows each token's logprob and alternatives
             top = max(params.top_logprobs, 5)

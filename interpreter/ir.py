@@ -48,9 +48,9 @@ class Gen(_NotText):
     lora: str | None = None  # a LoRA adapter for this gen alone (None: the program's)
 
     def params(self, defaults: dict[str, Any]) -> SamplingParams:
-        # The executor turns token healing off where the text before the gen is template
-        # markup.
-        fields = {**defaults, **self.sampling}
+        # A program's gens heal the prompt boundary unless told not to (guidance's default);
+        # the executor turns it off where the text before the gen is template markup.
+        fields = {"token_healing": True, **defaults, **self.sampling}
         if not fields.get("reasoning") and "thinking_budget" not in self.sampling:
             fields.pop("thinking_budget", None)  # the program's budget is its reasoning gens'
         return SamplingParams(**fields)

@@ -21,6 +21,8 @@ if TYPE_CHECKING:  # the engine (and torch) load only when a LocalBackend is mad
 
 
 class LocalBackend:
+    heals_prompts = True  # the engine heals (Engine.heal)
+
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 

@@ -32,6 +32,8 @@ class RayBackend(TextOnlyBackend):
     `actor_options` go to Ray's `.options()` for each actor: {"num_cpus": 1} by default;
     {"num_gpus": 1} puts one engine on each GPU."""
 
+    heals_prompts = True  # each actor's LocalBackend heals
+
     def __init__(
         self,
         num_actors: int = 1,

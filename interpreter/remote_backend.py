@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 
 class RemoteBackend:
+    heals_prompts = True  # token_healing travels in /generate's sampling_params
+
     def __init__(
         self,
         url: str,

@@ -110,8 +110,9 @@ def test_cot_decoding_example(engine, next_token_logprobs):
     one = engine.generate(prompt, SamplingParams(max_tokens=1, top_logprobs=TOP_K, temperature=0))
     assert [t for _, t, _ in top] == list(one.meta["top_logprobs"][0])
     for (lp, _, text), f, answer_fork, path in zip(top, forks, answer_forks, paths, strict=True):
-        # Each path goes on greedily from its first token.
-        direct = engine.generate(prompt + text, SamplingParams(temperature=0, max_tokens=6))
+        # Each path goes on greedily from its first token (healing it, as a gen does).
+        healed = SamplingParams(temperature=0, max_tokens=6, token_healing=True)
+        direct = engine.generate(prompt + text, healed)
         assert f["answer"] == direct.text
         tops = f.get_meta_info("answer")["output_top_logprobs"]
         assert len(tops) == f.get_meta_info("answer")["completion_tokens"]

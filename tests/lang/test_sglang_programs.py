@@ -31,7 +31,8 @@ def engine(tiny_model_path):
 
 
 def greedy(engine: Engine, prompt: str, **params) -> str:
-    return engine.generate(prompt, SamplingParams(temperature=0, **params)).text
+    """What a greedy gen after `prompt` writes (healing the prompt's end, as a gen does)."""
+    return engine.generate(prompt, SamplingParams(temperature=0, token_healing=True, **params)).text
 
 
 FEW_SHOT = (

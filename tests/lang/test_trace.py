@@ -28,7 +28,8 @@ def backend(tiny_model_path):
 @program
 def planner(s):
     s += "Pick a colour and a number.\nColour: " + select("colour", ["red", "green", "blue"])
-    s += "\nNumber: " + gen("num", regex=r"[0-9]{2,4}", temperature=0)
+    # Unhealed: the hover test reads the regex's own first mask.
+    s += "\nNumber: " + gen("num", regex=r"[0-9]{2,4}", temperature=0, token_healing=False)
     forks = s.fork(2)
     for i, f in enumerate(forks):
         f += f"\nIdea {i}: " + gen("idea", max_tokens=5, temperature=0)

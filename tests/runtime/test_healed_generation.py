@@ -13,7 +13,7 @@ import torch
 import transformers
 
 from braid import assistant, gen, program, user
-from braid.interpreter.local_backend import LocalBackend
+from braid.interpreter import LocalBackend, OpenAIBackend, RemoteBackend
 from braid.runtime import Engine, SamplingParams
 from tests.conftest import LiveServer
 
@@ -104,18 +104,48 @@ def test_not_healed(engine):
     assert engine.prompt_ids(PROMPT, logprobs)[1] == b""
 
 
-def test_program_gens_heal_when_asked(engine):
-    @program
-    def text(s, **sampling):
-        s += PROMPT
-        s += gen("x", max_tokens=6, temperature=0, **sampling)
+@program
+def capital(s, **sampling):
+    s += PROMPT
+    s += gen("x", max_tokens=6, temperature=0, **sampling)
 
+
+def test_program_gens_heal_by_default(engine):
     backend = LocalBackend(engine)
     healed = engine.generate(PROMPT, greedy(max_tokens=6, token_healing=True))
     unhealed = engine.generate(PROMPT, greedy(max_tokens=6))
     assert healed.token_ids != unhealed.token_ids  # the test can tell them apart
-    assert text.run(backend=backend, token_healing=True)["x"] == healed.text
-    assert text.run(backend=backend)["x"] == unhealed.text
+    assert capital.run(backend=backend)["x"] == healed.text
+    assert capital.run(backend=backend, token_healing=False)["x"] == unhealed.text
+
+
+def test_remote_backend_heals_as_the_local_one(engine):
+    """The field travels to /generate; with return_logprobs too (the healed prompt's
+    listing once failed the request)."""
+    want = greedy(max_tokens=6, token_healing=True, logprobs=True)
+    healed = engine.generate(PROMPT, want)
+    server = LiveServer(engine)
+    try:
+        state = capital.run(backend=RemoteBackend(server.url), return_logprobs=True)
+    finally:
+        server.stop()
+    assert state["x"] == healed.text
+    assert state.meta("x")["token_ids"] == healed.token_ids
+    assert state.meta("x")["logprobs"] == pytest.approx(healed.meta["logprobs"], abs=1e-5)
+
+
+def test_openai_backend_does_not_heal(engine):
+    """It sends text to an API that does not heal: by default its gens run unhealed, and a
+    gen that asks for healing fails, naming it."""
+    unhealed = engine.generate(PROMPT, greedy(max_tokens=6))
+    server = LiveServer(engine)
+    try:
+        backend = OpenAIBackend(server.url + "/v1", model="tiny")
+        assert capital.run(backend=backend)["x"] == unhealed.text
+        with pytest.raises(ValueError, match="token_healing=True, but OpenAIBackend"):
+            capital.run(backend=backend, token_healing=True)
+    finally:
+        server.stop()
 
 
 def test_gen_after_a_role_opening_is_not_healed(engine):
@@ -165,3 +195,42 @@ def test_default_model_heals_the_capital_of_france():
         assert healed[:5] == without_space[1:6] == "Paris"  # the first word: "Paris." both
     finally:
         engine.shutdown()
+
+
+@pytest.mark.parametrize("logprob_start_len", [-1, 0])
+def test_generate_lists_the_logprobs_of_a_healed_request(
+    engine, tiny_model_path, logprob_start_len
+):
+    """/generate with return_logprob heals: the prompt listing is of the tokens prefilled
+    (from SGLang's default, the last one), against transformers' logprobs; the output's,
+    from the re-spelling first token on, the engine's own for the healed request."""
+    ids = engine.encode(PROMPT)
+    prefilled = ids[:-1]
+    healed = engine.generate(PROMPT, greedy(token_healing=True, logprobs=True))
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    with torch.no_grad():
+        reference = model(torch.tensor([prefilled])).logits[0].log_softmax(-1)
+    want = [None] + [reference[i - 1, t].item() for i, t in enumerate(prefilled) if i]
+    first = len(prefilled) - 1 if logprob_start_len == -1 else 0
+    body = {
+        "text": PROMPT,
+        "sampling_params": {"temperature": 0, "max_new_tokens": 8, "token_healing": True},
+        "return_logprob": True,
+        "logprob_start_len": logprob_start_len,
+    }
+    server = LiveServer(engine)
+    try:
+        reply = httpx.post(f"{server.url}/generate", json=body, timeout=60)
+    finally:
+        server.stop()
+    assert reply.status_code == 200, reply.text
+    got = reply.json()
+    assert got["text"] == healed.text
+    info = got["meta_info"]
+    assert info["prompt_tokens"] == len(prefilled)
+    listed = info["input_token_logprobs"]
+    assert [t for _, t, _ in listed] == prefilled[first:]
+    assert [lp for lp, _, _ in listed] == pytest.approx(want[first:], abs=1e-4)
+    output = info["output_token_logprobs"]
+    assert [t for _, t, _ in output] == healed.token_ids
+    assert [lp for lp, _, _ in output] == pytest.approx(healed.meta["logprobs"], abs=1e-5)
