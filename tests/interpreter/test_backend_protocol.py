@@ -53,6 +53,17 @@ def test_every_backend_implements_every_member_as_declared(backend, name):
     assert inspect.iscoroutinefunction(implemented) == inspect.iscoroutinefunction(declared)
 
 
+def test_each_backend_says_whether_it_heals_prompts():
+    assert "heals_prompts" in vars(Backend)
+    heals = {b: b.heals_prompts for b in BACKENDS}
+    assert heals == {
+        LocalBackend: True,
+        RemoteBackend: True,
+        OpenAIBackend: False,
+        RayBackend: True,
+    }
+
+
 @pytest.mark.parametrize("backend", (LocalBackend, RemoteBackend, RayBackend))
 def test_the_chat_template_is_a_member_of_the_class(backend):
     assert "chat_template" in vars(backend)  # OpenAIBackend's is set by its constructor
