@@ -224,7 +224,12 @@ class GrammarService:
 
     def _jump_locked(self) -> JumpForward:
         if self._jump is None:
-            self._jump = JumpForward(self.tokenizer, self._vocab_locked(), self.config.jump_forward)
+            self._jump = JumpForward(
+                self.tokenizer,
+                self._vocab_locked(),
+                self.config.jump_forward,
+                lambda: self.healing_index,
+            )
         return self._jump
 
 

@@ -9,23 +9,46 @@ paths through it and puts it back. A matcher that fails (MatcherError) leaves it
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from braid.grammars.matcher import Matcher, MatcherError, accept_all
+from braid.grammars.matcher import Matcher, MatcherError, accept_all, bitmask_words
 from braid.grammars.phases import PhasedMatcher
+from braid.grammars.token_healing import HealingIndex
 from braid.grammars.vocabulary import TokenVocabulary
 
 
 class JumpForward:
-    """Turns the text a grammar forces into the tokens the model would write for it."""
+    """Turns the text a grammar forces into the tokens the model would write for it.
+
+    `index` gives the vocabulary sorted by bytes (the grammar service's, shared with token
+    healing); without it one is built here when first needed."""
 
     def __init__(
-        self, tokenizer: PreTrainedTokenizerBase, vocab: TokenVocabulary, enabled: bool
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        vocab: TokenVocabulary,
+        enabled: bool,
+        index: Callable[[], HealingIndex] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.vocab = vocab
         self.enabled = enabled  # EngineConfig.jump_forward
+        self._index = index
+        self._own_index: HealingIndex | None = None
+
+    def longer_tokens(self, token: int) -> torch.Tensor:
+        """The ids of the tokens whose bytes extend `token`'s."""
+        if self._index is not None:
+            index = self._index()
+        else:
+            if self._own_index is None:
+                self._own_index = HealingIndex(self.vocab)
+            index = self._own_index
+        ids = torch.from_numpy(index.extending(self.vocab.token_bytes[token]))
+        return ids[ids != token]
 
     def tokenize(self, data: bytes) -> list[int] | None:
         """Token ids spelling exactly `data`, or None (a partial UTF-8 character, or text
@@ -164,8 +187,37 @@ class ConstraintState:
             if merged is not None and not longer:
                 matcher.rollback(1)
                 if accept_all(matcher, merged):
-                    return merged
+                    return self._open_end(merged, sampled)
                 matcher.accept_token(sampled)
         if tail is not None and accept_all(matcher, tail):
-            return tokens + tail
+            return self._open_end(tokens + tail, None)
         return tokens
+
+    def _open_end(self, tokens: list[int], merged_from: int | None) -> list[int]:
+        """`tokens`, accepted, less the last one where the model could write a longer token
+        in its place: that token's bytes may merge with what the model writes next (forced
+        `name"` before optional whitespace and `:`, where the tokenizer writes `":`), so the
+        model writes it itself. `merged_from`: the sampled token when `tokens` replace it (a
+        merge); where the tokens kept would not hold all of its bytes, it stands alone."""
+        matcher, spelled = self._matcher, self._jump.vocab.token_bytes
+        if matcher.is_terminated():
+            return tokens
+        matcher.rollback(1)
+        if not self._allows_any(self._jump.longer_tokens(tokens[-1])):
+            matcher.accept_token(tokens[-1])
+            return tokens
+        kept = tokens[:-1]
+        if merged_from is not None:
+            if sum(len(spelled[t]) for t in kept) < len(spelled[merged_from]):
+                matcher.rollback(len(kept))
+                matcher.accept_token(merged_from)
+                return [merged_from]
+        return kept
+
+    def _allows_any(self, ids: torch.Tensor) -> bool:
+        """Whether the matcher allows one of `ids` next."""
+        if not len(ids):
+            return False
+        row = torch.empty(bitmask_words(self._jump.vocab.size), dtype=torch.int32)
+        self._matcher.fill_bitmask(row)
+        return bool(((row[ids >> 5] >> (ids & 31)) & 1).any())
