@@ -20,9 +20,8 @@ import json
 from typing import Any
 
 from braid.grammars import dialects
-from braid.grammars.compiling.constraint_regex import escape
-from braid.grammars.constraints import JSON_WHITESPACE
-from braid.grammars.json_schema.convert import schema_to_regex
+from braid.grammars.compiling.constraint_regex import escape, json_schema_regex
+from braid.grammars.constraints import JSON_WHITESPACE, JsonSchema
 from braid.grammars.regex.excluding import excluding, scan
 from braid.grammars.structural_tag import StructuralTag, trigger_of
 
@@ -64,11 +63,9 @@ def _regex(fmt: dict[str, Any], path: str, ends: tuple[str, ...]) -> str:
     return _dispatch(fmt, path, ends)
 
 
-def _schema(
-    schema: dict[str, Any] | bool, path: str, whitespace: str = JSON_WHITESPACE
-) -> str:
+def _schema(schema: dict[str, Any] | bool, path: str, whitespace: str = JSON_WHITESPACE) -> str:
     try:
-        return schema_to_regex(schema, whitespace)
+        return json_schema_regex(JsonSchema.of(schema, whitespace))
     except RecursionError:
         raise ValueError(f"{path} is nested too deeply to compile") from None
     except ValueError as e:

@@ -20,13 +20,11 @@ written MARK it can only finish a call.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
-from braid.grammars.compiling.constraint_regex import constraint_regex, escape
-from braid.grammars.constraints import AnyText, ToolCalls
-from braid.grammars.json_schema.convert import schema_to_regex
+from braid.grammars.compiling.constraint_regex import constraint_regex, escape, json_schema_regex
+from braid.grammars.constraints import AnyText, JsonSchema, ToolCalls
 
 MARK = "<tool_call>"  # an output starting with this is calls
 OPEN = MARK + '\n{"name": "'  # then the name
@@ -56,8 +54,9 @@ def tool_calls_regex(constraint: ToolCalls) -> str:
 
 
 def _arguments(parameters: str) -> str:
-    """The regex of a tool's arguments (a JsonSchema's compact JSON text), as JsonSchema's."""
-    return schema_to_regex(json.loads(parameters))
+    """The regex of a tool's arguments (a JsonSchema's compact JSON text), as JsonSchema's
+    (converted once while cached: tool sets share their tools)."""
+    return json_schema_regex(JsonSchema(parameters))
 
 
 def _located(where: str, convert: Callable[[Any], str], part: Any) -> str:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+from collections import OrderedDict
 
 from braid.grammars.constraints import Choices, JsonSchema, Regex, StructuralTag, ToolCalls
 
@@ -39,14 +41,56 @@ def constraint_regex(constraint: Regex | JsonSchema | Choices | ToolCalls | Stru
         from braid.grammars.structural_tag_regex import structural_tag_regex
 
         return structural_tag_regex(constraint)
-    from braid.grammars.json_schema.convert import schema_to_regex
+    return json_schema_regex(constraint)
 
-    return schema_to_regex(
-        json.loads(constraint.schema),
-        constraint.whitespace,
-        constraint.strict,
-        constraint.separators,
-    )
+
+def json_schema_regex(constraint: JsonSchema) -> str:
+    """The schema's regex, converted once per process while it stays in _SCHEMA_REGEXES:
+    the schemas that recur across constraints (a tool's parameters in each tool set that
+    lists it, a structural tag's or a grammar's JSON parts) are converted once."""
+    regex = _SCHEMA_REGEXES.get(constraint)
+    if regex is None:
+        from braid.grammars.json_schema.convert import schema_to_regex
+
+        regex = schema_to_regex(
+            json.loads(constraint.schema),
+            constraint.whitespace,
+            constraint.strict,
+            constraint.separators,
+        )
+        _SCHEMA_REGEXES.put(constraint, regex)
+    return regex
+
+
+class _RegexCache:
+    """The last-used regexes, within `max_chars` in all."""
+
+    def __init__(self, max_chars: int) -> None:
+        self.max_chars = max_chars
+        self._regexes: OrderedDict[JsonSchema, str] = OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()  # compile() converts on its callers' threads
+
+    def get(self, key: JsonSchema) -> str | None:
+        with self._lock:
+            regex = self._regexes.get(key)
+            if regex is not None:
+                self._regexes.move_to_end(key)
+            return regex
+
+    def put(self, key: JsonSchema, regex: str) -> None:
+        with self._lock:
+            if key in self._regexes or len(regex) > self.max_chars:
+                return
+            self._regexes[key] = regex
+            self._chars += len(regex)
+            while self._chars > self.max_chars:
+                _, old = self._regexes.popitem(last=False)
+                self._chars -= len(old)
+
+
+# A compile worker's memory limit is gigabytes; its regexes are held within 64 MB.
+_SCHEMA_REGEXES = _RegexCache(64 << 20)
 
 
 def short(pattern: str) -> str:

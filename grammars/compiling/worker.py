@@ -26,6 +26,9 @@ def main() -> None:
     limit = max_memory_mb * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     vocab = receiver.recv()
+    # What JSON-schema jobs run, imported now rather than inside the first one's time.
+    import braid.grammars.json_schema.convert  # noqa: F401
+
     while True:
         try:
             number, job, index = receiver.recv()
