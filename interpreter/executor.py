@@ -438,9 +438,11 @@ class StreamExecutor:
         if opens_reply and self.thinks_by_default:
             params = openings.reply_params(self.backend, op, params, self.sampling, self.text)
         openings.check_reasoning(self.backend, op, params)
-        if params.token_healing and (self.ends_in_markup or not self.backend.heals_prompts):
+        # Not healed after markup, nor where prompt logprobs are asked for (as Engine.heal).
+        unhealed = self.ends_in_markup or params.prompt_logprobs_from is not None
+        if params.token_healing and (unhealed or not self.backend.heals_prompts):
             asked = "token_healing" in op.sampling or "token_healing" in self.sampling
-            if asked and not self.ends_in_markup:
+            if asked and not unhealed:
                 raise ValueError(
                     f"gen({op.name!r}): token_healing=True, but {type(self.backend).__name__} "
                     "cannot heal the prompt; give token_healing=False, or run the program on "

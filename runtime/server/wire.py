@@ -597,6 +597,11 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.return_logprob:
             fields["logprobs"] = True
             fields["top_logprobs"] = self.top_logprobs_num
+            if fields.get("token_healing") and self.logprob_start_len != -1:
+                raise BadRequest(
+                    "token_healing cannot be combined with logprob_start_len: the prompt "
+                    "logprobs asked for are of the prompt as given, which healing changes"
+                )
             start = self.prompt_logprobs_start(num_prompt_tokens)
             if start < num_prompt_tokens:  # the first token has no logprob: start at 1
                 fields["prompt_logprobs_from"] = max(1, start)

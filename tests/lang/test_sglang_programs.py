@@ -32,7 +32,9 @@ def engine(tiny_model_path):
 
 def greedy(engine: Engine, prompt: str, **params) -> str:
     """What a greedy gen after `prompt` writes (healing the prompt's end, as a gen does)."""
-    return engine.generate(prompt, SamplingParams(temperature=0, token_healing=True, **params)).text
+    return engine.generate(
+        prompt, SamplingParams(**{"temperature": 0, "token_healing": True, **params})
+    ).text
 
 
 FEW_SHOT = (
@@ -183,7 +185,8 @@ def test_stream_a_called_function(engine):
     prompt = engine.tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=True
     )
-    assert answer == ret["answer"] == greedy(engine, prompt, max_tokens=8)
+    # A gen right after a role's opening is not healed (the text ends in markup).
+    assert answer == ret["answer"] == greedy(engine, prompt, max_tokens=8, token_healing=False)
     assert ret.messages() == [*messages, {"role": "assistant", "content": answer}]
 
 

@@ -197,30 +197,29 @@ def test_default_model_heals_the_capital_of_france():
         engine.shutdown()
 
 
-@pytest.mark.parametrize("logprob_start_len", [-1, 0])
-def test_generate_lists_the_logprobs_of_a_healed_request(
-    engine, tiny_model_path, logprob_start_len
-):
-    """/generate with return_logprob heals: the prompt listing is of the tokens prefilled
-    (from SGLang's default, the last one), against transformers' logprobs; the output's,
-    from the re-spelling first token on, the engine's own for the healed request."""
+def test_generate_lists_the_logprobs_of_a_healed_request(engine, tiny_model_path):
+    """/generate with return_logprob heals: the prompt listing (SGLang's default, the last
+    token) is of the tokens prefilled, against transformers' logprob; the output's, from the
+    re-spelling first token on, the engine's own for the healed request. An explicit
+    logprob_start_len asks for the prompt as given: a 400 naming both."""
     ids = engine.encode(PROMPT)
     prefilled = ids[:-1]
     healed = engine.generate(PROMPT, greedy(token_healing=True, logprobs=True))
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     with torch.no_grad():
         reference = model(torch.tensor([prefilled])).logits[0].log_softmax(-1)
-    want = [None] + [reference[i - 1, t].item() for i, t in enumerate(prefilled) if i]
-    first = len(prefilled) - 1 if logprob_start_len == -1 else 0
+    want = reference[-2, prefilled[-1]].item()
     body = {
         "text": PROMPT,
         "sampling_params": {"temperature": 0, "max_new_tokens": 8, "token_healing": True},
         "return_logprob": True,
-        "logprob_start_len": logprob_start_len,
     }
     server = LiveServer(engine)
     try:
         reply = httpx.post(f"{server.url}/generate", json=body, timeout=60)
+        refused = httpx.post(
+            f"{server.url}/generate", json={**body, "logprob_start_len": 0}, timeout=60
+        )
     finally:
         server.stop()
     assert reply.status_code == 200, reply.text
@@ -228,9 +227,10 @@ def test_generate_lists_the_logprobs_of_a_healed_request(
     assert got["text"] == healed.text
     info = got["meta_info"]
     assert info["prompt_tokens"] == len(prefilled)
-    listed = info["input_token_logprobs"]
-    assert [t for _, t, _ in listed] == prefilled[first:]
-    assert [lp for lp, _, _ in listed] == pytest.approx(want[first:], abs=1e-4)
+    [(lp, token, _)] = info["input_token_logprobs"]
+    assert token == prefilled[-1] and lp == pytest.approx(want, abs=1e-4)
     output = info["output_token_logprobs"]
     assert [t for _, t, _ in output] == healed.token_ids
     assert [lp for lp, _, _ in output] == pytest.approx(healed.meta["logprobs"], abs=1e-5)
+    assert refused.status_code == 400
+    assert "token_healing" in refused.text and "logprob_start_len" in refused.text
