@@ -185,7 +185,8 @@ class LazyRegexGrammar(Grammar):
         )
 
     def shortest(self, state: int) -> int | None:
-        """The fewest tokens completing the text from state (None: none can)."""
+        """An upper bound on the tokens completing the text from state (None: single-byte
+        tokens cannot complete it)."""
         n = self.lib.lazy_shortest(self.handle, state)
         return None if n < 0 else n
 

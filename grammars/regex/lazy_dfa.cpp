@@ -18,10 +18,10 @@
 // of characters read so far, each character stepping to the next copy; those copies form a
 // counted group too.
 //
-// Each NFA node knows the fewest bytes from it to the match (single-byte tokens only: then
-// also an upper bound on tokens), a DFA state the least over its nodes; a budgeted mask keeps
-// the tokens whose next state can still complete in the tokens left after them, so an output
-// near max_tokens closes its document in time.
+// Each NFA node knows the fewest bytes from it to the match (over single-byte tokens) and an
+// upper bound on the tokens (that path cut into the longest tokens it starts with); a DFA
+// state the least over its nodes. A budgeted mask keeps the tokens whose next state can still
+// complete in the tokens left after them, so an output near max_tokens closes its document.
 //
 // Called through ctypes from grammars/regex/lazy.py; every entry point catches C++ exceptions.
 
@@ -838,9 +838,9 @@ class Grammar {
   // error instead of taking the process's memory.
   Grammar(const Vocab& vocab, const std::string& pattern, size_t max_state_bytes)
       : vocab_(vocab), nfa_(parse(pattern)), max_state_bytes_(max_state_bytes) {
-    shortest_ = nfa_.shortest_completions(vocab.single_byte);
-    for (size_t n = 0; n < shortest_.size(); ++n) {
-      if (nfa_.live[n] && shortest_[n] != Nfa::kNever) longest_ = std::max(longest_, shortest_[n]);
+    bytes_left_ = nfa_.shortest_completions(vocab.single_byte);
+    for (size_t n = 0; n < bytes_left_.size(); ++n) {
+      if (nfa_.live[n] && bytes_left_[n] != Nfa::kNever) longest_ = std::max(longest_, bytes_left_[n]);
     }
     start_ = state_of(closure({nfa_.start}));
   }
@@ -855,8 +855,8 @@ class Grammar {
 
   bool is_final(int s) const { return states_[s].final; }
 
-  // The fewest tokens that complete the text from state s (an upper bound: single-byte
-  // tokens, exact in bytes), Nfa::kNever where single-byte tokens cannot complete it.
+  // An upper bound on the tokens that complete the text from state s (Nfa::kNever where
+  // single-byte tokens cannot complete it): tokens_left(n) of its best node.
   int shortest(int s) const { return states_[s].shortest; }
 
   // The tokens t of s's mask whose next state completes within `budget` - 1 more tokens,
@@ -979,8 +979,11 @@ class Grammar {
   std::unordered_map<std::vector<int64_t>, int, VecHash> index_, mask_index_;
   std::vector<std::vector<uint32_t>> masks_;
   std::unordered_map<int64_t, Budgeted> budget_index_;  // (state, tokens after) -> mask
-  std::vector<int> shortest_;  // per NFA node (Nfa::shortest_completions)
-  int longest_ = 0;            // the most of shortest_ over live nodes that complete
+  std::vector<int> bytes_left_;  // per NFA node (Nfa::shortest_completions)
+  int longest_ = 0;  // the most of bytes_left_ over live nodes that complete (bounds tokens too)
+  std::unordered_map<int, int> tokens_left_, next_on_path_;  // per NFA node, once asked
+  static constexpr size_t kPathEntryBytes = 40;  // an entry of those maps, counted as states'
+
   size_t tables_ = 0;
   int epoch_ = 0;
   int start_ = kDead;
@@ -1032,13 +1035,88 @@ class Grammar {
     State st;
     for (int n : set) {
       st.final |= nfa_.nodes[n].kind == NfaNode::kMatch;
-      st.shortest = std::min(st.shortest, shortest_[n]);
+      st.shortest = std::min(st.shortest, tokens_left(n));
     }
     st.nfa = std::move(set);
     states_.push_back(std::move(st));
     int id = static_cast<int>(states_.size()) - 1;
     index_.emplace(std::move(key), id);
     return id;
+  }
+
+  // A node's shortest path: its byte (the lowest single-byte token its range holds) and the
+  // byte step or match it leads to with the fewest bytes left (the lowest on ties). Fixed per
+  // node, so the path from any node on another's is the rest of that one's.
+  uint8_t path_byte(int n) const {
+    const NfaNode& node = nfa_.nodes[n];
+    int b = node.lo;
+    while (b < node.hi && !vocab_.single_byte[b]) ++b;
+    return static_cast<uint8_t>(b);
+  }
+  int next_on_path(int n) {
+    auto it = next_on_path_.find(n);
+    if (it != next_on_path_.end()) return it->second;
+    std::vector<int> reached = closure({nfa_.nodes[n].a});
+    int best = -1;
+    for (int m : reached) {
+      if (best < 0 || bytes_left_[m] < bytes_left_[best]) best = m;
+    }
+    next_on_path_.emplace(n, best);
+    state_bytes_ += kPathEntryBytes;
+    return best;
+  }
+
+  // An upper bound on the tokens from node n to the match: n's shortest path (in bytes) cut
+  // greedily into the longest tokens it starts with. Each token ends on the path, at a node
+  // whose own count is one less: a state holding n reaches, by the path's first token, a
+  // state holding that node, so a budget that fits a state's bound still fits after it.
+  int tokens_left(int n) {
+    std::vector<int> todo{n};
+    while (!todo.empty()) {
+      int m = todo.back();
+      if (tokens_left_.count(m)) {
+        todo.pop_back();
+        continue;
+      }
+      if (nfa_.nodes[m].kind == NfaNode::kMatch || bytes_left_[m] == Nfa::kNever) {
+        tokens_left_[m] = nfa_.nodes[m].kind == NfaNode::kMatch ? 0 : Nfa::kNever;
+        todo.pop_back();
+        continue;
+      }
+      int end = token_on_path(m);
+      if (end < 0) {
+        tokens_left_[m] = Nfa::kNever;
+        todo.pop_back();
+        continue;
+      }
+      auto it = tokens_left_.find(end);
+      if (it == tokens_left_.end()) {
+        todo.push_back(end);
+        continue;
+      }
+      tokens_left_[m] = it->second == Nfa::kNever ? Nfa::kNever : it->second + 1;
+      state_bytes_ += kPathEntryBytes;
+      todo.pop_back();
+    }
+    return tokens_left_[n];
+  }
+
+  // Where the longest token that n's shortest path starts with ends on it (a single-byte
+  // token always starts it: the path's bytes are such tokens).
+  int token_on_path(int n) {
+    const Trie& trie = vocab_.all;
+    int node = 0, cur = n, end = -1;
+    while (nfa_.nodes[cur].kind == NfaNode::kByte) {
+      uint8_t b = path_byte(cur);
+      auto first = trie.child_byte.begin() + trie.child_start[node];
+      auto last = trie.child_byte.begin() + trie.child_start[node + 1];
+      auto at = std::lower_bound(first, last, b);
+      if (at == last || *at != b) break;
+      node = trie.child_node[at - trie.child_byte.begin()];
+      cur = next_on_path(cur);
+      if (trie.token_start[node] != trie.token_start[node + 1]) end = cur;
+    }
+    return end;
   }
 
   void forget_masks() {
@@ -1118,7 +1196,7 @@ class Grammar {
         if (t < 0) continue;
         int child = trie.child_node[c];
         if (trie.token_start[child] != trie.token_start[child + 1]) {
-          int need = states_[t].shortest;
+          int need = shortest(t);
           *reach = std::max(*reach, need);
           if (need <= after) {
             for (int k = trie.token_start[child]; k < trie.token_start[child + 1]; ++k) {

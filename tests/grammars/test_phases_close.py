@@ -18,7 +18,6 @@ SCHEMA = {
     "required": ["answer"],
     "additionalProperties": False,
 }
-SHORTEST = len('{"answer":true}')
 
 
 @pytest.fixture(scope="module")
@@ -39,27 +38,30 @@ def _matcher(tok) -> tuple[PhasedMatcher, int]:
 
 def test_the_thought_closes_in_time_for_the_answer(tok):
     m, end = _matcher(tok)
+    shortest = m.inner.shortest_completion()  # {"answer":true}, in a few tokens
+    assert 0 < shortest < len('{"answer":true}')
     for t in tok.encode(" Let me think.", add_special_tokens=False):
         assert m.accept_token(t)
     row = allocate_bitmask(1, len(tok))[0]
     # The end marker and the shortest answer fill the room exactly: only the marker.
-    assert m.fill_bitmask_within(row, 1 + SHORTEST)
+    assert m.fill_bitmask_within(row, 1 + shortest)
     assert allowed_token_ids(row) == [end]
     # One token more: the thought may go on, unsteered.
-    assert not m.fill_bitmask_within(row, 2 + SHORTEST)
+    assert not m.fill_bitmask_within(row, 2 + shortest)
     assert len(allowed_token_ids(row)) > 1000
     # Too late for any answer: the thought's plain mask.
-    assert not m.fill_bitmask_within(row, SHORTEST)
+    assert not m.fill_bitmask_within(row, shortest)
     assert len(allowed_token_ids(row)) > 1000
 
 
 def test_whitespace_before_the_answer_only_while_it_fits(tok):
     m, end = _matcher(tok)
+    shortest = m.inner.shortest_completion()
     assert m.accept_token(end)
     [space] = tok.encode(" ", add_special_tokens=False)
     row = allocate_bitmask(1, len(tok))[0]
-    assert not m.fill_bitmask_within(row, 1 + SHORTEST)
+    assert not m.fill_bitmask_within(row, 1 + shortest)
     assert space in allowed_token_ids(row)
-    assert m.fill_bitmask_within(row, SHORTEST)
+    assert m.fill_bitmask_within(row, shortest)
     assert space not in allowed_token_ids(row)
     assert allowed_token_ids(row)  # the answer's own first tokens

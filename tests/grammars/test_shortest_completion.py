@@ -66,15 +66,19 @@ def _ascii(vocab: TokenVocabulary, ids) -> list[int]:
     return [t for t in ids if vocab.token_bytes[t] and vocab.token_bytes[t].isascii()]
 
 
+# Every byte a token and no other: a completion's tokens are its bytes.
+BYTES = TokenVocabulary(tuple(bytes([b]) for b in range(256)) + (None,), frozenset({256}), "bytes")
+
+
 def _walks(vocab, pattern: str, steps: int = 8, seed: int = 0):
-    """(matcher, text so far) along a random walk of allowed ASCII tokens."""
+    """(matcher, tokens so far) along a random walk of allowed ASCII tokens."""
     rng = random.Random(seed)
     grammar = LazyRegexGrammar(pattern, vocab)
     m = grammar.matcher()
     row = grammars.allocate_bitmask(1, vocab.size)[0]
     taken: list[int] = []
     for _ in range(steps):
-        yield m, _text(vocab, taken)
+        yield m, list(taken)
         m.fill_bitmask(row)
         ids = _ascii(vocab, [t for t in allowed_token_ids(row) if t not in vocab.eos_token_ids])
         if not ids:
@@ -85,11 +89,22 @@ def _walks(vocab, pattern: str, steps: int = 8, seed: int = 0):
 
 
 @pytest.mark.parametrize(("pattern", "alphabet"), CASES)
-def test_shortest_completion_matches_the_reference(vocab, pattern, alphabet):
+def test_shortest_completion_in_bytes_matches_the_reference(pattern, alphabet):
+    pattern = _pattern(BYTES, pattern)
+    for seed in range(2):
+        for m, taken in _walks(BYTES, pattern, steps=12, seed=seed):
+            text = _text(BYTES, taken)
+            assert m.shortest_completion() == reference_shortest(pattern, text, alphabet), text
+
+
+@pytest.mark.parametrize(("pattern", "alphabet"), CASES)
+def test_shortest_completion_in_tokens_is_at_most_the_bytes(vocab, pattern, alphabet):
     pattern = _pattern(vocab, pattern)
     for seed in range(2):
-        for m, text in _walks(vocab, pattern, seed=seed):
-            assert m.shortest_completion() == reference_shortest(pattern, text, alphabet), text
+        for m, taken in _walks(vocab, pattern, seed=seed):
+            need = reference_shortest(pattern, _text(vocab, taken), alphabet)
+            tokens = m.shortest_completion()
+            assert (tokens == 0) == (need == 0) and tokens <= need
 
 
 @pytest.mark.parametrize(("pattern", "alphabet"), CASES)
@@ -99,31 +114,53 @@ def test_budgeted_masks_keep_exactly_the_tokens_that_fit(vocab, pattern, alphabe
     plain = grammars.allocate_bitmask(1, vocab.size)[0]
     row = grammars.allocate_bitmask(1, vocab.size)[0]
     checked = 0
-    for m, text in _walks(vocab, pattern):
-        need = reference_shortest(pattern, text, alphabet)
+    for m, _ in _walks(vocab, pattern):
+        need = m.shortest_completion()
         m.fill_bitmask(plain)
-        for budget in range(max(need - 2, 1), need + 4):
+        words = [t for t in _ascii(vocab, allowed_token_ids(plain)) if t not in vocab.eos_token_ids]
+        after = {}
+        for t in rng.sample(words, min(len(words), 8)):
+            assert m.accept_token(t)
+            after[t] = m.shortest_completion()
+            m.rollback(1)
+        for budget in range(max(need - 2, 1), need + 3):
             steered = m.fill_bitmask_within(row, budget)
             kept = set(allowed_token_ids(row))
             assert kept <= set(allowed_token_ids(plain))
             assert steered == (not torch.equal(row, plain))
-            words = [
-                t for t in _ascii(vocab, allowed_token_ids(plain)) if t not in vocab.eos_token_ids
-            ]
-            fits = {
-                t: (after := reference_shortest(pattern, text + _text(vocab, [t]), alphabet))
-                is not None
-                and after <= budget - 1
-                for t in rng.sample(words, min(len(words), 8))
-            }
+            fits = {t: n <= budget - 1 for t, n in after.items()}
             checked += len(fits)
             if steered:  # exactly the tokens that leave room to complete
                 assert kept, "a steered mask allows some token"
-                assert all((t in kept) == ok for t, ok in fits.items()), (text, budget)
+                assert all((t in kept) == ok for t, ok in fits.items())
                 assert bool(set(vocab.eos_token_ids) & kept) == (need == 0)
             else:  # every token fits, or (too late to close) none does
                 assert all(fits.values()) or (budget < need and not any(fits.values()))
     assert checked
+
+
+@pytest.mark.parametrize(("pattern", "alphabet"), CASES)
+def test_steered_walks_close_within_their_budget(vocab, pattern, alphabet):
+    """From random points, random tokens under budgeted masks: every walk ends in a match
+    (re.fullmatch) within the shortest completion plus a little."""
+    pattern = _pattern(vocab, pattern)
+    rng = random.Random(2)
+    grammar = LazyRegexGrammar(pattern, vocab)
+    row = grammars.allocate_bitmask(1, vocab.size)[0]
+    for _, prefix in _walks(vocab, pattern, steps=5):
+        for _ in range(3):
+            m = grammar.matcher()
+            assert all(m.accept_token(t) for t in prefix)
+            taken = list(prefix)
+            budget = m.shortest_completion() + rng.randrange(3)
+            for left in range(budget, 0, -1):
+                m.fill_bitmask_within(row, left)
+                t = rng.choice(allowed_token_ids(row))
+                if t in vocab.eos_token_ids:
+                    break
+                assert m.accept_token(t)
+                taken.append(t)
+            assert reference_re.fullmatch(pattern, _text(vocab, taken)), _text(vocab, taken)
 
 
 def test_without_single_byte_tokens_the_bound_stays_sound():

@@ -14,7 +14,7 @@ from shared_cases import PERSON
 from braid import gen, program
 from braid.interpreter import LocalBackend, RemoteBackend
 
-BUDGET = 34  # room for the shortest PERSON document (33 bytes), not for what the model writes
+BUDGET = 34  # room for the shortest PERSON document (12 tokens), not for what the model writes
 
 
 @pytest.fixture(scope="module", params=["local", "remote"])

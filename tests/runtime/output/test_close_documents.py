@@ -14,8 +14,8 @@ from shared_cases import PERSON
 from braid.runtime import SamplingParams
 
 SEEDS = range(8)
-# The shortest PERSON document, {"name":"","age":0,"role":"user"}, is 32 bytes; these leave
-# room for it and cut what the tiny model writes unsteered.
+# The shortest PERSON document, {"name":"","age":0,"role":"user"}, is 33 bytes (12 tokens);
+# these leave room for it and cut what the tiny model writes unsteered.
 BUDGETS = (34, 40, 48)
 
 

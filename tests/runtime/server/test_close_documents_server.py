@@ -14,7 +14,7 @@ from shared_cases import PERSON
 
 from braid.runtime import SamplingParams
 
-BUDGET = 34  # room for the shortest PERSON document (33 bytes), not for what the model writes
+BUDGET = 34  # room for the shortest PERSON document (12 tokens), not for what the model writes
 MESSAGES = [{"role": "user", "content": "A person, as JSON."}]
 
 
