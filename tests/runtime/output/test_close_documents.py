@@ -11,7 +11,7 @@ import pytest
 from conftest import assert_no_kv_leak
 from shared_cases import PERSON
 
-from braid.runtime import SamplingParams
+from braid.runtime import Engine, SamplingParams
 
 SEEDS = range(8)
 # The shortest PERSON document, {"name":"","age":0,"role":"user"}, is 33 bytes (12 tokens);
@@ -72,3 +72,29 @@ def test_a_budget_below_any_document_is_cut_not_crashed(tiny_engine):
         assert out.finish_reason == "length"
         assert not _parses(out.text, PERSON)
     assert_no_kv_leak(tiny_engine)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_speculative_decoding_steers_as_decoding_does(tiny_engine, tiny_model_path, temperature):
+    """Draft tokens are checked against the steered masks: n-gram speculation writes the
+    same steered documents, token for token."""
+    spec = Engine(
+        model=str(tiny_model_path),
+        device="cpu",
+        dtype="float32",
+        max_kv_tokens=4096,
+        spec_method="ngram",
+        spec_draft_length=4,
+    )
+    try:
+        for seed in SEEDS:
+            params = SamplingParams(
+                max_tokens=BUDGETS[0], temperature=temperature, seed=seed, json_schema=PERSON
+            )
+            want = tiny_engine.generate("Person:", params)
+            got = spec.generate("Person:", params)
+            assert got.token_ids == want.token_ids and got.finish_reason == want.finish_reason
+            jsonschema.validate(json.loads(got.text), PERSON)
+        assert spec.stats()["spec_proposed_tokens"] > 0
+    finally:
+        spec.shutdown()
