@@ -1181,12 +1181,27 @@ class Grammar {
     return vocab_.max_len;
   }
 
-  // s's tokens whose next state completes within `after` tokens (the whole trie: the plain
-  // chain's shortcut allows by length, blind to where each token leads), and in *reach the
-  // most any of s's next states needs.
+  // s's tokens whose next state completes within `after` tokens, and in *reach the most any
+  // of s's next states needs. On a plain chain (walk) the plain tokens of each length lead
+  // to one state: they are kept by length, and only the others walk the trie.
   std::vector<uint32_t> budget_walk(int s, int64_t after, int* reach) {
     std::vector<uint32_t> bits(vocab_.words, 0);
-    const Trie& trie = vocab_.all;
+    const Trie* trie_ptr = &vocab_.all;
+    int plain = plain_chain(s);
+    if (plain >= 0) {
+      trie_ptr = &vocab_.special;
+      int cur = s;
+      for (int k = 1; k <= plain; ++k) {
+        cur = step(cur, 'a');
+        int need = shortest(cur);
+        *reach = std::max(*reach, need);
+        if (need > after) continue;
+        const auto& upto = vocab_.plain_upto[k];
+        const auto& shorter = vocab_.plain_upto[k - 1];
+        for (int w = 0; w < vocab_.words; ++w) bits[w] |= upto[w] & ~shorter[w];
+      }
+    }
+    const Trie& trie = *trie_ptr;
     std::vector<std::pair<int, int>> todo{{0, s}};
     while (!todo.empty()) {
       auto [node, state] = todo.back();
