@@ -143,11 +143,13 @@ class ToolCalls:
     """Output must be calls of these tools in the format of grammars/tool_calls.py, each
     naming one of them with arguments valid under its schema: one call, or several with
     `parallel`. `text` is what may stand instead of calls (tool_choice "auto"): None (calls
-    only), AnyText(), or text under a JsonSchema or Choices constraint (response_format)."""
+    only), AnyText(), or text under a JsonSchema or Choices constraint (response_format).
+    The arguments hold the whitespace models write (JSON_WHITESPACE), none with `compact`."""
 
     tools: tuple[ToolSchema, ...]
     parallel: bool = False
     text: AnyText | JsonSchema | Choices | None = None
+    compact: bool = False  # the arguments without whitespace (as JsonSchema's COMPACT)
 
     def __post_init__(self) -> None:
         if not self.tools:

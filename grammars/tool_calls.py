@@ -20,11 +20,12 @@ written MARK it can only finish a call.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 from braid.grammars.compiling.constraint_regex import constraint_regex, escape, json_schema_regex
-from braid.grammars.constraints import AnyText, JsonSchema, ToolCalls
+from braid.grammars.constraints import COMPACT, JSON_WHITESPACE, AnyText, JsonSchema, ToolCalls
 
 MARK = "<tool_call>"  # an output starting with this is calls
 OPEN = MARK + '\n{"name": "'  # then the name
@@ -38,7 +39,11 @@ REPLY = "the reply's constraint"
 def tool_calls_regex(constraint: ToolCalls) -> str:
     """The regex of the outputs `constraint` allows; a ValueError names the tool's schema
     (ToolSchema.where) or the reply's constraint it comes from."""
-    arguments = [_located(tool.where, _arguments, tool.parameters) for tool in constraint.tools]
+    whitespace = COMPACT if constraint.compact else JSON_WHITESPACE
+    arguments = [
+        _located(tool.where, _arguments, JsonSchema(tool.parameters, whitespace))
+        for tool in constraint.tools
+    ]
     options = "|".join(
         f"({escape(tool.name)}{escape(MID)}({regex}))"
         for tool, regex in zip(constraint.tools, arguments, strict=True)
@@ -46,6 +51,8 @@ def tool_calls_regex(constraint: ToolCalls) -> str:
     call = f"{escape(OPEN)}({options}){escape(CLOSE)}"
     calls = f"({call}({escape(SEPARATOR)})?)+" if constraint.parallel else call
     text = constraint.text
+    if constraint.compact and isinstance(text, JsonSchema):
+        text = dataclasses.replace(text, whitespace=COMPACT)
     if text is None:
         return calls
     if isinstance(text, AnyText):
@@ -53,10 +60,11 @@ def tool_calls_regex(constraint: ToolCalls) -> str:
     return f"({_located(REPLY, constraint_regex, text)})|({calls})"
 
 
-def _arguments(parameters: str) -> str:
-    """The regex of a tool's arguments (a JsonSchema's compact JSON text), as JsonSchema's
-    (converted once while cached: tool sets share their tools)."""
-    return json_schema_regex(JsonSchema(parameters))
+def _arguments(schema: JsonSchema) -> str:
+    """The regex of a tool's arguments, as JsonSchema's but for whitespace around the object,
+    which the call's fixed text places (converted once while cached: tool sets share their
+    tools)."""
+    return json_schema_regex(schema, around=False)
 
 
 def _located(where: str, convert: Callable[[Any], str], part: Any) -> str:

@@ -66,9 +66,11 @@ def schema_to_regex(
     whitespace: str = JSON_WHITESPACE,
     strict: bool = True,
     separators: tuple[str, str] | None = None,
+    around: bool = True,
 ) -> str:
     """The regex of the schema's instances as JSON text, with `whitespace` between tokens
-    and around the document ("": compact);
+    and, with `around`, around the document ("": compact; a document inside a fixed
+    wrapper, as a tool call's arguments, goes without `around`);
     `strict`: unlisted properties only where additionalProperties allows them explicitly;
     `separators`: the texts between items and between a key and its value (their commas
     and colons included), in place of whitespace around them.
@@ -88,7 +90,7 @@ def schema_to_regex(
                 "the schema admits no instance that can be generated"
             )
         # json.loads takes whitespace around the document, and models often end with a newline.
-        return f"{whitespace}({regex}){whitespace}" if whitespace else regex
+        return f"{whitespace}({regex}){whitespace}" if whitespace and around else regex
     raise too_large
 
 

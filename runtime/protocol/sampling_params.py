@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -157,6 +158,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         given = [k for k in _CONSTRAINTS if getattr(self, k) is not None]
         if len(given) > 1:
             raise ValueError(f"SamplingParams: give at most one constraint, got {given}")
+        if self.json_compact and given and given[0] not in ("json_schema", "tool_calls"):
+            raise ValueError(
+                f"SamplingParams: json_compact applies to json_schema and tool calls, not to "
+                f"{given[0]}"
+            )
         if self.choices is not None and not self.choices:
             raise ValueError("SamplingParams: choices must not be empty")
         if self.tool_calls is not None and not isinstance(self.tool_calls, ToolCalls):
@@ -196,6 +202,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             return Ebnf(self.grammar)
         if self.structural_tag is not None:
             return StructuralTag.of(self.structural_tag)
+        if self.tool_calls is not None and self.json_compact:
+            return dataclasses.replace(self.tool_calls, compact=True)
         return self.tool_calls
 
     @property

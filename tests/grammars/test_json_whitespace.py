@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from reasoning_models import QUESTION, family_tokenizer, prompt_ids, scripted_model
 
 from braid import grammars
-from braid.grammars.constraints import COMPACT, JSON_WHITESPACE, JsonSchema
+from braid.grammars.compiling.constraint_regex import constraint_regex
+from braid.grammars.constraints import COMPACT, JSON_WHITESPACE, JsonSchema, ToolCalls, ToolSchema
 from braid.grammars.json_schema.convert import MAX_NESTING, schema_to_regex
 from braid.runtime import Engine, SamplingParams
 from braid.runtime.cli.bench.grammar_cases import CORPUS_DIR, feed, load_corpus, serialize
@@ -299,3 +300,15 @@ def test_the_wire_selects_compact(extra, compact):
     body = {"messages": [{"role": "user", "content": "hi"}], **extra}
     _, params, _ = openai_request(body, ChatCompletionRequest, 512)
     assert params.constraint.whitespace == (COMPACT if compact else JSON_WHITESPACE)
+
+
+def test_compact_reaches_tool_call_arguments_and_is_refused_elsewhere():
+    calls = ToolCalls((ToolSchema.of("weather", WEATHER, "tools[0]"),))
+    spaced = constraint_regex(SamplingParams(tool_calls=calls).constraint)
+    compact = constraint_regex(SamplingParams(tool_calls=calls, json_compact=True).constraint)
+    call = '<tool_call>\n{"name": "weather", "arguments": {"days":3,"warm":true}}\n</tool_call>'
+    loose = call.replace('"days":3', '"days": 3')
+    assert re.fullmatch(compact, call) and not re.fullmatch(compact, loose)
+    assert re.fullmatch(spaced, call) and re.fullmatch(spaced, loose)
+    with pytest.raises(ValueError, match="json_compact"):
+        SamplingParams(regex="[0-9]+", json_compact=True)

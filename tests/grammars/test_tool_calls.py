@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from braid import grammars
 from braid.grammars.compiling import compiler
-from braid.grammars.compiling.constraint_regex import constraint_regex, escape
+from braid.grammars.compiling.constraint_regex import constraint_regex, escape, json_schema_regex
 from braid.grammars.constraints import AnyText, Choices, JsonSchema, ToolCalls, ToolSchema
 from braid.grammars.tool_calls import CLOSE, MARK, MID, OPEN, SEPARATOR, not_starting_with
 
@@ -138,8 +138,9 @@ def old_call_regex(
 
 def old_regex(names: list[str], parallel: bool, mode: str) -> str:
     """The regex as the server built it: each tool's arguments the engine's regex of a
-    json_schema constraint of its schema, the reply's constraint's likewise."""
-    arguments = [constraint_regex(JsonSchema.of(TOOLS[name][0])) for name in names]
+    json_schema constraint of its schema (without whitespace around the object: the call's
+    fixed text places it), the reply's constraint's likewise."""
+    arguments = [json_schema_regex(JsonSchema.of(TOOLS[name][0]), around=False) for name in names]
     own = TEXTS[mode] if mode in ("schema", "choices") else None
     text = None if own is None else constraint_regex(own)
     return old_call_regex(names, arguments, parallel, mode != "none", text)
