@@ -4,10 +4,11 @@ field names turned into the SGLang names it keeps.
 The router parses each request into its own typed structs and sends those on, so a field it
 does not know is dropped without a word: on /generate every sampling field outside SGLang's
 own list (braid's `stop_regex`, `logit_bias`, `choices`), on chat completions braid's extra
-fields (`stop_regex`, `choices`, `grammar`, `json_schema`). It also refuses what its types
-cannot hold: batches on /generate, token-id prompts on /v1/completions, a `json_schema`
-given as an object. The front sends such requests to a replica itself (`for_router` gives
-None), so no field is ever lost and nothing braid accepts is refused.
+fields (`stop_regex`, `choices`, `grammar`, `json_schema`, `close_documents`). It also
+refuses what its types cannot hold: batches on /generate, token-id prompts on
+/v1/completions, a `json_schema` given as an object. The front sends such requests to a
+replica itself (`for_router` gives None), so no field is ever lost and nothing braid accepts
+is refused.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ _SGLANG_NAMES = {
     "seed": "sampling_seed",
 }
 # Chat completions: braid's extra fields the router drops.
-_CHAT_DROPPED = frozenset({"stop_regex", "choices", "grammar", "json_schema"})
+_CHAT_DROPPED = frozenset({"stop_regex", "choices", "grammar", "json_schema", "close_documents"})
 
 
 def for_router(path: str, body: dict[str, Any], model: str) -> dict[str, Any] | None:
