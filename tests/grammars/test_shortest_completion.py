@@ -12,7 +12,9 @@ import torch
 
 from braid import grammars
 from braid.grammars.matcher import allowed_token_ids
+from braid.grammars.regex.grammar import RegexGrammar
 from braid.grammars.regex.lazy import LazyRegexGrammar
+from braid.grammars.regex.outlines_index import build_index
 from braid.grammars.vocabulary import TokenVocabulary
 
 # (pattern, the characters its shortest completions are spelled with)
@@ -180,3 +182,44 @@ def test_without_single_byte_tokens_the_bound_stays_sound():
     assert allowed_token_ids(row) == [0]  # "xy" closes; "x" and "z" could not in time
     assert m.accept_token(2)
     assert m.shortest_completion() == 2
+
+
+# Small enough for an outlines index (the grammar used where there is no C++ compiler).
+INDEXED = [r"ab|cde", r"[ab]{2,5}c", r"(x|yz)*w", r'\{"k":(true|false|[0-9]{1,3})\}']
+
+
+@pytest.mark.parametrize("pattern", INDEXED)
+def test_the_outlines_index_counts_tokens_exactly_and_steers(vocab, pattern):
+    """Its counts are exact in tokens: at most the lazy automaton's bound, zero exactly where
+    that is; masks keep exactly the tokens whose next state fits; steered walks close."""
+    grammar = RegexGrammar(build_index(pattern, vocab), vocab, pattern)
+    rng = random.Random(3)
+    row = grammars.allocate_bitmask(1, vocab.size)[0]
+    for lazy, prefix in _walks(vocab, pattern, steps=6):
+        m = grammar.matcher()
+        assert all(m.accept_token(t) for t in prefix)
+        need = m.shortest_completion()
+        assert need <= lazy.shortest_completion() and (need == 0) == (
+            lazy.shortest_completion() == 0
+        )
+        for budget in range(max(need, 1), need + 3):
+            steered = m.fill_bitmask_within(row, budget)
+            kept = set(allowed_token_ids(row)) - set(vocab.eos_token_ids)
+            m.fill_bitmask(row)
+            plain = set(allowed_token_ids(row)) - set(vocab.eos_token_ids)
+            for t in rng.sample(sorted(plain), min(len(plain), 8)):
+                assert m.accept_token(t)
+                fits = m.shortest_completion() <= budget - 1
+                m.rollback(1)
+                assert (t in kept) == fits
+            assert steered == (kept != plain)
+        # A walk under budgeted masks, from here, closes within `need` tokens.
+        taken = list(prefix)
+        for left in range(need, 0, -1):
+            m.fill_bitmask_within(row, left)
+            t = rng.choice(allowed_token_ids(row))
+            if t in vocab.eos_token_ids:
+                break
+            assert m.accept_token(t)
+            taken.append(t)
+        assert reference_re.fullmatch(pattern, _text(vocab, taken))
