@@ -868,7 +868,7 @@ class Grammar {
     // left after it: never past the longest shortest completion of any node, nor past
     // the longest among s's next states once a walk found it.
     int64_t after = budget - 1;
-    if (after >= longest_ || after >= states_[s].reach) {
+    if (after < 0 || after >= longest_ || after >= states_[s].reach) {  // < 0: no room at all
       std::memcpy(out, mask(s).data(), bytes);
       return false;
     }

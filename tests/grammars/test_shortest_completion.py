@@ -223,3 +223,15 @@ def test_the_outlines_index_counts_tokens_exactly_and_steers(vocab, pattern):
             assert m.accept_token(t)
             taken.append(t)
         assert reference_re.fullmatch(pattern, _text(vocab, taken))
+
+
+def test_no_room_at_all_gives_the_plain_mask(vocab):
+    """Drafted tokens may count past the output's room: a budget of 0 or less steers
+    nothing."""
+    m = LazyRegexGrammar(r"[ab]{2,5}c", vocab).matcher()
+    plain = grammars.allocate_bitmask(1, vocab.size)[0]
+    row = grammars.allocate_bitmask(1, vocab.size)[0]
+    m.fill_bitmask(plain)
+    for budget in (0, -3):
+        assert not m.fill_bitmask_within(row, budget)
+        assert torch.equal(row, plain)
