@@ -70,10 +70,14 @@ class ConstraintState:
         self._jump = jump
         self.error: str | None = None  # set when the matcher fails: the request then ends
         self._num_drafted = 0  # draft tokens accepted since the last `reset_draft`
-        # A mask steered the output to close within its tokens left: it removed a token the
-        # grammar allowed, so the output ends for its length whatever ends it.
+        # Steering changed the output (it took a token other than the one the plain mask
+        # would have given), so the output ends for its length whatever ends it.
         self.steered = False
         self._steering = False  # the last mask was filled with the output's room
+        # Where the last mask was steered: the plain one, and the token it would have given
+        # (the sampler's `note_plain_choice`; None: not known, counted as steered).
+        self.plain_mask: torch.Tensor | None = None
+        self._plain_choice: int | None = None
 
     def fill_bitmask(self, row: torch.Tensor, tokens_left: int | None = None) -> bool:
         """Write the tokens allowed next into `row`; False (row left as it was, the error
@@ -84,17 +88,20 @@ class ConstraintState:
             return False
         try:
             self._steering = tokens_left is not None
+            self.plain_mask, self._plain_choice = None, None
             if tokens_left is None:
                 self._matcher.fill_bitmask(row)
-            else:
-                left = tokens_left - self._num_drafted
-                steered = self._matcher.fill_bitmask_within(row, left)
-                # A draft's mask is a proposal: only a mask for a token kept steers.
-                self.steered |= steered and not self._num_drafted
+            elif self._matcher.fill_bitmask_within(row, tokens_left - self._num_drafted):
+                self.plain_mask = torch.empty_like(row)
+                self._matcher.fill_bitmask(self.plain_mask)
         except MatcherError as e:
             self.error = str(e)
             return False
         return True
+
+    def note_plain_choice(self, token: int) -> None:
+        """The token the plain mask would have given where the last mask was steered."""
+        self._plain_choice = token
 
     def is_terminated(self) -> bool:
         return self._matcher.is_terminated()
@@ -122,6 +129,10 @@ class ConstraintState:
         grammar forces after it (the sampled token may merge into them: then the list does
         not start with it). [] with `error` set when the grammar refuses the token or the
         matcher fails."""
+
+        if self.plain_mask is not None and self._plain_choice != token:
+            self.steered = True
+        self.plain_mask = None
 
         def take() -> list[int]:
             if self._matcher.accept_token(token):

@@ -92,11 +92,32 @@ def sample_prepared(logits: torch.Tensor, args: SamplingArgs) -> list[int]:
         # All greedy: the argmax is all the reference would compute that we use (logprobs are
         # the runner's job), and skipping it saves two [B, V] temporaries and the per-row
         # parameter tensors.
-        return _greedy(logits, bitmask)
+        tokens = _greedy(logits, bitmask)
+        _note_plain_choices(logits, args, tokens)
+        return tokens
     # The fused kernel on CUDA, its twin elsewhere; both give -1 for a row allowing no token.
     logits = logits.float()
     fn = kernels.sample if logits.is_cuda else reference_sample
-    return fn(logits, bitmask, *args.per_row)[0].tolist()
+    tokens = fn(logits, bitmask, *args.per_row)[0].tolist()
+    _note_plain_choices(logits, args, tokens)
+    return tokens
+
+
+def _note_plain_choices(logits: torch.Tensor, args: SamplingArgs, tokens: list[int]) -> None:
+    """For each row whose mask was steered to close its document in time, the token the
+    plain mask would have given (the same draw: the same logits and seed), so the request
+    knows whether steering changed its output."""
+    for i, r in enumerate(args.reqs):
+        plain = r.constraint.plain_mask if r.constraint is not None else None
+        if plain is None or tokens[i] < 0:
+            continue
+        row, mask = logits[i : i + 1], plain[None].to(logits.device)
+        if args.per_row is None:
+            [token] = _greedy(row, mask)
+        else:
+            fn = kernels.sample if logits.is_cuda else reference_sample
+            [token] = fn(row, mask, *(x[i : i + 1] for x in args.per_row))[0].tolist()
+        r.constraint.note_plain_choice(token)
 
 
 def _greedy(logits: torch.Tensor, bitmask: torch.Tensor | None) -> list[int]:
