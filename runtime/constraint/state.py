@@ -73,7 +73,7 @@ class ConstraintState:
         # Steering changed the output (it took a token other than the one the plain mask
         # would have given), so the output ends for its length whatever ends it.
         self.steered = False
-        self._steering = False  # the last mask was filled with the output's room
+        self._room: int | None = None  # the output's room the last mask was filled with
         # Where the last mask was steered: the plain one, and the token it would have given
         # (the sampler's `note_plain_choice`; None: not known, counted as steered).
         self.plain_mask: torch.Tensor | None = None
@@ -87,11 +87,11 @@ class ConstraintState:
         if self.error is not None:
             return False
         try:
-            self._steering = tokens_left is not None
+            self._room = None if tokens_left is None else tokens_left - self._num_drafted
             self.plain_mask, self._plain_choice = None, None
             if tokens_left is None:
                 self._matcher.fill_bitmask(row)
-            elif self._matcher.fill_bitmask_within(row, tokens_left - self._num_drafted):
+            elif self._matcher.fill_bitmask_within(row, self._room):
                 self.plain_mask = torch.empty_like(row)
                 self._matcher.fill_bitmask(self.plain_mask)
         except MatcherError as e:
@@ -136,11 +136,24 @@ class ConstraintState:
 
         def take() -> list[int]:
             if self._matcher.accept_token(token):
-                return self._forced(token)
+                return self._within_room(token, self._forced(token))
             self.error = f"token {token} is outside the grammar"
             return []
 
         return self._guarded(take)
+
+    def _within_room(self, sampled: int, tokens: list[int]) -> list[int]:
+        """`tokens` (the sampled one and the forced text's), or the sampled one alone where
+        the forced text's tokens would leave too little room to close the document (the
+        steered mask counted on the state right after the sampled token)."""
+        if self._room is None or tokens == [sampled]:
+            return tokens
+        need = self._matcher.shortest_completion()
+        if need is None or need <= self._room - len(tokens):
+            return tokens
+        self._matcher.rollback(len(tokens))
+        self._matcher.accept_token(sampled)
+        return [sampled]
 
     def push_draft(self, token: int) -> list[int] | None:
         """Walk one draft token: [token] plus the tokens the grammar then forces (the path
@@ -194,7 +207,7 @@ class ConstraintState:
             merged = jump.tokenize(jump.vocab.token_bytes[sampled] + forced)
             # A steered mask counted on the sampled token and the forced text's own tokens:
             # a merge into more tokens than those could overrun the room it left.
-            longer = self._steering and (tail is None or len(merged or ()) > 1 + len(tail))
+            longer = self._room is not None and (tail is None or len(merged or ()) > 1 + len(tail))
             if merged is not None and not longer:
                 matcher.rollback(1)
                 if accept_all(matcher, merged):
