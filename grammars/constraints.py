@@ -46,6 +46,9 @@ class JsonSchema:
     whitespace: str = JSON_WHITESPACE
     strict: bool = True
     separators: tuple[str, str] | None = None
+    # Whitespace around the document too; False for a document inside fixed text (a tool
+    # call's arguments), where what surrounds it is the wrapper's.
+    around: bool = True
 
     @classmethod
     def of(

@@ -25,7 +25,14 @@ from collections.abc import Callable
 from typing import Any
 
 from braid.grammars.compiling.constraint_regex import constraint_regex, escape, json_schema_regex
-from braid.grammars.constraints import COMPACT, JSON_WHITESPACE, AnyText, JsonSchema, ToolCalls
+from braid.grammars.constraints import (
+    COMPACT,
+    JSON_WHITESPACE,
+    AnyText,
+    JsonSchema,
+    ToolCalls,
+    ToolSchema,
+)
 
 MARK = "<tool_call>"  # an output starting with this is calls
 OPEN = MARK + '\n{"name": "'  # then the name
@@ -39,9 +46,8 @@ REPLY = "the reply's constraint"
 def tool_calls_regex(constraint: ToolCalls) -> str:
     """The regex of the outputs `constraint` allows; a ValueError names the tool's schema
     (ToolSchema.where) or the reply's constraint it comes from."""
-    whitespace = COMPACT if constraint.compact else JSON_WHITESPACE
     arguments = [
-        _located(tool.where, _arguments, JsonSchema(tool.parameters, whitespace))
+        _located(tool.where, json_schema_regex, arguments_schema(tool, constraint.compact))
         for tool in constraint.tools
     ]
     options = "|".join(
@@ -60,11 +66,10 @@ def tool_calls_regex(constraint: ToolCalls) -> str:
     return f"({_located(REPLY, constraint_regex, text)})|({calls})"
 
 
-def _arguments(schema: JsonSchema) -> str:
-    """The regex of a tool's arguments, as JsonSchema's but for whitespace around the object,
-    which the call's fixed text places (converted once while cached: tool sets share their
-    tools)."""
-    return json_schema_regex(schema, around=False)
+def arguments_schema(tool: ToolSchema, compact: bool) -> JsonSchema:
+    """The constraint of a tool's arguments: its schema, with the whitespace models write
+    (none with `compact`) but none around the object, which the call's fixed text places."""
+    return JsonSchema(tool.parameters, COMPACT if compact else JSON_WHITESPACE, around=False)
 
 
 def _located(where: str, convert: Callable[[Any], str], part: Any) -> str:

@@ -44,13 +44,11 @@ def constraint_regex(constraint: Regex | JsonSchema | Choices | ToolCalls | Stru
     return json_schema_regex(constraint)
 
 
-def json_schema_regex(constraint: JsonSchema, around: bool = True) -> str:
-    """The schema's regex (`around`: whitespace around the document too), converted once per
-    process while it stays in _SCHEMA_REGEXES: the schemas that recur across constraints (a
-    tool's parameters in each tool set that lists it, a structural tag's or a grammar's JSON
-    parts) are converted once."""
-    key = (constraint, around)
-    regex = _SCHEMA_REGEXES.get(key)
+def json_schema_regex(constraint: JsonSchema) -> str:
+    """The schema's regex, converted once per process while it stays in _SCHEMA_REGEXES: the
+    schemas that recur across constraints (a tool's parameters in each tool set that lists
+    it, a structural tag's or a grammar's JSON parts) are converted once."""
+    regex = _SCHEMA_REGEXES.get(constraint)
     if regex is None:
         from braid.grammars.json_schema.convert import schema_to_regex
 
@@ -59,9 +57,9 @@ def json_schema_regex(constraint: JsonSchema, around: bool = True) -> str:
             constraint.whitespace,
             constraint.strict,
             constraint.separators,
-            around,
+            constraint.around,
         )
-        _SCHEMA_REGEXES.put(key, regex)
+        _SCHEMA_REGEXES.put(constraint, regex)
     return regex
 
 
@@ -70,18 +68,18 @@ class _RegexCache:
 
     def __init__(self, max_chars: int) -> None:
         self.max_chars = max_chars
-        self._regexes: OrderedDict[tuple[JsonSchema, bool], str] = OrderedDict()
+        self._regexes: OrderedDict[JsonSchema, str] = OrderedDict()
         self._chars = 0
         self._lock = threading.Lock()  # compile() converts on its callers' threads
 
-    def get(self, key: tuple[JsonSchema, bool]) -> str | None:
+    def get(self, key: JsonSchema) -> str | None:
         with self._lock:
             regex = self._regexes.get(key)
             if regex is not None:
                 self._regexes.move_to_end(key)
             return regex
 
-    def put(self, key: tuple[JsonSchema, bool], regex: str) -> None:
+    def put(self, key: JsonSchema, regex: str) -> None:
         with self._lock:
             if key in self._regexes or len(regex) > self.max_chars:
                 return

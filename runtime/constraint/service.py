@@ -34,6 +34,7 @@ from braid.grammars.phases import (
 )
 from braid.grammars.regex.char_regex import CharPattern, CharRegex
 from braid.grammars.token_healing import HealingIndex, HealingMatcher
+from braid.grammars.tool_calls import arguments_schema
 from braid.grammars.vocabulary import TokenVocabulary, build_vocabulary
 from braid.runtime.config import EngineConfig
 from braid.runtime.constraint.state import ConstraintState, JumpForward
@@ -139,7 +140,7 @@ class GrammarService:
         arguments, and a text reply's grammar where the reply may be text."""
         names = [t.name for t in calls.tools]
         jobs: list[Job] = [Choices(tuple(PREFIX + n for n in names))]
-        jobs += [JsonSchema(t.parameters) for t in calls.tools]
+        jobs += [arguments_schema(t, calls.compact) for t in calls.tools]
         if isinstance(calls.text, (JsonSchema, Choices)):
             jobs.append(calls.text)
         futures = [self.compile(job) for job in jobs]

@@ -38,7 +38,6 @@ def test_a_tool_shared_by_two_tool_sets_is_converted_once(monkeypatch):
 def test_the_cache_keeps_the_last_used_within_its_budget():
     cache = cr._RegexCache(10)
     a, b, c = (JsonSchema.of({"const": n}) for n in range(3))
-    a, b, c = ((x, True) for x in (a, b, c))
     cache.put(a, "aaaa")
     cache.put(b, "bbbb")
     assert cache.get(a) == "aaaa"  # a used last: b goes first

@@ -5,6 +5,7 @@ in the compile workers, with errors that name the schema they come from."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -140,7 +141,10 @@ def old_regex(names: list[str], parallel: bool, mode: str) -> str:
     """The regex as the server built it: each tool's arguments the engine's regex of a
     json_schema constraint of its schema (without whitespace around the object: the call's
     fixed text places it), the reply's constraint's likewise."""
-    arguments = [json_schema_regex(JsonSchema.of(TOOLS[name][0]), around=False) for name in names]
+    arguments = [
+        json_schema_regex(dataclasses.replace(JsonSchema.of(TOOLS[name][0]), around=False))
+        for name in names
+    ]
     own = TEXTS[mode] if mode in ("schema", "choices") else None
     text = None if own is None else constraint_regex(own)
     return old_call_regex(names, arguments, parallel, mode != "none", text)
