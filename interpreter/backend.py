@@ -83,10 +83,11 @@ class Backend(Protocol):
     def token_texts(self, token_ids: list[int]) -> list[str | None]:
         """Each token's own text; None for a token whose text the backend cannot tell."""
 
-    def token_pieces(self, prompt: str, token_ids: list[int]) -> list[str] | None:
+    def token_pieces(self, prompt: str, token_ids: list[int], healed: str = "") -> list[str] | None:
         """The text each output token added after `prompt`, as it was streamed (a token that
-        ends inside a character adds "", the next one the character); None where the backend
-        cannot split its output by token."""
+        ends inside a character adds "", the next one the character; `healed`, the prompt's
+        end that token healing took off, left out as the output leaves it out); None where
+        the backend cannot split its output by token."""
 
     def prompt_chars(self, prompt: str, num_tokens: int) -> int | None:
         """How many characters of `prompt` its first `num_tokens` tokens spell; None where
@@ -133,7 +134,7 @@ class TextOnlyBackend:
         """Not available: None for each token."""
         return [None] * len(token_ids)
 
-    def token_pieces(self, prompt: str, token_ids: list[int]) -> list[str] | None:
+    def token_pieces(self, prompt: str, token_ids: list[int], healed: str = "") -> list[str] | None:
         """Not available: None."""
         return None
 

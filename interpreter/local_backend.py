@@ -98,14 +98,18 @@ class LocalBackend:
         """Each token's own text."""
         return [self.engine.tokenizer.decode([t]) for t in token_ids]
 
-    def token_pieces(self, prompt: str, token_ids: list[int]) -> list[str]:
+    def token_pieces(self, prompt: str, token_ids: list[int], healed: str = "") -> list[str]:
         """The text each output token added after `prompt`, as the engine streamed it (a
-        token that ends inside a character adds "", the next one the character)."""
+        token that ends inside a character adds "", the next one the character; `healed`:
+        the prompt's last token, which token healing took off and the output spells again)."""
         from braid.runtime.output.detokenizer import (
             IncrementalDetokenizer,  # transformers: local only
         )
 
-        detokenizer = IncrementalDetokenizer(self.engine.tokenizer, self.engine.encode(prompt))
+        ids = self.engine.encode(prompt)
+        if healed:
+            ids = ids[:-1]
+        detokenizer = IncrementalDetokenizer(self.engine.tokenizer, ids, given=healed)
         return [detokenizer.add([t]) for t in token_ids]
 
     def prompt_chars(self, prompt: str, num_tokens: int) -> int:

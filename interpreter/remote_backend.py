@@ -167,7 +167,7 @@ class RemoteBackend:
         did)."""
         return [self._token_texts.get(t) for t in token_ids]
 
-    def token_pieces(self, prompt: str, token_ids: list[int]) -> list[str] | None:
+    def token_pieces(self, prompt: str, token_ids: list[int], healed: str = "") -> list[str] | None:
         """Not available: the server streams text, not each token's piece of it."""
         return None
 

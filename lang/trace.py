@@ -130,7 +130,8 @@ def _token_segments(e: StreamExecutor, ev: dict) -> list[dict]:
     meta, backend = ev["meta"], e.backend
     text = e.text[ev["start"] : ev["end"]]
     ids = meta.get("token_ids") or []
-    pieces = backend.token_pieces(e.text[: ev["start"]], ids) if ids else None
+    healed = meta.get("healed", "")
+    pieces = backend.token_pieces(e.text[: ev["start"]], ids, healed) if ids else None
     if pieces is None:
         return [{"origin": "generated", "text": text}]
     trace = meta.get("trace") or {}

@@ -33,6 +33,7 @@ class IncrementalDetokenizer:
         self.ids = list(prompt_ids[-_CONTEXT_TOKENS:])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
+        self.healed = given  # the text token healing took off the prompt ("" if none)
         self.given = given  # what of it the output has not spelled yet
 
     def add(self, token_ids: list[int]) -> str:

@@ -176,6 +176,8 @@ class OutputProcessor:
         }
         if r.constraint is not None and r.constraint.reasoning_tokens is not None:
             meta["reasoning_tokens"] = r.constraint.reasoning_tokens
+        if r.detokenizer.healed:  # the prompt text the output's first tokens spell again
+            meta["healed"] = r.detokenizer.healed
         if r.params.wants_logprobs:
             meta["logprobs"] = r.output_logprobs
             meta["top_logprobs"] = r.output_top_logprobs
