@@ -113,7 +113,7 @@ class Age(msgspec.Struct):
 def test_a_cut_literal_keeps_its_text_only_in_sglang_programs(engine):
     def body(s):
         s += "Letters: " + sgl.gen("letters", regex="[a-z]{30}", max_tokens=3)
-        s += "\nAs JSON: " + sgl.gen("json", json_schema=Age, max_tokens=2)
+        s += "\nAs JSON: " + sgl.gen("json", json_schema=Age, max_tokens=2, json_compact=True)
 
     state = sgl.function(body).run(temperature=0)
     assert state["letters"] == greedy(engine, "Letters: ", regex="[a-z]{30}", max_tokens=3)

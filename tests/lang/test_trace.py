@@ -34,7 +34,11 @@ def planner(s):
     for i, f in enumerate(forks):
         f += f"\nIdea {i}: " + gen("idea", max_tokens=5, temperature=0)
     forks.join()
-    s += "\nJSON: " + gen("js", json_schema=SCHEMA, max_tokens=12, temperature=0)
+    # Compact and unhealed: the schema's required key is then forced from the first token.
+    s += "\nJSON: " + gen(
+        "js", json_schema=SCHEMA, max_tokens=12, temperature=0, json_compact=True,
+        token_healing=False,
+    )  # fmt: skip
     return forks
 
 

@@ -129,7 +129,8 @@ def test_response_format_json_schema_and_json_object(engine, client):
     )
     params = SamplingParams(temperature=0, max_tokens=200, json_schema={"type": "object"})
     text = out.choices[0].message.content
-    assert text.startswith("{") and text == engine.generate(prompt, params).text
+    # Whitespace may open a document (the random model pads it).
+    assert text.lstrip().startswith("{") and text == engine.generate(prompt, params).text
     if out.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(text), dict)
 
