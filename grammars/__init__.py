@@ -15,6 +15,8 @@ _EXPORTS = {
     "CharPattern": "braid.grammars.regex.char_regex",
     "CharRegex": "braid.grammars.regex.char_regex",
     "AnyText": "braid.grammars.constraints",
+    "COMPACT": "braid.grammars.constraints",
+    "JSON_WHITESPACE": "braid.grammars.constraints",
     "Choices": "braid.grammars.constraints",
     "Constraint": "braid.grammars.constraints",
     "Ebnf": "braid.grammars.constraints",

@@ -51,7 +51,7 @@ from braid.grammars.json_schema.values import is_type, is_valid, json_equal
 # Recursive $refs (on a cycle) are followed this deep (recursion unrolls); deeper instances
 # cannot be generated. A chain of distinct definitions (nested models) is followed to its
 # end. A regex past MAX_REGEX_CHARS is converted again one level shallower (down to
-# MIN_DEPTH).
+# MIN_DEPTH), then with every $ref counted as recursion is.
 MAX_DEPTH = 4
 MIN_DEPTH = 2
 MAX_REGEX_CHARS = 4_000_000  # past this the lazy automaton's NFA nears its 8M-node limit
@@ -77,20 +77,24 @@ def schema_to_regex(
     Raises UnsupportedSchema (a keyword it cannot enforce) or InvalidSchema."""
     too_large = None
     schema = local_refs(schema)
-    for depth in range(MAX_DEPTH, MIN_DEPTH - 1, -1):
-        try:
-            regex = _Converter(schema, whitespace, depth, strict, separators).convert(
-                schema, "#", 0
-            )
-        except _TooLarge as e:
-            too_large = too_large or e
-            continue
-        if regex is None:
-            raise too_large or UnsupportedSchema(
-                "the schema admits no instance that can be generated"
-            )
-        # json.loads takes whitespace around the document, and models often end with a newline.
-        return f"{whitespace}({regex}){whitespace}" if whitespace and around else regex
+    # Too large at every depth: converted again with every $ref counted toward the depth, so
+    # a web of definitions referring to each other (not recursion) is cut as recursion is.
+    for every_ref_counts in (False, True):
+        for depth in range(MAX_DEPTH, MIN_DEPTH - 1, -1):
+            conv = _Converter(schema, whitespace, depth, strict, separators, every_ref_counts)
+            try:
+                regex = conv.convert(schema, "#", 0)
+            except _TooLarge as e:
+                too_large = too_large or e
+                if not (every_ref_counts or conv.recursive):
+                    break  # the depth bounds only recursion, and there is none
+                continue
+            if regex is None:
+                raise too_large or UnsupportedSchema(
+                    "the schema admits no instance that can be generated"
+                )
+            # json.loads takes whitespace around the document; models often end with a newline.
+            return f"{whitespace}({regex}){whitespace}" if whitespace and around else regex
     raise too_large
 
 
@@ -123,6 +127,7 @@ class _Converter:
         depth: int = MAX_DEPTH,
         strict: bool = True,
         separators: tuple[str, str] | None = None,
+        every_ref_counts: bool = False,
     ) -> None:
         self.root = root
         self.ws = ws
@@ -131,7 +136,8 @@ class _Converter:
         self.item_sep = f"{ws},{ws}" if item is None else escape(item)
         self.key_sep = f"{ws}:{ws}" if key is None else escape(key)
         self.strict = strict  # unlisted properties only where additionalProperties says so
-        self.max_depth = depth  # recursive $refs followed
+        self.max_depth = depth  # recursive $refs followed (every $ref, with every_ref_counts)
+        self.every_ref_counts = every_ref_counts
         self.recursive = recursive_refs(root, lambda ref: _found(resolve_pointer(root, ref)))
         # The document's own subschemas (alive as long as the converter, so their ids are
         # theirs alone) -> their regex at each depth: a definition that many $refs name is
@@ -259,9 +265,9 @@ class _Converter:
         return self.convert(self.resolve(ref, path), ref, deeper)
 
     def follow(self, ref: str, depth: int) -> int | None:
-        """The depth past a $ref at `depth`: one deeper where it is recursion, the same
-        where it is not; None where recursion is max_depth deep already."""
-        if ref not in self.recursive:
+        """The depth past a $ref at `depth`: one deeper where it is recursion (or every
+        $ref counts), the same where it is not; None where that is past max_depth."""
+        if ref not in self.recursive and not self.every_ref_counts:
             return depth
         return depth + 1 if depth < self.max_depth else None
 

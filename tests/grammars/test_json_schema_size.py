@@ -76,3 +76,33 @@ def test_huge_recursive_schema_compiles_shallower(monkeypatch):
     assert re.fullmatch(regex, json.dumps(nested, separators=(",", ":")))
     with pytest.raises(json_schema.UnsupportedSchema, match="too large"):
         json_schema._Converter(schema, "").convert(schema, "#", 0)  # the full depth
+
+
+def test_a_web_of_definitions_too_large_whole_counts_every_ref(monkeypatch):
+    """Definitions that name each other without recursion are followed to their ends; where
+    that is too large at every depth, each $ref counts as recursion would: the regex is cut
+    at MIN_DEPTH..MAX_DEPTH levels of $refs, and what it keeps still validates."""
+    monkeypatch.setattr(json_schema, "MAX_REGEX_CHARS", 100_000)
+    defs = {
+        f"d{i}": {
+            "type": "object",
+            "properties": {"n": {"type": "integer"}}
+            | {k: {"$ref": f"#/$defs/d{i + 1}"} for k in "abc"},
+            "required": ["n"],
+        }
+        for i in range(12)
+    }
+    defs["d12"] = {"type": "integer"}
+    schema = {"$defs": defs, "$ref": "#/$defs/d0"}
+    with pytest.raises(json_schema.UnsupportedSchema, match="too large"):
+        json_schema._Converter(schema, "").convert(schema, "#", 0)  # every definition whole
+    regex = schema_to_regex(schema)
+    assert len(regex) <= 100_000
+    shallow = {"n": 1, "a": {"n": 2, "c": {"n": 3}}}
+    jsonschema.validate(shallow, schema)
+    assert re.fullmatch(regex, json.dumps(shallow))
+    deep = {"n": 0}
+    for i in range(1, 6):
+        deep = {"n": i, "b": deep}
+    jsonschema.validate(deep, schema)
+    assert not re.fullmatch(regex, json.dumps(deep))  # cut: stricter than the schema, never looser

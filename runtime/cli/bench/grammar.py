@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from braid.runtime.cli.bench.common import add_workload, isolated, machine, write_result
-from braid.runtime.cli.bench.grammar_cases import CORPUS_DIR
+from braid.runtime.cli.bench.grammar_cases import CORPUS_DIR, load_test_suite
 from braid.runtime.cli.bench.grammar_corpus import bench_corpus
-from braid.runtime.cli.bench.grammar_maskbench import bench_maskbench
+from braid.runtime.cli.bench.grammar_maskbench import bench_maskbench, maskbench_cases
 
 
 def add_parser(workloads: argparse._SubParsersAction) -> None:
@@ -26,6 +26,12 @@ def add_parser(workloads: argparse._SubParsersAction) -> None:
     grammar.add_argument("--model", help="HF model directory for the tokenizer (default model)")
     grammar.add_argument("--corpus", type=Path, default=CORPUS_DIR)
     grammar.add_argument("--maskbench", type=Path, help="MaskBench directory (one JSON a schema)")
+    grammar.add_argument(
+        "--test-suite",
+        type=Path,
+        help="JSON-Schema-Test-Suite directory (a checkout's tests/draft2020-12), scored as "
+        "MaskBench is: one schema a test group",
+    )
     grammar.add_argument("--limit", type=int, help="score a seeded sample of this many schemas")
     grammar.add_argument("--seed", type=int, default=0)
     grammar.add_argument("--jobs", type=int, default=1, help="MaskBench worker processes")
@@ -36,8 +42,8 @@ def add_parser(workloads: argparse._SubParsersAction) -> None:
     )
     grammar.add_argument(
         "--peer-python",
-        help="MaskBench: also score llguidance, installed in this Python (its own venv, never "
-        "braid's), on the same schemas and tokenizer",
+        help="MaskBench and --test-suite: also score llguidance, installed in this Python (its "
+        "own venv, never braid's), on the same schemas and tokenizer",
     )
     grammar.add_argument(
         "--spec-objects",
@@ -53,8 +59,15 @@ def bench_grammar(args: argparse.Namespace) -> int:
     if not args.skip_e2e:
         result["end_to_end"] = _bench_end_to_end(args.model)
     if args.maskbench:
+        cases = maskbench_cases(args.maskbench, args.limit, args.seed)
         per_schema_path = args.json.with_name(args.json.stem + "-maskbench.json")
-        result["maskbench"] = bench_maskbench(args, per_schema_path)
+        result["maskbench"] = bench_maskbench(args, cases, per_schema_path, "MaskBench")
+    if args.test_suite:
+        cases = load_test_suite(args.test_suite)
+        per_schema_path = args.json.with_name(args.json.stem + "-test-suite.json")
+        result["test_suite"] = bench_maskbench(
+            args, cases, per_schema_path, "JSON-Schema-Test-Suite"
+        )
     write_result(result, args.json)
     return 0
 

@@ -41,6 +41,25 @@ def load_corpus(directory: Path = CORPUS_DIR) -> list[SchemaCase]:
     return [load_case(p) for p in sorted(directory.glob("*.json"))]
 
 
+def load_test_suite(directory: Path) -> list[SchemaCase]:
+    """The JSON-Schema-Test-Suite's layout (a checkout's tests/draft2020-12, say): each file
+    a list of groups, each group one schema and its instances; one case a group, named
+    FILE_INDEX."""
+    cases = []
+    for path in sorted(directory.glob("*.json")):
+        groups = json.loads(path.read_text())
+        for i, group in enumerate(groups):
+            cases.append(
+                SchemaCase(
+                    name=f"{path.stem}_{i}",
+                    description=group.get("description", ""),
+                    schema=group["schema"],
+                    tests=tuple((t["valid"], t["data"]) for t in group.get("tests", [])),
+                )
+            )
+    return cases
+
+
 def serialize(data: Any, schema: Any) -> str:
     """The instance as the grammar expects it: compact, properties in schema order."""
     ordered = _SchemaOrder(schema).order(data, schema)

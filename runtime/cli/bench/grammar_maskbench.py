@@ -39,71 +39,79 @@ PUBLISHED = {
 }
 
 
-def bench_maskbench(args: argparse.Namespace, per_schema_path: Path) -> dict:
-    """Score args.maskbench (a seeded sample of args.limit), write per-schema results to
-    `per_schema_path`, print the table; the summary."""
-    paths = sorted(args.maskbench.glob("*.json"))
+def maskbench_cases(directory: Path, limit: int | None, seed: int) -> list[SchemaCase]:
+    """MaskBench's files in `directory` (one JSON a schema), a seeded sample of `limit`."""
+    paths = sorted(directory.glob("*.json"))
     if not paths:
-        raise ValueError(f"--maskbench {args.maskbench}: no *.json files there")
-    if args.limit is not None and args.limit < len(paths):
-        paths = sorted(random.Random(args.seed).sample(paths, args.limit))
-    results = _score_all(paths, args)
+        raise ValueError(f"--maskbench {directory}: no *.json files there")
+    if limit is not None and limit < len(paths):
+        paths = sorted(random.Random(seed).sample(paths, limit))
+    return [load_case(path) for path in paths]
+
+
+def bench_maskbench(
+    args: argparse.Namespace, cases: list[SchemaCase], per_schema_path: Path, title: str
+) -> dict:
+    """Score `cases` as MaskBench does (and llguidance on them with --peer-python), write
+    per-schema results to `per_schema_path`, print the table under `title` (MaskBench's
+    published rows beside it when the title is "MaskBench"); the summary."""
+    results = _score_all(cases, args)
     per_schema_path.parent.mkdir(parents=True, exist_ok=True)
     per_schema_path.write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n")
     summary = _maskbench_summary(results)
     peer = None
     if args.peer_python:
-        peer_results = score_peer(paths, args, per_schema_path.with_suffix(".peer.json"))
+        peer_results = score_peer(cases, args, per_schema_path.with_suffix(".peer.json"))
         peer = {"engine": peer_results.pop(), **_maskbench_summary(peer_results)}
         summary["peer"] = peer
-    _print_maskbench(summary, results, peer)
+    _print_maskbench(title, summary, results, peer)
     print(f"wrote {per_schema_path}")
     return summary
 
 
-def _score_all(paths: list[Path], args: argparse.Namespace) -> list[dict]:
+def _score_all(cases: list[SchemaCase], args: argparse.Namespace) -> list[dict]:
     """Score schemas in `args.jobs` worker processes; a worker past its schema's deadline is
     killed and replaced, and the schema counts as a compile error."""
     deadline_s = 2 * args.timeout + 60  # compile, then feeding every instance
     strict = not args.spec_objects
     spawn = lambda: _Scorer(args.model, args.timeout, args.memory_mb, strict)  # noqa: E731
-    scorers = [spawn() for _ in range(max(1, min(args.jobs, len(paths))))]
-    pending = list(reversed(paths))
+    scorers = [spawn() for _ in range(max(1, min(args.jobs, len(cases))))]
+    pending = list(reversed(cases))
     results: list[dict] = []
-    busy: dict[Connection, tuple[Path, float]] = {}
+    busy: dict[Connection, tuple[SchemaCase, float]] = {}
     reported = 0
     try:
         while pending or busy:
             for scorer in scorers:
                 if pending and scorer.conn not in busy:
-                    path = pending.pop()
-                    scorer.conn.send(str(path))
-                    busy[scorer.conn] = (path, time.monotonic() + deadline_s)
+                    case = pending.pop()
+                    scorer.conn.send(case)
+                    busy[scorer.conn] = (case, time.monotonic() + deadline_s)
             nearest = min(d for _, d in busy.values())
             for conn in wait(list(busy), timeout=max(0.0, nearest - time.monotonic())):
-                path, _ = busy.pop(conn)
+                case, _ = busy.pop(conn)
                 try:
                     results.append(conn.recv())
                 except (EOFError, OSError):
-                    results.append(_crashed(path, "the scoring worker died (memory?)"))
+                    results.append(_crashed(case, "the scoring worker died (memory?)"))
                     _replace(scorers, conn, spawn)
             now = time.monotonic()
-            for conn, (path, deadline) in list(busy.items()):
+            for conn, (case, deadline) in list(busy.items()):
                 if now > deadline:
                     busy.pop(conn)
-                    results.append(_crashed(path, f"no result within {deadline_s:g} s"))
+                    results.append(_crashed(case, f"no result within {deadline_s:g} s"))
                     _replace(scorers, conn, spawn)
             if len(results) >= reported + 50:
                 reported = len(results)
-                print(f"  {reported}/{len(paths)} schemas scored", flush=True)
+                print(f"  {reported}/{len(cases)} schemas scored", flush=True)
     finally:
         for scorer in scorers:
             scorer.stop()
     return sorted(results, key=lambda r: r["name"])
 
 
-def _crashed(path: Path, why: str) -> dict:
-    return {"name": path.stem, "status": "compile_error", "error": why}
+def _crashed(case: SchemaCase, why: str) -> dict:
+    return {"name": case.name, "status": "compile_error", "error": why}
 
 
 def _replace(scorers: list, conn: Connection, spawn) -> None:
@@ -114,7 +122,7 @@ def _replace(scorers: list, conn: Connection, spawn) -> None:
 
 
 class _Scorer:
-    """A process that scores one MaskBench file at a time."""
+    """A process that scores one schema case at a time."""
 
     def __init__(self, model: str | None, timeout_s: float, memory_mb: int, strict: bool) -> None:
         ctx = multiprocessing.get_context("spawn")
@@ -142,10 +150,10 @@ def _scorer_main(
     mask = grammars.allocate_bitmask(1, vocab.size)[0]
     while True:
         try:
-            path = conn.recv()
+            case = conn.recv()
         except EOFError:
             return
-        conn.send(score_one(load_case(Path(path)), compiler, tokenizer, mask, strict))
+        conn.send(score_one(case, compiler, tokenizer, mask, strict))
 
 
 def score_one(case: SchemaCase, compiler, tokenizer, mask, strict: bool) -> dict:
@@ -216,10 +224,12 @@ def _reason(message: str) -> str:
     return message[:160]
 
 
-def _print_maskbench(summary: dict, results: list[dict], peer: dict | None = None) -> None:
+def _print_maskbench(title: str, summary: dict, results: list[dict], peer: dict | None) -> None:
     n = summary["schemas"]
     scale = n / MASKBENCH_SCHEMAS
-    print(f"MaskBench: {n} schemas (published rows scaled from {MASKBENCH_SCHEMAS:,} to {n})")
+    published = PUBLISHED if title == "MaskBench" else {}
+    scaled = f" (published rows scaled from {MASKBENCH_SCHEMAS:,} to {n})" if published else ""
+    print(f"{title}: {n} schemas{scaled}")
     print("| engine | passing | invalidation errors | TBM p50 / p99 (us) | TTFM p50 / p99 (ms) |")
     print("|---|---|---|---|---|")
     measured = [("braid", summary)] + ([(f"{peer['engine']}, this run", peer)] if peer else [])
@@ -230,7 +240,7 @@ def _print_maskbench(summary: dict, results: list[dict], peer: dict | None = Non
             f"| {tbm['p50']:.0f} / {tbm['p99']:.0f} | {ttfm['p50']:.1f} / {ttfm['p99']:.0f} |"
         )
     tbm, ttfm = summary["tbm_us"], summary["ttfm_ms"]
-    for engine, (passing, invalid, p50, p99, ttfm_p50) in PUBLISHED.items():
+    for engine, (passing, invalid, p50, p99, ttfm_p50) in published.items():
         print(
             f"| {engine} | {passing * scale:,.0f} | {invalid * scale:,.0f} "
             f"| {p50:,} / {p99:,} | {ttfm_p50:g} |"

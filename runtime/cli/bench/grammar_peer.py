@@ -1,5 +1,6 @@
-"""A peer engine on `braid bench grammar`'s MaskBench schemas: llguidance, run in a Python of
-its own (--peer-python, never braid's venv), on the same instances and tokenizer."""
+"""A peer engine on `braid bench grammar`'s MaskBench and test-suite schemas: llguidance,
+run in a Python of its own (--peer-python, never braid's venv), on the same instances and
+tokenizer."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import argparse
 import json
 from pathlib import Path
 
-from braid.runtime.cli.bench.grammar_cases import load_case, load_vocabulary, serialize
+from braid.runtime.cli.bench.grammar_cases import SchemaCase, load_vocabulary, serialize
 
 # Run by --peer-python: reads {"tokenizer", "eos", "cases": [{"name", "schema", "tests":
 # [[valid, token ids]]}]} from the file named by argv[1], writes per-schema results in
@@ -66,7 +67,7 @@ json.dump(out, open(sys.argv[2], "w"))
 """
 
 
-def score_peer(paths: list[Path], args: argparse.Namespace, out_path: Path) -> list[dict]:
+def score_peer(cases: list[SchemaCase], args: argparse.Namespace, out_path: Path) -> list[dict]:
     """llguidance's results on the same schemas, instances and tokenizer (serialized and
     tokenized here, as for braid), from a subprocess in --peer-python; its engine's name
     last."""
@@ -76,18 +77,17 @@ def score_peer(paths: list[Path], args: argparse.Namespace, out_path: Path) -> l
     from braid.runtime.loading.model_loader import resolve_model_dir
 
     tokenizer, _ = load_vocabulary(args.model)
-    cases = []
-    for path in paths:
-        case = load_case(path)
+    jobs = []
+    for case in cases:
         tests = [
             [valid, tokenizer.encode(serialize(data, case.schema), add_special_tokens=False)]
             for valid, data in case.tests
         ]
-        cases.append({"name": case.name, "schema": case.schema, "tests": tests})
+        jobs.append({"name": case.name, "schema": case.schema, "tests": tests})
     job = {
         "tokenizer": str(resolve_model_dir(args.model)),
         "eos": tokenizer.eos_token_id,
-        "cases": cases,
+        "cases": jobs,
     }
     with tempfile.NamedTemporaryFile("w", suffix=".json") as job_file:
         json.dump(job, job_file)

@@ -42,7 +42,7 @@ def _requests(vocab, temperature: float) -> list[SimpleNamespace]:
     """Regex, JSON and choices rows, unconstrained ones (one with penalties and min_tokens),
     and a row whose matcher raises."""
     regex = grammars.compile(grammars.Regex(r"[0-9]{2,5}"), vocab)
-    schema = grammars.compile(grammars.JsonSchema.of(SCHEMA), vocab)
+    schema = grammars.compile(grammars.JsonSchema.of(SCHEMA, whitespace=grammars.COMPACT), vocab)
     choices = grammars.compile(grammars.Choices(("yes", "no")), vocab)
     t = temperature
     rows = [
