@@ -3,10 +3,12 @@ entries and of memory, the least recently used evicted first.
 
 Each grammar estimates its own memory (`memory_bytes()`). Lazy automata and EBNF grammars
 grow as requests reach new states, so `trim` measures every entry again before it evicts;
-the compiler trims after each compile and every second while idle. Evicting drops the
-cache's reference: a grammar that running requests still use lives until they finish, and
-the next request asking for it compiles it again. Without a total, N distinct (hostile)
-constraints would hold N per-grammar budgets.
+the compiler measures each grammar it compiles before handing it over (`measured`), and every
+entry at most once a second (after a compile while busy, on a timer while idle): measuring
+them all after each compile held the GIL against the request about to use the new grammar.
+Evicting drops the cache's reference: a grammar that running requests still use lives until
+they finish, and the next request asking for it compiles it again. Without a total, N
+distinct (hostile) constraints would hold N per-grammar budgets.
 """
 
 from __future__ import annotations
@@ -79,6 +81,15 @@ class GrammarCache:
             for key, size in sizes.items():
                 if key in self._entries:
                     self._sizes[key] = size
+            while len(self._entries) > 1 and self._total() > self.max_bytes:
+                self._evict_oldest()
+
+    def measured(self, key: Hashable, size: int) -> None:
+        """Entry `key`'s compile, about to settle, takes `size` bytes: counted, and the least
+        recently used evicted past the budget (the other entries as last measured)."""
+        with self._lock:
+            if key in self._entries:
+                self._sizes[key] = size
             while len(self._entries) > 1 and self._total() > self.max_bytes:
                 self._evict_oldest()
 

@@ -255,14 +255,17 @@ class GrammarCompiler:
                 continue
             try:
                 kind = kind_of(job)
-                future.set_result(kind.assemble(job, self.vocab, in_worker, self.max_state_mb))
+                compiled = kind.assemble(job, self.vocab, in_worker, self.max_state_mb)
+                self._cache.measured(job, compiled.memory_bytes())
+                future.set_result(compiled)
             except _Abandoned:
                 future.set_exception(ValueError("abandoned by every request that asked"))
             except Exception as e:  # handed to the request that asked (a ResultLost included)
                 future.set_exception(e if isinstance(e, ValueError) else ValueError(str(e)))
             with self._lock:
                 self._pending.pop(future, None)
-            self.trim()
+            if time.monotonic() - self._last_trim >= _TRIM_INTERVAL_S:
+                self.trim()  # the grammars in use grow while the compiler is busy too
         if worker is not None:
             worker.stop()
 

@@ -92,7 +92,7 @@ class _Vocab:
         self.handle = lib.lazy_vocab_new(vocab.size, data, offsets_t.data_ptr())
         if not self.handle:
             raise ValueError(f"lazy grammar vocabulary: {_error(lib)}")
-        weakref.finalize(self, lib.lazy_vocab_free, self.handle)
+        weakref.finalize(self, lib.lazy_vocab_free, self.handle).atexit = False  # see renew
         # An estimate of what the C++ side holds: each token's std::string (its heap buffer
         # past 15 bytes), per length a bitmask of the plain tokens that short, and two tries
         # of at most one node per token byte (13 bytes a node, 4 a token).
@@ -160,6 +160,10 @@ class LazyRegexGrammar(Grammar):
                 raise LazyUnsupported(f"regex cannot be compiled: {_error(self.lib)}")
             self.handle = handle
             self._free = weakref.finalize(self, self.lib.lazy_grammar_free, handle)
+            # Not at interpreter exit: a daemon compile thread may still be measuring the
+            # automaton (trim), and freeing it under that thread corrupted the heap; the
+            # process's memory goes with it anyway.
+            self._free.atexit = False
             self.start = self.lib.lazy_start(handle)
             self.generation += 1
 
