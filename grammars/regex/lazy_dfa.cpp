@@ -26,8 +26,10 @@
 // Called through ctypes from grammars/regex/lazy.py; every entry point catches C++ exceptions.
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -451,17 +453,20 @@ void utf8_split(uint32_t lo, uint32_t hi, std::vector<ByteSeq>& out) {
 }
 
 // ---------------------------------------------------------------------------------------
-// The NFA: byte-range steps and epsilon splits, built backwards (each piece compiled with
-// the node it continues to). Nodes that cannot reach the match are dropped from DFA states.
+// The NFA: byte-range and byte-set steps and epsilon splits, built backwards (each piece
+// compiled with the node it continues to). Nodes that cannot reach the match are dropped from DFA states.
 
 constexpr int kMaxNfaNodes = 8'000'000;
 constexpr int kCountedUnits = 16;  // class repetitions allowing more are tagged by unit
 
 struct NfaNode {
-  enum Kind : uint8_t { kByte, kSplit, kMatch } kind;
-  uint8_t lo = 0, hi = 0;
-  int a = -1, b = -1;  // kByte: a = next; kSplit: a, b (b may be -1)
+  enum Kind : uint8_t { kByte, kSplit, kMatch, kSet } kind;
+  uint8_t lo = 0, hi = 0;  // kByte: the bytes lo..hi; kSet: lo | hi << 8 indexes Nfa::sets
+  int a = -1, b = -1;      // kByte, kSet: a = next; kSplit: a, b (b may be -1)
 };
+
+using ByteSet = std::array<uint64_t, 4>;
+constexpr size_t kMaxByteSets = 1 << 16;
 
 // A counted class repetition or a length lookahead's copies: `units` equal units of `size`
 // nodes from `base`, unit u entered when `need[u]` more characters are required and
@@ -479,10 +484,20 @@ constexpr int kMaxUnitSize = 1 << 20;
 class Nfa {
  public:
   std::vector<NfaNode> nodes;
+  std::vector<ByteSet> sets;  // kSet nodes' bytes
   std::vector<int> live;     // 1: the match is reachable
   std::vector<int> counted;  // node -> index into groups, or -1
   std::vector<Counted> groups;
   int start = -1;
+
+  static bool steps(const NfaNode& n) { return n.kind == NfaNode::kByte || n.kind == NfaNode::kSet; }
+  // Whether the step node n takes `byte`.
+  bool takes(const NfaNode& n, int byte) const {
+    if (n.kind == NfaNode::kByte) return n.lo <= byte && byte <= n.hi;
+    if (n.kind != NfaNode::kSet) return false;
+    const ByteSet& set = sets[n.lo | n.hi << 8];
+    return set[byte >> 6] >> (byte & 63) & 1;
+  }
 
   Nfa(const std::vector<Ast>& ast, int root) : ast_(ast) {
     int match = node({NfaNode::kMatch});
@@ -571,7 +586,7 @@ class Nfa {
       const NfaNode& n = nodes[base + o];
       for (int t : {n.a, n.b}) {
         if (t >= base && t < base + size) preds[t - base].push_back({o, 0});
-        else if (n.kind == NfaNode::kByte && t >= base - size && t < base) preds[t - base + size].push_back({o, 1});
+        else if (steps(n) && t >= base - size && t < base) preds[t - base + size].push_back({o, 1});
       }
     }
     std::vector<int> dist(size, INT32_MAX);
@@ -606,8 +621,21 @@ class Nfa {
     }
     if (seqs.empty()) throw std::runtime_error("a character class matches nothing");
     if (span_chars_ != nullptr) next = span_last_ == 1 ? -1 : span_last_ == 2 ? next : next - span_size_;
+    // The class's single bytes in one set node where they are several ranges (JSON's
+    // whitespace [ \n\t] is two, a string's ASCII characters three): a node a range and a
+    // split between each cost a large schema millions of nodes.
+    ByteSet single{};
+    int singles = 0;
+    for (const ByteSeq& seq : seqs) {
+      if (seq.size() != 1) continue;
+      for (int b = seq[0].first; b <= seq[0].second; ++b) single[b >> 6] |= uint64_t{1} << (b & 63);
+      ++singles;
+    }
+    bool as_set = singles > 1 && (set_ids_.count(single) || sets.size() < kMaxByteSets);
     int start = -1;
+    if (as_set) start = node({NfaNode::kSet, 0, 0, next, -1}), set_of(nodes[start], single);
     for (auto it = seqs.rbegin(); it != seqs.rend(); ++it) {
+      if (as_set && it->size() == 1) continue;
       int cur = next;
       for (auto b = it->rbegin(); b != it->rend(); ++b) {
         cur = node({NfaNode::kByte, b->first, b->second, cur, -1});
@@ -615,6 +643,13 @@ class Nfa {
       start = start < 0 ? cur : split(cur, start);
     }
     return start;
+  }
+
+  std::map<ByteSet, int> set_ids_;
+  void set_of(NfaNode& n, const ByteSet& set) {
+    auto [it, added] = set_ids_.emplace(set, static_cast<int>(sets.size()));
+    if (added) sets.push_back(set);
+    n.lo = it->second & 0xFF, n.hi = it->second >> 8;
   }
 
   int repeat(const Ast& a, int next) {
@@ -707,6 +742,10 @@ class Nfa {
     std::vector<int> first, preds;
     predecessors(first, preds);
     std::vector<int> dist(nodes.size(), kNever);
+    std::vector<uint8_t> set_spellable(sets.size(), 0);
+    for (size_t i = 0; i < sets.size(); ++i) {
+      for (int b = 0; b < 256; ++b) set_spellable[i] |= spellable[b] && (sets[i][b >> 6] >> (b & 63) & 1);
+    }
     std::vector<int> todo{0}, later;  // node 0 is the match (made first)
     dist[0] = 0;
     for (int d = 0; !todo.empty(); ++d, todo.swap(later), later.clear()) {
@@ -718,9 +757,9 @@ class Nfa {
           int p = preds[i];
           const NfaNode& pn = nodes[p];
           int w = 0;
-          if (pn.kind == NfaNode::kByte) {
-            bool any = false;
-            for (int b = pn.lo; b <= pn.hi && !any; ++b) any = spellable[b];
+          if (steps(pn)) {
+            bool any = pn.kind == NfaNode::kSet && set_spellable[pn.lo | pn.hi << 8];
+            for (int b = pn.lo; pn.kind == NfaNode::kByte && b <= pn.hi && !any; ++b) any = spellable[b];
             if (!any) continue;
             w = 1;
           }
@@ -903,7 +942,7 @@ class Grammar {
     std::vector<int> seeds;
     for (int n : states_[s].nfa) {
       const NfaNode& node = nfa_.nodes[n];
-      if (node.kind == NfaNode::kByte && node.lo <= byte && byte <= node.hi) seeds.push_back(node.a);
+      if (nfa_.takes(node, byte)) seeds.push_back(node.a);
     }
     t = seeds.empty() ? kDead : state_of(closure(seeds));
     states_[s].trans[byte] = t;  // states_ may have grown: index again
@@ -1049,9 +1088,14 @@ class Grammar {
   // node, so the path from any node on another's is the rest of that one's.
   uint8_t path_byte(int n) const {
     const NfaNode& node = nfa_.nodes[n];
-    int b = node.lo;
-    while (b < node.hi && !vocab_.single_byte[b]) ++b;
-    return static_cast<uint8_t>(b);
+    bool range = node.kind == NfaNode::kByte;
+    int last = node.lo;
+    for (int b = range ? node.lo : 0; b <= (range ? node.hi : 255); ++b) {
+      if (!nfa_.takes(node, b)) continue;
+      if (vocab_.single_byte[b]) return static_cast<uint8_t>(b);
+      last = b;
+    }
+    return static_cast<uint8_t>(last);
   }
   int next_on_path(int n) {
     auto it = next_on_path_.find(n);
@@ -1106,7 +1150,7 @@ class Grammar {
   int token_on_path(int n) {
     const Trie& trie = vocab_.all;
     int node = 0, cur = n, end = -1;
-    while (nfa_.nodes[cur].kind == NfaNode::kByte) {
+    while (Nfa::steps(nfa_.nodes[cur])) {
       uint8_t b = path_byte(cur);
       auto first = trie.child_byte.begin() + trie.child_start[node];
       auto last = trie.child_byte.begin() + trie.child_start[node + 1];

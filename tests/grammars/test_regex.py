@@ -220,14 +220,15 @@ SCHEMA_TEXT = '{"id":12,"tags":["b","a"],"when":"2024-02-29"}'
 @pytest.mark.parametrize(
     "pattern",
     [*PATTERNS, r'"([^"\\\x00-\x1f]|\\["\\/bfnrt])*"', r"(a|ab)(c|bcd)(d*)", r"[^a-c\n]+[\d]",
-     schema_to_regex(SCHEMA)],
+     schema_to_regex(SCHEMA), r"[ \n\t]{0,20}\{[ \n\t]{0,20}\}", r"[a-c\té€]+"],
 )  # fmt: skip
 def test_lazy_masks_are_the_index_masks(pattern, vocab, tokenizer):
     """Along a matching text, the lazy automaton allows exactly the index's tokens."""
     index, lazy = compile_regex(pattern, vocab, "index"), compile_regex(pattern, vocab, "lazy")
     text = next(
         t for t in ["(555) 867-5309", "abc-de", "maybe because x", "2024-02-29", "-12.5",
-                    "Ab Cé", '"a\\"b"', "abcd", "xyz4", SCHEMA_TEXT] if re.fullmatch(pattern, t)
+                    "Ab Cé", '"a\\"b"', "abcd", "xyz4", SCHEMA_TEXT, " {\n  }", "aé€\tb"]
+        if re.fullmatch(pattern, t)
     )  # fmt: skip
     rows = grammars.allocate_bitmask(2, vocab.size)
     matchers = [index.matcher(), lazy.matcher()]
