@@ -162,11 +162,16 @@ class _Converter:
             regex = self._convert(schema, path, depth)
         finally:
             self.nesting -= 1
-        if regex is not None and len(regex) > MAX_REGEX_CHARS:
-            raise _TooLarge(f"the schema's regex is too large at {path}")
+        if regex is not None:
+            self.check_size(len(regex), path)
         if key[0] in self.document:
             self.converted[key] = regex
         return regex
+
+    def check_size(self, chars: int, path: str) -> None:
+        """Refuse (for a shallower conversion) a regex of `chars` characters at `path`."""
+        if chars > MAX_REGEX_CHARS:
+            raise _TooLarge(f"the schema's regex is too large at {path}")
 
     def _convert(self, schema: Any, path: str, depth: int) -> str | None:
         if schema is True or schema == {}:

@@ -83,6 +83,9 @@ def object_regex(conv: Any, schema: dict, path: str, depth: int) -> str | None:
         if value is not None:
             pair = f'"{string_not_in(names)}"{conv.key_sep}{value}'
             members.append((f"{pair}({conv.item_sep}{pair})*", False))
+    # Members up to the first required one are written twice (members_regex): an object past
+    # the regex size limit is refused before its copies are made.
+    conv.check_size(sum(len(m) for m, _ in members), path)
     return rf"\{{{w}{members_regex(members, conv.item_sep, nonempty)}{w}\}}"
 
 
