@@ -5,6 +5,8 @@ with a peer engine from grammar_peer.py)."""
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -107,12 +109,15 @@ def _bench_end_to_end(model: str | None) -> dict:
         "json_schema": isolated(_end_to_end_run, model, _PERSON),
     }
     print(f"end to end, {len(_PEOPLE)} extraction requests at once, greedy, {machine()}")
-    print(f"{'':<16}{'tokens':>8}{'seconds':>9}{'tok/s':>8}{'TPOT p50 ms':>13}{'jump-fwd':>10}")
+    print(
+        f"{'':<16}{'tokens':>8}{'seconds':>9}{'tok/s':>8}{'TPOT p50 ms':>13}{'jump-fwd':>10}"
+        f"{'valid':>7}{'ages right':>12}"
+    )
     for label, row in rows.items():
         print(
             f"{label:<16}{row['output_tokens']:>8}{row['seconds']:>9.2f}"
             f"{row['tokens_per_s']:>8.1f}{row['tpot_p50_s'] * 1e3:>13.1f}"
-            f"{row['jump_forward_tokens']:>10}"
+            f"{row['jump_forward_tokens']:>10}{row['valid']:>7}{row['ages_right']:>12}"
         )
     print(f"json_schema sample: {rows['json_schema']['sample']}\n")
     return rows
@@ -144,6 +149,7 @@ def _end_to_end_run(model: str | None, schema: dict | None) -> dict:
     finally:
         engine.shutdown()
     tokens = sum(len(o.token_ids) for o in outs)
+    answers = [_answer(o.text) for o in outs]
     return {
         "requests": len(outs),
         "output_tokens": tokens,
@@ -151,5 +157,24 @@ def _end_to_end_run(model: str | None, schema: dict | None) -> dict:
         "tokens_per_s": tokens / seconds,
         "tpot_p50_s": stats["tpot_p50_s"],
         "jump_forward_tokens": stats["jump_forward_tokens"] - before,
+        "valid": sum(_valid(a) for a in answers),
+        # Each note states one number, the person's age: whether the answer kept it.
+        "ages_right": sum(
+            _valid(a) and a["age"] == int(re.search(r"\d+", p).group())
+            for a, p in zip(answers, _PEOPLE, strict=True)
+        ),
         "sample": outs[0].text[:200],
     }
+
+
+def _answer(text: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _valid(answer: object) -> bool:
+    import jsonschema
+
+    return jsonschema.Draft202012Validator(_PERSON).is_valid(answer)
