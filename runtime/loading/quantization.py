@@ -11,7 +11,6 @@ over ranks), without the C++ kernels, or for a file holding a block type with no
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from braid.runtime.config import EngineConfig
@@ -37,11 +36,6 @@ def resolve_quantization(config: EngineConfig, model_dir: Path) -> tuple[str, st
     if missing := gguf_file.without_kernel(types):
         return "none", f"auto: {source.name} holds {', '.join(missing)}, which no kernel reads"
     return "gguf", f"auto: {source.name}'s own blocks ({', '.join(types)})"
-
-
-def _architectures(model_dir: Path) -> list[str] | None:
-    file = model_dir / "config.json"
-    return json.loads(file.read_text()).get("architectures") if file.is_file() else None
 
 
 def _cpu_kernels():

@@ -107,6 +107,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         checks = [
             (self.max_tokens >= 0, "max_tokens must be >= 0"),
             (0 <= self.min_tokens, "min_tokens must be >= 0"),
+            (
+                self.min_tokens <= self.max_tokens,
+                f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})",
+            ),
             (0 <= self.temperature < math.inf, "temperature must be >= 0 and finite"),
             (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
             (0 <= self.top_k < _INT64, "top_k must be >= 0 and < 2**63 (0 turns it off)"),

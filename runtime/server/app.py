@@ -18,6 +18,7 @@ from braid.runtime.config import RequestLimits
 from braid.runtime.engine.engine import Engine
 from braid.runtime.server import dashboard, openapi
 from braid.runtime.server.http import guards
+from braid.runtime.server.http.connections import RETRY_AFTER_S
 from braid.runtime.server.http.disconnects import ClientGone
 from braid.runtime.server.request_context import set_tenant
 from braid.runtime.server.routes import anthropic as anthropic_routes
@@ -113,9 +114,11 @@ def create_app(
 
 
 def _reply(status: int, kind: str, code: str | None = None):
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+
     async def handler(request: Request, exc: Exception) -> Response:
         message = str(exc) or type(exc).__name__
-        return JSONResponse(error_body(status, kind, message, code), status)
+        return JSONResponse(error_body(status, kind, message, code), status, headers=headers)
 
     return handler
 

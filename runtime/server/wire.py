@@ -387,6 +387,9 @@ _UNIMPLEMENTED: dict[str, Any] = {
 }
 
 
+COMPLETION_MAX_TOKENS = 16  # /v1/completions' max_tokens when a request gives none
+
+
 def openai_request(
     obj: dict[str, Any], kind: type[_OpenAIRequest], context_length: int
 ) -> tuple[Any, SamplingParams, list[str]]:
@@ -414,8 +417,9 @@ def openai_request(
         fields["logprobs"], fields["top_logprobs"] = True, req.logprobs
         if req.echo:
             fields["prompt_logprobs_from"] = 1
-    # OpenAI's max_tokens defaults to the rest of the context (the engine caps it there).
-    fields.setdefault("max_tokens", context_length)
+    # OpenAI's defaults: a chat reply runs to the rest of the context (the engine caps it
+    # there), a text completion to 16 tokens (as OpenAI's legacy API and vLLM).
+    fields.setdefault("max_tokens", context_length if chat else COMPLETION_MAX_TOKENS)
     return req, sampling_params(fields), ignored
 
 

@@ -47,6 +47,17 @@ REQUIRED_KEYS = (
 )
 
 
+def causal_lm_architectures(model_type: object) -> list[str]:
+    """The class transformers' AutoModelForCausalLM builds for `model_type`, for a config.json
+    without `architectures` (one saved from a config object, as after a GGUF conversion)."""
+    if not isinstance(model_type, str):
+        return []
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    return [name] if isinstance(name, str) else []
+
+
 def missing_keys(config: dict) -> list[str]:
     """The REQUIRED_KEYS a config.json lacks (and Qwen3's, Gemma's and GPT-OSS's head size,
     whose defaults are not hidden / heads)."""
@@ -54,7 +65,7 @@ def missing_keys(config: dict) -> list[str]:
         raise TypeError(f"config.json holds a {type(config).__name__}, not an object")
     own_head = ("Qwen3ForCausalLM", "GptOssForCausalLM", *config_families.GEMMA_ARCHITECTURES)
     keys = REQUIRED_KEYS + (
-        ("head_dim",) if set(own_head) & set(config.get("architectures", ())) else ()
+        ("head_dim",) if set(own_head) & set(config.get("architectures") or ()) else ()
     )
     return [k for k in keys if k not in config]
 
@@ -102,11 +113,12 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, config: dict) -> ModelConfig:
         """From a config.json holding every REQUIRED_KEYS (or a transformers config's to_dict())."""
-        archs = config.get("architectures") or []
+        archs = config.get("architectures") or causal_lm_architectures(config.get("model_type"))
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
             raise ValueError(
-                f"unsupported model architecture {archs or config.get('model_type')!r}; "
+                f"unsupported model architecture {archs!r} (model_type "
+                f"{config.get('model_type')!r}); "
                 f"braid supports {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
         config = config_families.text_config(config)

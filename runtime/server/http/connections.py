@@ -33,6 +33,9 @@ log = logging.getLogger("braid.serve")
 # The listen queue, and how many connections asyncio accepts in one turn of its loop; those
 # are counted (connection_made) only a turn or two later, so they may pass the bound meanwhile.
 BACKLOG = 128
+# A 503's Retry-After: a full server or compile queue drains within seconds, and clients that
+# honour it (the official SDKs retry with it) come back then rather than at once.
+RETRY_AFTER_S = 1
 # Descriptors left free beyond the connections: a few accept batches not yet counted, and
 # the process's own files, pipes and compile workers (an idle server holds about 10).
 _SPARE_DESCRIPTORS = 4 * BACKLOG + 128
@@ -274,7 +277,8 @@ class GuardedH11Protocol(H11Protocol):
             f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
             "content-type: application/json\r\n"
             f"content-length: {len(body)}\r\n"
-            "connection: close\r\n\r\n"
+            + (f"retry-after: {RETRY_AFTER_S}\r\n" if status == 503 else "")
+            + "connection: close\r\n\r\n"
         )
         self.transport.write(head.encode() + body)
         self.transport.close()

@@ -28,6 +28,7 @@ from braid.runtime.server.chat import pipeline, tools
 from braid.runtime.server.chat.conversation import ConversationRequest
 from braid.runtime.server.chat.pipeline import Prepared
 from braid.runtime.server.chat.reply import Reply
+from braid.runtime.server.http.connections import RETRY_AFTER_S
 from braid.runtime.server.http.disconnects import unless_disconnected
 from braid.runtime.server.request_context import context_of
 from braid.runtime.server.routes.anthropic_wire import (
@@ -78,7 +79,10 @@ def _anthropic_errors(
             for kind, status, name in _ERRORS:
                 if isinstance(e, kind):
                     details = getattr(e, "details", None)
-                    return error_response(status, name, str(e) or type(e).__name__, details)
+                    reply = error_response(status, name, str(e) or type(e).__name__, details)
+                    if isinstance(e, Overloaded):
+                        reply.headers["Retry-After"] = str(RETRY_AFTER_S)
+                    return reply
             raise
 
     return answer

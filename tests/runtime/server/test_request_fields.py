@@ -220,3 +220,19 @@ def test_legacy_functions(client):
         )
     with pytest.raises(openai.BadRequestError, match="go with `functions`"):
         client.chat.completions.create(model="tiny", messages=history, max_tokens=3)
+
+
+def test_a_completion_without_max_tokens_stops_at_16(server):
+    # OpenAI's legacy completions and vLLM default to 16 tokens; a chat reply to the context.
+    body = {"prompt": "Once upon a time", "temperature": 0, "ignore_eos": True}
+    r = httpx.post(server.url + "/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 16
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_min_tokens_above_max_tokens_is_a_400_naming_both(server):
+    body = {"prompt": "Hi", "max_tokens": 4, "min_tokens": 9}
+    r = httpx.post(server.url + "/v1/completions", json=body)
+    assert r.status_code == 400
+    assert "min_tokens (9) must be <= max_tokens (4)" in r.json()["error"]["message"]

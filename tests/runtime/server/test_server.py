@@ -452,8 +452,14 @@ def test_queue_limit_answers_503(tiny_model_path, monkeypatch):
         wait_for(lambda: svc.num_active == 2, 60, "both held requests to be admitted")
         r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
         assert r.status_code == 503 and "queue limit" in r.json()["error"]["message"]
+        assert r.headers["retry-after"] == "1"  # the SDKs wait that long before retrying
         r = httpx.post(server.url + "/generate", json={"text": "x", "sampling_params": {"n": 3}})
-        assert r.status_code == 503
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        model = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
+        ask = {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}
+        r = httpx.post(server.url + "/v1/messages", json=ask)
+        assert r.status_code == 529 and r.json()["error"]["type"] == "overloaded_error"
+        assert r.headers["retry-after"] == "1"
         gate.open()
         for t in threads:
             t.join(60)

@@ -258,7 +258,7 @@ def test_when_every_connection_has_a_request_in_flight_a_new_one_gets_a_503(engi
 
         wait_for(all_owe_bodies, 30, "the server to read the four requests' headers")
         refused = httpx.get(server.url + "/health", timeout=5)
-        assert refused.status_code == 503, refused.text
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1", refused.text
         assert "4 connections open (--max-connections)" in refused.json()["error"]["message"]
         # Once the bodies' deadline has closed them, requests are served again.
         assert len(_read_until_closed(busy, 2 + SLACK_S)) == 4
