@@ -1,5 +1,6 @@
 """The stored responses of /v1/responses: what `previous_response_id` continues and
-`GET /v1/responses/{id}` returns, held in memory within a count and a byte budget."""
+`GET /v1/responses/{id}` returns, held in memory within a count and a byte budget, each
+under its tenant (the API key's, with --cache-scope key): another tenant's id is not found."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ class StoredResponse:
 
 
 class ResponseStore:
-    """Responses by id, the least recently used evicted first once there are more than
+    """Responses by (tenant, id), the least recently used evicted first once there are more than
     `max_responses` or their sizes (as JSON) add up to more than `max_bytes`. A response
     larger than the whole budget is not kept. Used on the event loop only: no locking."""
 
@@ -37,32 +38,33 @@ class ResponseStore:
         self.max_responses = max_responses
         self.max_bytes = max_bytes
         self.num_bytes = 0
-        self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
+        self._entries: OrderedDict[tuple[str | None, str], StoredResponse] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def put(self, body: dict[str, Any], history: list[ChatMessage]) -> bool:
-        """Keep the response (under body["id"]); False if it alone is over the budget."""
+    def put(self, tenant: str | None, body: dict[str, Any], history: list[ChatMessage]) -> bool:
+        """Keep the response (under the tenant and body["id"]); False if it alone is over the
+        budget."""
         size = len(msgspec.json.encode(body)) + len(msgspec.json.encode(history))
         if size > self.max_bytes:
             return False
-        self.delete(body["id"])
-        self._entries[body["id"]] = StoredResponse(body, history, size)
+        self.delete(tenant, body["id"])
+        self._entries[(tenant, body["id"])] = StoredResponse(body, history, size)
         self.num_bytes += size
         while len(self._entries) > self.max_responses or self.num_bytes > self.max_bytes:
             _, evicted = self._entries.popitem(last=False)
             self.num_bytes -= evicted.num_bytes
         return True
 
-    def get(self, response_id: str) -> StoredResponse | None:
-        entry = self._entries.get(response_id)
+    def get(self, tenant: str | None, response_id: str) -> StoredResponse | None:
+        entry = self._entries.get((tenant, response_id))
         if entry is not None:
-            self._entries.move_to_end(response_id)
+            self._entries.move_to_end((tenant, response_id))
         return entry
 
-    def delete(self, response_id: str) -> bool:
-        entry = self._entries.pop(response_id, None)
+    def delete(self, tenant: str | None, response_id: str) -> bool:
+        entry = self._entries.pop((tenant, response_id), None)
         if entry is None:
             return False
         self.num_bytes -= entry.num_bytes

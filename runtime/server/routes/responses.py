@@ -255,7 +255,7 @@ async def create_response(request: Request) -> Response:
     store = _store(request)
     history: list[ChatMessage] = []
     if req.previous_response_id is not None:
-        previous = store.get(req.previous_response_id)
+        previous = store.get(ctx.tenant, req.previous_response_id)
         if previous is None:  # unknown, evicted, deleted or never stored: OpenAI's answer
             message = f"Previous response with id '{req.previous_response_id}' not found."
             body = error_body(400, "invalid_request_error", message, "previous_response_not_found")
@@ -300,7 +300,7 @@ async def create_response(request: Request) -> Response:
             "usage": _usage(meta),
         }
         if req.store is not False:
-            store.put(body, history + chat_messages(writer.items, "output"))
+            store.put(ctx.tenant, body, history + chat_messages(writer.items, "output"))
         return body
 
     if req.stream:
@@ -419,13 +419,13 @@ def _not_found(response_id: str) -> Response:
 
 async def get_response(request: Request) -> Response:
     response_id = request.path_params["response_id"]
-    entry = _store(request).get(response_id)
+    entry = _store(request).get(context_of(request).tenant, response_id)
     return JSONResponse(entry.body) if entry is not None else _not_found(response_id)
 
 
 async def delete_response(request: Request) -> Response:
     response_id = request.path_params["response_id"]
-    if not _store(request).delete(response_id):
+    if not _store(request).delete(context_of(request).tenant, response_id):
         return _not_found(response_id)
     return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 

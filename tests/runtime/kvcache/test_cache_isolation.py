@@ -328,6 +328,32 @@ def test_every_key_is_accepted_in_both_headers_and_others_refused(keyed):
         assert httpx.get(keyed.url + "/v1/models", headers=headers).status_code == 401
 
 
+def test_a_stored_response_is_its_tenants_alone(keyed):
+    """Another key can neither read a stored response, nor continue it (and so read its
+    conversation), nor delete it: to it the id is not found."""
+    clients = {
+        key: openai.OpenAI(base_url=keyed.url + "/v1", api_key=key, max_retries=0) for key in KEYS
+    }
+    owner, other = clients[KEYS[0]], clients[KEYS[1]]
+    made = owner.responses.create(model="tiny", input="Your bank PIN is 483.", max_output_tokens=2)
+    with pytest.raises(openai.NotFoundError):
+        other.responses.retrieve(made.id)
+    with pytest.raises(openai.BadRequestError, match="not found"):
+        other.responses.create(
+            model="tiny", previous_response_id=made.id, input="What is my PIN?", max_output_tokens=2
+        )
+    with pytest.raises(openai.NotFoundError):
+        other.responses.delete(made.id)
+    assert owner.responses.retrieve(made.id).id == made.id  # still there, for its own key
+    follow = owner.responses.create(
+        model="tiny", previous_response_id=made.id, input="And?", max_output_tokens=2
+    )
+    assert follow.previous_response_id == made.id
+    owner.responses.delete(made.id)
+    for client in clients.values():
+        client.close()
+
+
 def test_key_scope_needs_keys(engine):
     with pytest.raises(ValueError, match="API key"):
         create_app(engine, "tiny", cache_scope="key")

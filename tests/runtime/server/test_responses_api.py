@@ -287,17 +287,19 @@ def test_store_bounds_by_count_and_bytes():
 
     store = ResponseStore(max_responses=3, max_bytes=10_000)
     for i in range(5):
-        assert store.put(body(i), history)
-    assert len(store) == 3 and store.get("resp_1") is None and store.get("resp_2") is not None
-    size = store.get("resp_2").num_bytes
+        assert store.put(None, body(i), history)
+    assert len(store) == 3 and store.get(None, "resp_1") is None
+    assert store.get(None, "resp_2") is not None
+    size = store.get(None, "resp_2").num_bytes
     tight = ResponseStore(max_responses=100, max_bytes=2 * size)
     for i in range(4):
-        tight.put(body(i), history)
+        tight.put(None, body(i), history)
         assert tight.num_bytes <= 2 * size
-    assert [tight.get(f"resp_{i}") is not None for i in range(4)] == [False, False, True, True]
-    assert not tight.put(body(9), [ChatMessage(role="user", content="y" * 3 * size)])
-    assert tight.get("resp_9") is None and len(tight) == 2
-    assert tight.delete("resp_3") and not tight.delete("resp_3")
+    kept = [tight.get(None, f"resp_{i}") is not None for i in range(4)]
+    assert kept == [False, False, True, True]
+    assert not tight.put(None, body(9), [ChatMessage(role="user", content="y" * 3 * size)])
+    assert tight.get(None, "resp_9") is None and len(tight) == 2
+    assert tight.delete(None, "resp_3") and not tight.delete(None, "resp_3")
     assert tight.num_bytes == size
 
 
