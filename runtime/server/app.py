@@ -109,7 +109,7 @@ def create_app(
     app.state.service = Service(
         engine, model_name, max_queued_requests, limits, aliases, accept_any_model
     )
-    app.state.dashboard = dashboard.Dashboard(engine)
+    app.state.dashboard = dashboard.Dashboard(engine, lists_requests=cache_scope != "key")
     return app
 
 

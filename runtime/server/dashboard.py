@@ -45,6 +45,10 @@ def key_in_query(scope: dict) -> bytes:
 @dataclass
 class Dashboard:
     engine: Engine
+    # Under --cache-scope key each key is a tenant, and the engine's summaries do not say
+    # whose a request was: the list of last requests (their counts and traced text) is
+    # left out, and only the whole engine's figures shown.
+    lists_requests: bool = True
     samples: deque[dict] = field(default_factory=deque)
     _last: dict | None = None  # the previous sample's counters, for rates
 
@@ -60,7 +64,7 @@ class Dashboard:
             self.samples.append(self._sample(now))
         while now - self.samples[0]["t"] > HISTORY_S:
             self.samples.popleft()
-        recent = list(self.engine.outputs.recent)[-LISTED_REQUESTS:]
+        recent = list(self.engine.outputs.recent)[-LISTED_REQUESTS:] if self.lists_requests else []
         return {
             "now": now,
             "samples": list(self.samples),

@@ -11,6 +11,7 @@ right guess reports one more cached token; across salts and keys the two must be
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import threading
 
@@ -352,6 +353,17 @@ def test_a_stored_response_is_its_tenants_alone(keyed):
     owner.responses.delete(made.id)
     for client in clients.values():
         client.close()
+
+
+def test_the_dashboard_lists_no_tenants_requests(keyed):
+    """Under key scope the dashboard shows the engine's figures but not the last requests:
+    one key's traced output text would be another's to read."""
+    body = {"text": SECRET, "sampling_params": {"max_new_tokens": 4, "trace": True}}
+    r = httpx.post(keyed.url + "/generate", json=body, headers=auth(KEYS[0]), timeout=60)
+    assert r.status_code == 200, r.text
+    data = httpx.get(keyed.url + "/dashboard/data", headers=auth(KEYS[1])).json()
+    assert data["requests"] == [] and data["samples"]
+    assert SECRET not in json.dumps(data)
 
 
 def test_key_scope_needs_keys(engine):
