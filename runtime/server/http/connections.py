@@ -64,6 +64,11 @@ class ConnectionLimits:
     keep_alive_timeout_s: float = _setting(
         5.0, "seconds an idle connection is kept open for the client's next request"
     )
+    write_timeout_s: float = _setting(
+        30.0,
+        "seconds a response may wait for its client to read (the socket's buffers full); "
+        "later, the connection is dropped and the request's places freed",
+    )
     max_connections: int = _setting(
         2048,
         "open connections; past it a new one closes the connection idle longest (or still "
@@ -180,6 +185,7 @@ def quiet_accept_errors() -> None:
 
 
 _evictions = _Throttle()
+_stalls = _Throttle()  # clients that stopped reading
 
 # What a connection owes the server now, and the ConnectionLimits field that bounds it.
 _DEADLINES = {"headers": "header_timeout_s", "body": "body_timeout_s"}
@@ -187,9 +193,11 @@ _DEADLINES = {"headers": "header_timeout_s", "body": "body_timeout_s"}
 
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with a deadline for each request's headers (from the
-    connection's start or the previous response) and for its body (from its headers), and a
-    bound on open connections. `uvicorn_options` makes a subclass for each server, which sets
-    `limits` and its own `idle`."""
+    connection's start or the previous response) and for its body (from its headers), one
+    for a response its client does not read (a stream held by a client that never reads
+    would hold its places in the server for ever), and a bound on open connections.
+    `uvicorn_options` makes a subclass for each server, which sets `limits` and its own
+    `idle`."""
 
     limits: ClassVar[ConnectionLimits]
     # The server's connections without a request in flight (between requests, or still
@@ -200,6 +208,7 @@ class GuardedH11Protocol(H11Protocol):
         super().__init__(*args, **kwargs)
         self.deadline: asyncio.TimerHandle | None = None
         self.owed: str | None = None  # "headers", "body", or None while a request is served
+        self.unread: asyncio.TimerHandle | None = None  # while writing is paused
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -209,7 +218,36 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._owe(None)
+        self._read_again()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self.unread is None:
+            seconds = self.limits.write_timeout_s
+            self.unread = self.loop.call_later(seconds, self._not_read, seconds)
+
+    def resume_writing(self) -> None:
+        self._read_again()
+        super().resume_writing()
+
+    def _read_again(self) -> None:
+        if self.unread is not None:
+            self.unread.cancel()
+            self.unread = None
+
+    def _not_read(self, seconds: float) -> None:
+        """The client has read nothing for `seconds`: drop the connection (abort: closing
+        would wait for the unread bytes to go), which ends its request and frees its places."""
+        self.unread = None
+        if _stalls.ready():
+            log.warning(
+                "a client read nothing of its response for %g s (--write-timeout-s): "
+                "connection dropped%s",
+                seconds,
+                _stalls.since(),
+            )
+        self.transport.abort()
 
     def handle_events(self) -> None:
         cycle = self.cycle

@@ -555,3 +555,39 @@ def test_serve_help_names_the_connection_flags(capsys):
         assert flag in text
     assert "--max-connections" in text and "(default: 2048)" in text
     assert "--allowed-hosts" in text and "--allowed-origins" in text
+
+
+def test_a_client_that_never_reads_gives_up_its_places(engine):
+    """Streams whose client never reads (its socket's buffers full) would hold their places
+    for ever: past --write-timeout-s the connection is dropped and the places are freed, so
+    other clients are served while the attacker still holds its sockets open."""
+    limits = ConnectionLimits(write_timeout_s=2.0)
+    server = GuardedServer(engine, limits)
+    svc = server.server.config.app.state.service
+    body = {
+        "prompt": "Once upon a time",
+        "max_tokens": 400,
+        "n": 16,
+        "ignore_eos": True,
+        "logprobs": 20,  # megabytes of events: past what the sockets' buffers hold
+        "stream": True,
+    }
+    raw = json.dumps(body).encode()
+    request = (
+        f"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json"
+        f"\r\ncontent-length: {len(raw)}\r\n\r\n"
+    ).encode() + raw
+    try:
+        for _ in range(2):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # and reads nothing
+            s.connect(("127.0.0.1", server.port))
+            s.sendall(request)
+            _opened.append(s)
+        wait_for(lambda: svc.num_active == 32, 30, "both streams to be admitted")
+        # The engine runs them to their end; their places go once the deadline drops them.
+        wait_for(lambda: svc.num_active == 0, 120 + SLACK_S, "the unread streams' places")
+        served = httpx.post(server.url + "/v1/completions", json=COMPLETION, timeout=30)
+        assert served.status_code == 200, served.text
+    finally:
+        server.stop()
