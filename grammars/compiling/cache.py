@@ -81,8 +81,7 @@ class GrammarCache:
             for key, size in sizes.items():
                 if key in self._entries:
                     self._sizes[key] = size
-            while len(self._entries) > 1 and self._total() > self.max_bytes:
-                self._evict_oldest()
+            self._evict_past_budget()
 
     def measured(self, key: Hashable, size: int) -> None:
         """Entry `key`'s compile, about to settle, takes `size` bytes: counted, and the least
@@ -90,8 +89,7 @@ class GrammarCache:
         with self._lock:
             if key in self._entries:
                 self._sizes[key] = size
-            while len(self._entries) > 1 and self._total() > self.max_bytes:
-                self._evict_oldest()
+            self._evict_past_budget()
 
     def memory_bytes(self) -> int:
         """The entries' and the shared structures' memory as last measured."""
@@ -103,6 +101,12 @@ class GrammarCache:
 
     def _total(self) -> int:
         return self._shared + sum(self._sizes.values())
+
+    def _evict_past_budget(self) -> None:
+        """Under the lock: the least recently used go until the total fits (the most recent
+        one stays, however large)."""
+        while len(self._entries) > 1 and self._total() > self.max_bytes:
+            self._evict_oldest()
 
     def _evict_oldest(self) -> None:
         self._drop(next(iter(self._entries)))

@@ -454,7 +454,8 @@ void utf8_split(uint32_t lo, uint32_t hi, std::vector<ByteSeq>& out) {
 
 // ---------------------------------------------------------------------------------------
 // The NFA: byte-range and byte-set steps and epsilon splits, built backwards (each piece
-// compiled with the node it continues to). Nodes that cannot reach the match are dropped from DFA states.
+// compiled with the node it continues to). Nodes that cannot reach the match are dropped
+// from DFA states.
 
 constexpr int kMaxNfaNodes = 8'000'000;
 constexpr int kCountedUnits = 16;  // class repetitions allowing more are tagged by unit
@@ -467,6 +468,7 @@ struct NfaNode {
 
 using ByteSet = std::array<uint64_t, 4>;
 constexpr size_t kMaxByteSets = 1 << 16;
+bool has(const ByteSet& set, int byte) { return set[byte >> 6] >> (byte & 63) & 1; }
 
 // A counted class repetition or a length lookahead's copies: `units` equal units of `size`
 // nodes from `base`, unit u entered when `need[u]` more characters are required and
@@ -494,9 +496,7 @@ class Nfa {
   // Whether the step node n takes `byte`.
   bool takes(const NfaNode& n, int byte) const {
     if (n.kind == NfaNode::kByte) return n.lo <= byte && byte <= n.hi;
-    if (n.kind != NfaNode::kSet) return false;
-    const ByteSet& set = sets[n.lo | n.hi << 8];
-    return set[byte >> 6] >> (byte & 63) & 1;
+    return n.kind == NfaNode::kSet && has(sets[n.lo | n.hi << 8], byte);
   }
 
   Nfa(const std::vector<Ast>& ast, int root) : ast_(ast) {
@@ -744,7 +744,7 @@ class Nfa {
     std::vector<int> dist(nodes.size(), kNever);
     std::vector<uint8_t> set_spellable(sets.size(), 0);
     for (size_t i = 0; i < sets.size(); ++i) {
-      for (int b = 0; b < 256; ++b) set_spellable[i] |= spellable[b] && (sets[i][b >> 6] >> (b & 63) & 1);
+      for (int b = 0; b < 256; ++b) set_spellable[i] |= spellable[b] && has(sets[i], b);
     }
     std::vector<int> todo{0}, later;  // node 0 is the match (made first)
     dist[0] = 0;
