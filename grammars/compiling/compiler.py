@@ -139,6 +139,7 @@ class GrammarCompiler:
         self.max_queued = max_queued
         self.num_compiles = 0  # jobs the cache did not hold, sent to compile
         self._pending: dict[Future, _Pending] = {}  # by the job's shared future
+        self._closed = False
         self._jobs: queue.Queue[tuple[Job, Future[Compiled]] | None] = queue.Queue()
         self._threads = [
             threading.Thread(target=self._serve, name=f"braid-grammar-{i}", daemon=True)
@@ -151,6 +152,8 @@ class GrammarCompiler:
         """A future of the compiled job: the cached one once compiled, else the caller's own,
         which it may cancel."""
         with self._lock:
+            if self._closed:
+                raise ValueError("the grammar compiler is closed (the engine shut down)")
             future = self._cache.get(job)
             if future is not None and future.done():
                 return future
@@ -219,6 +222,13 @@ class GrammarCompiler:
         return total
 
     def close(self) -> None:
+        """Stop now: the compiles under way have their workers stopped and the queued ones
+        are not started (their callers get a ValueError), so closing never waits for the
+        queue to compile (an engine shut down with hundreds queued did, for minutes)."""
+        with self._lock:
+            self._closed = True
+            for pending in self._pending.values():
+                pending.abandoned = True
         for _ in self._threads:
             self._jobs.put(None)
         for t in self._threads:
@@ -250,8 +260,11 @@ class GrammarCompiler:
             job, future = item
             with self._lock:
                 pending = self._pending.get(future)
-            if pending is None:  # abandoned while queued
-                future.set_exception(ValueError("abandoned by every request that asked"))
+                if self._closed:
+                    self._pending.pop(future, None)
+                    pending = None
+            if pending is None:  # abandoned while queued, or the compiler closed
+                future.set_exception(self._dropped())
                 continue
             try:
                 kind = kind_of(job)
@@ -259,7 +272,7 @@ class GrammarCompiler:
                 self._cache.measured(job, compiled.memory_bytes())
                 future.set_result(compiled)
             except _Abandoned:
-                future.set_exception(ValueError("abandoned by every request that asked"))
+                future.set_exception(self._dropped())
             except Exception as e:  # handed to the request that asked (a ResultLost included)
                 future.set_exception(e if isinstance(e, ValueError) else ValueError(str(e)))
             with self._lock:
@@ -268,6 +281,12 @@ class GrammarCompiler:
                 self.trim()  # the grammars in use grow while the compiler is busy too
         if worker is not None:
             worker.stop()
+
+    def _dropped(self) -> ValueError:
+        """The error of a job dropped before its result: nobody waited, or the compiler closed."""
+        if self._closed:
+            return ValueError("the grammar compiler is closed (the engine shut down)")
+        return ValueError("abandoned by every request that asked")
 
 
 class _Abandoned(Exception):

@@ -60,12 +60,10 @@ def run(
     """Serve the cluster until SIGTERM. `configs`: the dataclasses whose fields are `braid
     serve` flags (EngineConfig, ...), given to each local replica as they were given here;
     `server_options`: uvicorn's settings for the front (its connection limits)."""
-    import uvicorn
-
     from braid.runtime.cluster.affinity import PrefixAffinity
     from braid.runtime.cluster.front import Cluster, create_front
     from braid.runtime.cluster.router import RouterSettings, SGLangRouter
-    from braid.runtime.server.http import guards
+    from braid.runtime.server.http import guards, shutdown
 
     if args.dp < 0 or (args.dp == 0 and not args.worker_url):
         raise ValueError("--dp must be >= 1, or 0 with at least one --worker-url")
@@ -107,7 +105,7 @@ def run(
     )
     # On SIGTERM uvicorn drains the front's requests; its shutdown then stops the router and
     # the replicas (each drains its own).
-    uvicorn.run(
+    shutdown.run(
         create_front(cluster),
         host=args.host,
         port=args.port,

@@ -11,7 +11,7 @@ from pathlib import Path
 from braid.runtime.cluster import start as cluster_serve
 from braid.runtime.config import EngineConfig, RequestLimits
 from braid.runtime.server.app import CACHE_SCOPES, DEFAULT_MAX_REQUEST_BYTES
-from braid.runtime.server.http import connections, guards
+from braid.runtime.server.http import connections, guards, shutdown
 from braid.runtime.server.http.connections import ConnectionLimits
 
 log = logging.getLogger("braid.serve")
@@ -131,8 +131,6 @@ def api_keys(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from braid.runtime.engine.engine import Engine
     from braid.runtime.server.app import create_app
 
@@ -183,8 +181,9 @@ def run(args: argparse.Namespace) -> int:
         args.cache_scope,
     )
     # On SIGTERM uvicorn stops accepting connections, lets in-flight responses finish
-    # (streams included), then runs the app's shutdown, which stops the engine.
-    uvicorn.run(
+    # (streams included) within --shutdown-timeout-s, then runs the app's shutdown, which
+    # stops the engine.
+    shutdown.run(
         app,
         host=args.host,
         port=args.port,

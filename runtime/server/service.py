@@ -14,6 +14,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 import msgspec
+from starlette.requests import Request
 
 from braid.grammars.compiling.compiler import CompileQueueFull
 from braid.runtime.config import RequestLimits
@@ -22,6 +23,7 @@ from braid.runtime.loading.model_loader import resolve_model_dir
 from braid.runtime.protocol.outputs import GenerateOutput, StreamChunk
 from braid.runtime.protocol.sampling_params import SamplingParams
 from braid.runtime.server.chat import tools
+from braid.runtime.server.http.disconnects import unless_disconnected
 from braid.runtime.server.metrics import Metrics
 from braid.runtime.server.request_context import RequestContext
 from braid.runtime.server.wire import BadRequest, ModelNotFound
@@ -196,11 +198,13 @@ class Service:
             )
         return kwargs
 
-    async def check_params(self, params: SamplingParams) -> None:
+    async def check_params(self, params: SamplingParams, request: Request) -> None:
         """Compile the constraint and stop regexes now, in the engine's bounded compile
-        workers (the engine then finds them in the compile cache)."""
+        workers (the engine then finds them in the compile cache). A client that leaves
+        meanwhile gives up its compiles (ClientGone), which frees their places in the queue
+        for the clients still waiting."""
         try:
-            await asyncio.wrap_future(self.engine.prepare(params))
+            await unless_disconnected(request, asyncio.wrap_future(self.engine.prepare(params)))
         except ValueError as e:
             raise BadRequest(str(e)) from None
         except CompileQueueFull as e:

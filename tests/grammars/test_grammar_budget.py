@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 from concurrent.futures import Future
 
 import pytest
@@ -151,3 +152,23 @@ def test_abandoned_compiles_give_up_their_place(vocab, takes):
         assert staying.result(timeout=30) is not None
     finally:
         compiler.close()
+
+
+def test_closing_drops_the_queue_and_stops_the_compile_under_way(vocab):
+    """Closing with slow jobs compiling and queued (each takes tens of seconds, so compiling
+    them all would take minutes) stops the worker and starts none of the queue: close returns
+    within seconds, every caller gets the closed error, and nothing more is accepted."""
+    compiler = grammars.GrammarCompiler(vocab, timeout_s=600, workers=1, max_queued=16)
+    slow = [compiler.submit(CharPattern(f"a{{{20000 + i}}}")) for i in range(6)]
+    wait_for(lambda: len(compiler.worker_pids()) == 1, 60, "the compile worker")
+    [pid] = compiler.worker_pids()
+    closing = threading.Thread(target=compiler.close)
+    closing.start()
+    closing.join(timeout=30)
+    assert not closing.is_alive(), "close waited for the queue to compile"
+    for future in slow:
+        with pytest.raises(ValueError, match="closed"):
+            future.result(timeout=1)
+    assert pid not in compiler.worker_pids()
+    with pytest.raises(ValueError, match="closed"):
+        compiler.submit(grammars.Regex("[0-9]{3}"))

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import msgspec
+from starlette.requests import Request
 
 from braid.runtime.protocol.outputs import StreamChunk
 from braid.runtime.protocol.sampling_params import SamplingParams
@@ -82,9 +83,12 @@ async def prompt(svc: Service, conv: Conversation) -> tuple[list[int], ToolPlan 
     return ids, plan
 
 
-async def prepare(svc: Service, ctx: RequestContext, req: ConversationRequest) -> Prepared:
+async def prepare(
+    svc: Service, ctx: RequestContext, req: ConversationRequest, client: Request
+) -> Prepared:
     """The request checked, rendered, encoded, bounded, constrained and compiled: every 400
-    and 503 it can get before its response starts."""
+    and 503 it can get before its response starts (`client`: the HTTP request, whose leaving
+    gives up the compiles)."""
     params = req.params
     svc.check_room(params.n)
     ids, plan = await prompt(svc, req.conversation)
@@ -100,7 +104,7 @@ async def prepare(svc: Service, ctx: RequestContext, req: ConversationRequest) -
     calling = plan is not None and plan.calls
     if calling:
         params = tools.constrain(plan, params)
-    await svc.check_params(params)
+    await svc.check_params(params, client)
     # Several Hermes calls may repeat themselves: such outputs end at the first repeat (a
     # harmony reply is one call).
     repeats = calling and plan.parallel and not (split and split.fmt.kind == "harmony")

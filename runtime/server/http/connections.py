@@ -69,6 +69,12 @@ class ConnectionLimits:
         "seconds a response may wait for its client to read (the socket's buffers full); "
         "later, the connection is dropped and the request's places freed",
     )
+    shutdown_timeout_s: float = _setting(
+        30.0,
+        "seconds SIGTERM waits for the requests in flight to finish; later, they are "
+        "cancelled (their engine requests aborted, their compiles dropped) and the server "
+        "stops. A second SIGTERM or Ctrl+C stops it at once",
+    )
     max_connections: int = _setting(
         2048,
         "open connections; past it a new one closes the connection idle longest (or still "
@@ -101,6 +107,7 @@ def uvicorn_options(limits: ConnectionLimits) -> dict[str, Any]:
         "http": protocol,
         "ws": "none",  # no route takes a WebSocket: an upgrade would skip the deadlines
         "timeout_keep_alive": limits.keep_alive_timeout_s,
+        "timeout_graceful_shutdown": limits.shutdown_timeout_s,
         "backlog": BACKLOG,
     }
 

@@ -266,7 +266,7 @@ async def messages(request: Request) -> Response:
     # As on Anthropic's newer models, a max_tokens past the context's end is not refused: the
     # reply stops there (so an agent may ask for the most without counting its prompt).
     asked = ConversationRequest(conversation(req), sampling(req), fit_max_tokens=True)
-    prepared = await pipeline.prepare(svc, ctx, asked)
+    prepared = await pipeline.prepare(svc, ctx, asked, request)
     stops = prepared.params.stop  # as the tool constraint left them (none for calls only)
     ending = _Ending(
         svc.engine.tokenizer,

@@ -64,7 +64,7 @@ async def generate(request: Request) -> Response:
     jobs: list[tuple[list[int], SamplingParams]] = []
     rids: list[str] = []
     for (ids, params), rid in zip(prepared, given_rids, strict=True):
-        await svc.check_params(params)
+        await svc.check_params(params, request)
         jobs += [(ids, p) for p in samples(params)]
         rids += [rid] if params.n == 1 else [f"{rid}-{j}" for j in range(params.n)]
     start = time.monotonic()
@@ -296,7 +296,7 @@ async def prepare(request: Request) -> Response:
     req = convert(decode_object(await request.body()), PrepareRequest)
     check_fields(req.sampling_params, svc.limits, "sampling_params.")
     params = GenerateRequest(text="", sampling_params=req.sampling_params).params(0, 0)
-    await svc.check_params(params)
+    await svc.check_params(params, request)
     return JSONResponse({"prepared": True})
 
 

@@ -125,7 +125,7 @@ async def completions(request: Request) -> Response:
     field = _max_tokens_field(obj)
     for ids in prompt_ids if field is not None else ():
         check_max_tokens(field, params.max_tokens, len(ids), svc.engine.context_length)
-    await svc.check_params(params)
+    await svc.check_params(params, request)
     stream = svc.streamer(ctx)
     jobs = [(ids, p) for ids in prompt_ids for p in samples(drawn)]
     head = {
@@ -238,7 +238,7 @@ async def chat_completions(request: Request) -> Response:
     )
     field = _max_tokens_field(obj)
     prepared = await pipeline.prepare(
-        svc, ctx, ConversationRequest(conversation, params, max_tokens_field=field)
+        svc, ctx, ConversationRequest(conversation, params, max_tokens_field=field), request
     )
     params, jobs = prepared.params, prepared.jobs
     head = {

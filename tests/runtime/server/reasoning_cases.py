@@ -140,9 +140,9 @@ def given_params(monkeypatch, served: Served) -> list[SamplingParams]:
     service = served.service
     check = service.check_params
 
-    async def recorded(params: SamplingParams) -> None:
+    async def recorded(params: SamplingParams, request) -> None:
         given.append(params)
-        await check(params)
+        await check(params, request)
 
     monkeypatch.setattr(service, "check_params", recorded)
     return given
