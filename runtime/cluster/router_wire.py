@@ -66,7 +66,13 @@ _CHAT_DROPPED = frozenset({"stop_regex", "choices", "grammar", "json_schema", "c
 
 def for_router(path: str, body: dict[str, Any], model: str) -> dict[str, Any] | None:
     """`body` as the router will forward it intact, or None when it cannot. `model`: the
-    served model's name, which the router requires on OpenAI requests (braid does not)."""
+    served model's name, which the router requires on OpenAI requests (braid does not).
+    A request with a cache salt goes to a replica by the front's affinity, which keys on
+    the salt: the router drops the salt from chat completions (its cache then shared with
+    every other client's), and routes by the text alone elsewhere (a salted request sent
+    where the prefix is cached for others, where it can reuse none of it)."""
+    if body.get("cache_salt") is not None:
+        return None
     if path == "/generate":
         return _generate(body)
     if path == "/v1/completions":
@@ -83,7 +89,13 @@ def for_router(path: str, body: dict[str, Any], model: str) -> dict[str, Any] | 
 
 
 def routing_text(path: str, body: dict[str, Any]) -> str:
-    """The text a request's prefix affinity is computed on: its prompt, or its messages."""
+    """The text a request's prefix affinity is computed on: its prompt, or its messages,
+    after its cache salt (requests share cached prefixes only under one salt)."""
+    salt = body.get("cache_salt")
+    return ("" if salt is None else json.dumps(salt)) + _prompt_text(path, body)
+
+
+def _prompt_text(path: str, body: dict[str, Any]) -> str:
     if path == "/v1/chat/completions":
         return json.dumps(body.get("messages"))
     for key in ("text", "prompt", "prefix", "input_ids"):

@@ -32,6 +32,9 @@ from braid.runtime.server.wire import ModelNotFound, error_body
 
 # Routes a load balancer or a scraper may call without the API key.
 _OPEN_PATHS = frozenset({"/health", "/metrics"})
+# Routes that act on the whole server, not on one client's requests (flushing every
+# tenant's cache, loading adapters from its disk): the admin key's, where there is one.
+ADMIN_PATHS = frozenset({"/flush_cache", "/load_lora_adapter", "/unload_lora_adapter"})
 # Who shares cached prefixes: every request (apart from those giving a cache_salt), or the
 # requests of one API key only.
 CACHE_SCOPES = ("shared", "key")
@@ -56,6 +59,7 @@ def create_app(
     allowed_hosts: frozenset[str] | None = None,
     allowed_origins: frozenset[str] = frozenset(),
     lora_updates: bool = False,
+    admin_api_key: str | None = None,
 ) -> Starlette:
     """An app serving `engine` as `model_name` (and as each of `aliases`); with `owns_engine`
     the engine is shut down with the app, after the server has drained its in-flight
@@ -66,7 +70,9 @@ def create_app(
     cached prefixes only with each other. Requests with a Host outside `allowed_hosts` (None:
     any), an Origin outside `allowed_origins`, or a body that is not JSON are refused
     (server/guards.py). `lora_updates`: serve /load_lora_adapter and /unload_lora_adapter,
-    which load adapters from any path the server can read."""
+    which load adapters from any path the server can read. `admin_api_key`: the one key the
+    admin routes (ADMIN_PATHS) take; without it they take the API keys, except under
+    cache_scope "key", where no tenant may act on the others' (they are a 403 then)."""
     keys = [api_key] if isinstance(api_key, str) else list(api_key or ())
     if cache_scope not in CACHE_SCOPES:
         raise ValueError(
@@ -93,7 +99,11 @@ def create_app(
         + openapi.ROUTES,
         middleware=guards.middleware(allowed_hosts, allowed_origins)
         + [Middleware(_BodyLimit, max_bytes=max_request_bytes)]
-        + ([Middleware(ApiKey, keys=keys, scoped=cache_scope == "key")] if keys else []),
+        + (
+            [Middleware(ApiKey, keys=keys, scoped=cache_scope == "key", admin=admin_api_key)]
+            if keys or admin_api_key
+            else []
+        ),
         exception_handlers={
             ValueError: _reply(400, "invalid_request_error"),  # BadRequest and the engine's
             ModelNotFound: _reply(404, "invalid_request_error", "model_not_found"),
@@ -189,28 +199,36 @@ class ApiKey:
     (what the openai client sends) or `x-api-key: <key>` (what the anthropic client sends).
     `scoped` (--cache-scope key): each key is a tenant of its own, whose requests share cached
     prefixes only with each other (its place in the list is the tenant of every request
-    it makes: request_context.set_tenant)."""
+    it makes: request_context.set_tenant). The admin routes take the `admin` key alone where
+    there is one (as SGLang's --admin-api-key), else the keys, unless `scoped`: a tenant's
+    key never flushes the others' cache."""
 
-    def __init__(self, app, keys: Sequence[str], scoped: bool = False) -> None:
+    def __init__(
+        self, app, keys: Sequence[str], scoped: bool = False, admin: str | None = None
+    ) -> None:
         self.app = app
-        self.keys = [(f"Bearer {key}".encode(), key.encode()) for key in keys]
+        self.keys = [_accepted(key) for key in keys]
+        self.admin = None if admin is None else [_accepted(admin)]
         self.scoped = scoped
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or scope["path"] in _OPEN_PATHS:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path in _OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        headers = dict(scope["headers"])
-        bearer, given = headers.get(b"authorization", b""), headers.get(b"x-api-key", b"")
-        given = given or dashboard.key_in_query(scope)  # a browser opening the dashboard
-        # Every key compared in constant time, whichever header is given (`|` does not
-        # short-circuit): the time taken tells nothing of which key matched, or how nearly.
-        matches = [
-            hmac.compare_digest(bearer, b) | hmac.compare_digest(given, k) for b, k in self.keys
-        ]
+        if path in ADMIN_PATHS and (self.admin is not None or self.scoped):
+            if self.admin is None or not any(_matches(scope, self.admin)):
+                await self._admin_only(path)(scope, receive, send)
+                return
+            await self.app(scope, receive, send)
+            return
+        if not self.keys:  # only an admin key: the other routes are open
+            await self.app(scope, receive, send)
+            return
+        matches = _matches(scope, self.keys)
         if not any(matches):
             message = "missing or wrong API key"
-            if scope["path"].startswith(anthropic_routes.PATH):
+            if path.startswith(anthropic_routes.PATH):
                 response = anthropic_routes.error_response(401, "authentication_error", message)
             else:
                 response = JSONResponse(error_body(401, "authentication_error", message), 401)
@@ -219,3 +237,27 @@ class ApiKey:
         if self.scoped:
             set_tenant(scope, str(matches.index(True)))  # the key's place in the list
         await self.app(scope, receive, send)
+
+    def _admin_only(self, path: str) -> Response:
+        message = f"{path} acts on the whole server: it needs the admin API key (--admin-api-key)"
+        if self.admin is None:
+            message += (
+                ", which this server was not given: under --cache-scope key no tenant's key "
+                "acts on the others' requests"
+            )
+        return JSONResponse(error_body(403, "permission_error", message), 403)
+
+
+def _accepted(key: str) -> tuple[bytes, bytes]:
+    """A key as each header carries it: `Authorization: Bearer <key>`, `x-api-key: <key>`."""
+    return f"Bearer {key}".encode(), key.encode()
+
+
+def _matches(scope, keys: list[tuple[bytes, bytes]]) -> list[bool]:
+    """Whether the request carries each of `keys`. Every key is compared in constant time,
+    whichever header is given (`|` does not short-circuit): the time taken tells nothing of
+    which key matched, or how nearly."""
+    headers = dict(scope["headers"])
+    bearer, given = headers.get(b"authorization", b""), headers.get(b"x-api-key", b"")
+    given = given or dashboard.key_in_query(scope)  # a browser opening the dashboard
+    return [hmac.compare_digest(bearer, b) | hmac.compare_digest(given, k) for b, k in keys]

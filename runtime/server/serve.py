@@ -10,7 +10,7 @@ from pathlib import Path
 
 from braid.runtime.cluster import start as cluster_serve
 from braid.runtime.config import EngineConfig, RequestLimits
-from braid.runtime.server.app import CACHE_SCOPES, DEFAULT_MAX_REQUEST_BYTES
+from braid.runtime.server.app import ADMIN_PATHS, CACHE_SCOPES, DEFAULT_MAX_REQUEST_BYTES
 from braid.runtime.server.http import connections, guards, shutdown
 from braid.runtime.server.http.connections import ConnectionLimits
 
@@ -19,6 +19,7 @@ log = logging.getLogger("braid.serve")
 # EngineConfig field types (annotations are strings) -> argparse types.
 _TYPES = {"int": int, "float": float, "str": str}
 API_KEY_ENV = "BRAID_API_KEY"
+ADMIN_KEY_ENV = "BRAID_ADMIN_API_KEY"
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -38,6 +39,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         f"process list: prefer ${API_KEY_ENV} or --api-key-file)",
     )
     key.add_argument("--api-key-file", help="read the API keys from this file, one a line")
+    serve.add_argument(
+        "--admin-api-key",
+        help="the key of the routes acting on the whole server "
+        f"({', '.join(sorted(ADMIN_PATHS))}), which then take no other; without it they "
+        "take the API keys, except under --cache-scope key, where they are refused "
+        f"(default: ${ADMIN_KEY_ENV})",
+    )
     serve.add_argument(
         "--cache-scope",
         choices=CACHE_SCOPES,
@@ -130,6 +138,11 @@ def api_keys(args: argparse.Namespace) -> list[str]:
     return [key] if key else []
 
 
+def admin_key(args: argparse.Namespace) -> str | None:
+    """--admin-api-key, else $BRAID_ADMIN_API_KEY, else none."""
+    return args.admin_api_key or os.environ.get(ADMIN_KEY_ENV) or None
+
+
 def run(args: argparse.Namespace) -> int:
     from braid.runtime.engine.engine import Engine
     from braid.runtime.server.app import create_app
@@ -140,9 +153,10 @@ def run(args: argparse.Namespace) -> int:
     name = names[0]
     server_options = connections.prepare(connections.from_flags(args))  # before the model loads
     if cluster_serve.is_cluster(args):  # its replicas serve the primary name only
-        if len(keys) > 1 or args.cache_scope != "shared":
+        if len(keys) > 1 or args.cache_scope != "shared" or admin_key(args):
             raise ValueError(
-                "a cluster (--dp, --worker-url) takes one API key and no --cache-scope"
+                "a cluster (--dp, --worker-url) takes one API key, no --admin-api-key and no "
+                "--cache-scope"
             )
         key = keys[0] if keys else None
         return cluster_serve.run(args, key, name, (EngineConfig, RequestLimits), server_options)
@@ -164,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
         owns_engine=True,
         accept_any_model=args.accept_any_model,
         lora_updates=args.enable_lora_updates,
+        admin_api_key=admin_key(args),
     )
     kv = engine.kv
     log.info(

@@ -113,6 +113,22 @@ def test_openai_routes_and_braid_only_fields_pass_the_front(front):
     assert httpx.post(front.url + "/generate", json=native, timeout=60).status_code == 401
 
 
+def test_a_salt_keeps_its_prefixes_to_itself_across_the_replicas(front):
+    """A chat completion salted s2 after two salted s1 reuses none of their prefix (the
+    router dropped the salt from chat: s2 was served from s1's cache)."""
+    chat = {"messages": [{"role": "user", "content": PREFIXES[2]}], "max_tokens": 2}
+
+    def cached(salt: str) -> int:
+        body = {**chat, "cache_salt": salt}
+        r = httpx.post(front.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    cached("s1")
+    assert cached("s1") > 250  # the affinity keeps a salt's requests together
+    assert cached("s2") == 0
+
+
 @pytest.mark.slow  # suite time; the front's routing is tested above
 def test_a_replica_that_dies_fails_its_stream_and_is_started_again(front):
     body = {

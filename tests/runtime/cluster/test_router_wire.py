@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from braid.runtime.cluster.router_wire import for_router
+from braid.runtime.cluster.router_wire import for_router, routing_text
 from braid.runtime.server.wire import (
     BadRequest,
     ChatCompletionRequest,
@@ -90,6 +90,10 @@ def test_generate_goes_through_the_router_in_sglang_names():
         ("/v1/chat/completions", {"messages": [], "grammar": "start: x"}),
         ("/v1/chat/completions", {"messages": [], "choices": ["a"]}),
         ("/v1/chat/completions", {"messages": [], "json_schema": "{}"}),
+        # A salt: the router drops it from chat (the cache then shared), routes by text alone.
+        ("/v1/chat/completions", {"messages": [], "cache_salt": "k1"}),
+        ("/v1/completions", {"prompt": "hi", "cache_salt": "k1"}),
+        ("/generate", {"text": "hi", "cache_salt": "k1"}),
     ],
 )
 def test_requests_the_router_would_change_go_to_a_replica(path, body):
@@ -124,3 +128,15 @@ def test_braid_takes_what_the_router_writes_into_requests():
         convert({"text": "x", "sampling_params": {"no_stop_trim": True}}, GenerateRequest).params(
             0, 1
         )
+
+
+def test_a_salted_request_has_affinity_under_its_salt_only():
+    chat = {"messages": [{"role": "user", "content": "x"}]}
+    texts = {
+        routing_text("/v1/chat/completions", {**chat, "cache_salt": salt})
+        for salt in ("a", "b", None)
+    }
+    assert len(texts) == 3
+    assert routing_text("/v1/completions", {"prompt": "bc", "cache_salt": "a"}) != routing_text(
+        "/v1/completions", {"prompt": "c", "cache_salt": "ab"}
+    )

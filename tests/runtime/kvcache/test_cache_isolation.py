@@ -366,6 +366,45 @@ def test_the_dashboard_lists_no_tenants_requests(keyed):
     assert SECRET not in json.dumps(data)
 
 
+def test_no_tenant_flushes_the_others_cache(engine, keyed):
+    """Under --cache-scope key without an admin key, /flush_cache is refused to every key:
+    one tenant would otherwise empty the others' cache (and time their prompts afresh)."""
+    for key in KEYS:
+        r = httpx.post(keyed.url + "/flush_cache", headers=auth(key))
+        assert r.status_code == 403, r.text
+        assert "--admin-api-key" in r.json()["error"]["message"]
+
+
+def test_the_admin_key_alone_flushes(engine):
+    server = LiveServer(engine, api_key=KEYS, cache_scope="key", admin_api_key="admin-k")
+    try:
+        completion(server.url, SECRET, key=KEYS[0])
+        assert engine.stats()["kv_slots_cached"] > 0
+        for key in (*KEYS, "wrong", None):
+            headers = auth(key) if key else {}
+            assert httpx.post(server.url + "/flush_cache", headers=headers).status_code == 403
+        assert engine.stats()["kv_slots_cached"] > 0
+        r = httpx.post(server.url + "/flush_cache", headers=auth("admin-k"))
+        assert r.status_code == 200, r.text
+        assert engine.stats()["kv_slots_cached"] == 0
+        # The admin key is no tenant's: the other routes refuse it.
+        body = {"prompt": "x", "max_tokens": 1}
+        r = httpx.post(server.url + "/v1/completions", json=body, headers=auth("admin-k"))
+        assert r.status_code == 401
+    finally:
+        server.stop()
+
+
+def test_an_admin_key_alone_leaves_the_other_routes_open(engine):
+    server = LiveServer(engine, admin_api_key="admin-k")
+    try:
+        completion(server.url, "Hello")  # a 200 without a key
+        assert httpx.post(server.url + "/flush_cache").status_code == 403
+        assert httpx.post(server.url + "/flush_cache", headers=auth("admin-k")).status_code == 200
+    finally:
+        server.stop()
+
+
 def test_key_scope_needs_keys(engine):
     with pytest.raises(ValueError, match="API key"):
         create_app(engine, "tiny", cache_scope="key")
@@ -376,7 +415,7 @@ def test_key_scope_needs_keys(engine):
 def test_serve_scopes_the_cache_by_the_keys_it_is_given(tiny_model_path):
     """`braid serve --api-key K --api-key K' --cache-scope key`, as users start it."""
     flags = ["--api-key", "key-a", "--api-key", "key-b", "--cache-scope", "key"]
-    with ServeProcess(tiny_model_path, *flags) as server:
+    with ServeProcess(tiny_model_path, *flags, "--admin-api-key", "admin-k") as server:
 
         def send(prompt: str, key: str) -> int:
             return completion(server.url, prompt, key=key)
@@ -384,7 +423,7 @@ def test_serve_scopes_the_cache_by_the_keys_it_is_given(tiny_model_path):
         def flushed_guesses(attacker: str) -> tuple[int, int]:
             seen = []
             for guess in (RIGHT, WRONG):
-                r = httpx.post(server.url + "/flush_cache", headers=auth("key-a"))
+                r = httpx.post(server.url + "/flush_cache", headers=auth("admin-k"))
                 assert r.status_code == 200
                 send(SECRET, "key-a")
                 seen.append(send(guess, attacker))
