@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from braid.runtime.cluster.affinity import PrefixAffinity
-from braid.runtime.cluster.proxy import forward
+from braid.runtime.cluster.proxy import UpstreamDown, forward
 from braid.runtime.cluster.replicas import ReplicaSet
 from braid.runtime.cluster.router import SGLangRouter
 from braid.runtime.cluster.router_wire import for_router, routing_text
@@ -114,8 +114,10 @@ async def _supervise(cluster: Cluster, client: httpx.AsyncClient) -> None:
 
 
 async def _health(request: Request) -> Response:
-    cluster: Cluster = request.app.state.cluster
-    return Response(status_code=200 if any(cluster.replicas.healthy()) else 503)
+    """200 while a replica answers; how many of them do, either way."""
+    healthy = request.app.state.cluster.replicas.healthy()
+    counts = {"replicas": len(healthy), "replicas_healthy": sum(healthy)}
+    return JSONResponse(counts, 200 if any(healthy) else 503)
 
 
 async def _server_info(request: Request) -> Response:
@@ -257,19 +259,30 @@ async def _generation(request: Request) -> Response:
     if isinstance(got, Response):
         return got
     body, obj = got
+    text = routing_text(request.url.path, obj)
     routed = for_router(request.url.path, obj, cluster.model_name)
-    if routed is None:
-        return await _to_replica(request, cluster, body, routing_text(request.url.path, obj))
-    if routed is not obj:
-        body = msgspec.json.encode(routed)
-    return await forward(
-        request,
-        request.app.state.client,
-        _auth(cluster),
-        cluster.router.url,
-        body,
-        "the SGLang router",
-    )
+    healthy = cluster.replicas.healthy()
+    # While a replica fails its health checks the router may still choose it (a stopped one
+    # holds what it is sent): the front routes among those that answer.
+    if routed is None or not all(healthy):
+        return await _to_replica(request, cluster, body, text)
+
+    def one_went_down() -> bool:  # the router's choice is not known: any of them
+        now = cluster.replicas.healthy()
+        return any(was and not now[i] for i, was in enumerate(healthy))
+
+    try:
+        return await forward(
+            request,
+            request.app.state.client,
+            _auth(cluster),
+            cluster.router.url,
+            body if routed is obj else msgspec.json.encode(routed),
+            "the SGLang router",
+            down=one_went_down,
+        )
+    except UpstreamDown:  # nothing answered yet: a replica the front knows is healthy will
+        return await _to_replica(request, cluster, body, text)
 
 
 async def _to_replica_route(request: Request) -> Response:
@@ -289,18 +302,36 @@ async def _to_any_replica(request: Request) -> Response:
     return await _to_replica(request, cluster, body, "")
 
 
-async def _to_replica(request: Request, cluster: Cluster, body: bytes, text: str) -> Response:
+async def _to_replica(
+    request: Request, cluster: Cluster, body: bytes, text: str, tried: frozenset[int] = frozenset()
+) -> Response:
+    """Send the request to a healthy replica by prefix affinity; one found down before it
+    answers (a stopped process holds its requests until it runs again) gives it to the
+    next, and one found down in the middle of a stream ends the stream with an error."""
+    healthy = [ok and i not in tried for i, ok in enumerate(cluster.replicas.healthy())]
     try:
-        i = cluster.affinity.acquire(text, cluster.replicas.healthy())
+        i = cluster.affinity.acquire(text, healthy)
     except RuntimeError:
         message = "no replica is healthy now; retry later"
         return JSONResponse(error_body(503, "overloaded", message), 503)
     replica = cluster.replicas.replicas[i]
     release = functools.partial(cluster.affinity.release, i)
     client = request.app.state.client
-    return await forward(
-        request, client, _auth(cluster), replica.url, body, f"replica {i}", release
-    )
+    try:
+        return await forward(
+            request,
+            client,
+            _auth(cluster),
+            replica.url,
+            body,
+            f"replica {i}",
+            release,
+            down=lambda: not replica.healthy,
+            down_ends_stream=True,
+        )
+    except UpstreamDown:
+        log.warning("replica %d (%s) stopped answering; its request goes elsewhere", i, replica.url)
+        return await _to_replica(request, cluster, body, text, tried | {i})
 
 
 async def _body(request: Request, cluster: Cluster) -> bytes | Response:

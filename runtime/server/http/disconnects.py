@@ -18,8 +18,13 @@ class ClientGone(Exception):
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     """Await `work`, cancelling it if the client disconnects first (ClientGone then)."""
+    return await unless(work, _disconnected(request), ClientGone)
+
+
+async def unless(work: Awaitable[T], stop: Awaitable[None], error: type[Exception]) -> T:
+    """Await `work`, cancelling it (and raising `error`) if `stop` returns first."""
     task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
+    watcher = asyncio.ensure_future(stop)
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -28,7 +33,7 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
     if task.cancelled():
-        raise ClientGone()
+        raise error()
     return task.result()
 
 

@@ -129,6 +129,45 @@ def test_a_salt_keeps_its_prefixes_to_itself_across_the_replicas(front):
     assert cached("s2") == 0
 
 
+def test_a_stopped_replica_is_routed_around(front):
+    """A replica stopped (SIGSTOP: it holds its connections and answers nothing): the stream
+    it was serving ends with an error once its health checks fail, and requests sent
+    meanwhile, through the router or the front's own routing, are answered by the other,
+    not held until it runs again."""
+    body = {
+        "text": "Count: one two three four",
+        # A stop regex: the front routes it itself (the router would drop the field).
+        "sampling_params": {"max_new_tokens": 500, "ignore_eos": True, "stop_regex": "#{9}"},
+        "stream": True,
+    }
+    with httpx.stream(
+        "POST", front.url + "/generate", json=body, headers=AUTH, timeout=60
+    ) as reply:
+        assert reply.status_code == 200, reply.read()
+        lines = reply.iter_lines()
+        assert next(line for line in lines if line.startswith("data:"))
+        [victim] = [r for r in _info(front)["replicas"] if r["running_requests"]]
+        os.kill(victim["pid"], signal.SIGSTOP)
+        try:
+            events = [line[5:].strip() for line in lines if line.startswith("data:")]
+            assert events[-1] == "[DONE]"
+            error = json.loads(events[-2])["error"]
+            assert "stopped answering its health checks" in error["message"], error
+            for i in range(4):
+                plain = {"text": f"{PREFIXES[i]}\nStill?", "sampling_params": {"max_new_tokens": 2}}
+                own = {**plain, "sampling_params": {"max_new_tokens": 2, "stop_regex": "#{9}"}}
+                for sent in (plain, own):
+                    r = httpx.post(front.url + "/generate", json=sent, headers=AUTH, timeout=30)
+                    assert r.status_code == 200, r.text
+            assert httpx.get(front.url + "/health", timeout=10).json() == {
+                "replicas": 2,
+                "replicas_healthy": 1,
+            }
+        finally:
+            os.kill(victim["pid"], signal.SIGCONT)
+    wait_for(lambda: all(_info(front)["replicas"][i]["healthy"] for i in (0, 1)), 60, "both")
+
+
 @pytest.mark.slow  # suite time; the front's routing is tested above
 def test_a_replica_that_dies_fails_its_stream_and_is_started_again(front):
     body = {
