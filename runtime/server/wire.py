@@ -52,12 +52,26 @@ def error_body(status: int, kind: str, message: str, code: str | None = None) ->
     return {"error": error}
 
 
+# A \u escape of a high surrogate (after an even run of backslashes: not itself escaped)
+# without the low surrogate escape that must follow it.
+_LONE_HIGH_SURROGATE = re.compile(
+    rb"(?<!\\)(?:\\\\)*\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+)
+
+
 def decode_object(body: bytes) -> dict[str, Any]:
     """The request body as a JSON object."""
     try:
         obj = msgspec.json.decode(body)
     except msgspec.DecodeError as e:
-        raise BadRequest(f"the request body is not valid JSON: {e}") from None
+        reason = str(e)
+        # msgspec says "truncated" of a high surrogate escape with no low one after it.
+        if reason == "Input data was truncated" and _LONE_HIGH_SURROGATE.search(body):
+            reason = (
+                "a \\u escape is a lone UTF-16 surrogate (\\ud800-\\udbff without the low "
+                "surrogate escape after it)"
+            )
+        raise BadRequest(f"the request body is not valid JSON: {reason}") from None
     except RecursionError:  # msgspec's guard against arrays or objects nested thousands deep
         raise BadRequest("the request body nests arrays or objects too deeply") from None
     if not isinstance(obj, dict):

@@ -310,6 +310,10 @@ def test_info_health_flush_and_metrics(engine, server):
 BAD_REQUESTS = [
     (b"{not json", "not valid JSON"),
     (b"[1, 2]", "JSON object"),
+    (b'{"prompt": "\\ud800"}', "lone UTF-16 surrogate"),  # msgspec: "truncated"
+    (b'{"prompt": "\\ud800x", "max_tokens": 1}', "surrogate"),
+    (b'{"prompt": "a\\udc00"}', "invalid utf-16 surrogate pair"),
+    (b'{"prompt": "a', "truncated"),
     (b'{"max_tokens": 3}', "missing required field `prompt`"),
     (b'{"prompt": 3}', "at `$.prompt`"),
     (b'{"prompt": "a", "max_tokens": "many"}', "at `$.max_tokens`"),
