@@ -1,6 +1,11 @@
 """The stored responses of /v1/responses: what `previous_response_id` continues and
 `GET /v1/responses/{id}` returns, held in memory within a count and a byte budget, each
-under its tenant (the API key's, with --cache-scope key): another tenant's id is not found."""
+under its tenant (the API key's, with --cache-scope key): another tenant's id is not found.
+
+Each response is held encoded, never as Python objects: a dict or a ChatMessage takes several
+times the bytes of its JSON (twelve responses counted at 120 MB held a gigabyte), so only
+bytes objects make the budget count what the store holds. The body is kept as the JSON a GET
+writes, so a GET encodes nothing on the event loop."""
 
 from __future__ import annotations
 
@@ -16,19 +21,39 @@ from braid.runtime.server.wire import ChatMessage
 # reference, not copied), so the budget counts each one's full size: an upper bound.
 DEFAULT_MAX_RESPONSES = 4096
 DEFAULT_MAX_BYTES = 128 * 1024 * 1024
+# What an entry holds beside its encoded body and history and its key's characters: the
+# key tuple and strings, the entry object, two bytes headers, the ordered dict's node and
+# slots (about 350 bytes in CPython 3.11; test_responses_store_limits.py measures it).
+ENTRY_BYTES = 512
+
+# The conversation as msgpack: smaller than JSON (a null field is one byte) and decoded
+# straight back into ChatMessages when a request continues it.
+_encode_history = msgspec.msgpack.Encoder().encode
+_decode_history = msgspec.msgpack.Decoder(list[ChatMessage]).decode
 
 
-@dataclass(frozen=True)
+def _exact(encoded: bytes) -> bytes:
+    """A copy that holds only its length: msgspec's output keeps the buffer it grew (up to
+    twice its length, shrunk in place), which len() and the budget would not see."""
+    return bytes(memoryview(encoded))
+
+
+@dataclass(frozen=True, slots=True)
 class StoredResponse:
-    body: dict[str, Any]  # the response object as it was returned
-    history: list[ChatMessage]  # its conversation: input and output, without instructions
-    num_bytes: int
+    body: bytes  # the response object as it was returned, as JSON
+    history: bytes  # its conversation: input and output, without instructions (msgpack)
+    num_bytes: int  # what holding it takes, at most
+
+    def messages(self) -> list[ChatMessage]:
+        """The conversation, for a request that continues it."""
+        return _decode_history(self.history)
 
 
 class ResponseStore:
     """Responses by (tenant, id), the least recently used evicted first once there are more than
-    `max_responses` or their sizes (as JSON) add up to more than `max_bytes`. A response
-    larger than the whole budget is not kept. Used on the event loop only: no locking."""
+    `max_responses` or their sizes (the bytes each entry holds) add up to more than
+    `max_bytes`. A response larger than the whole budget is not kept. Used on the event loop
+    only: no locking."""
 
     def __init__(
         self, max_responses: int = DEFAULT_MAX_RESPONSES, max_bytes: int = DEFAULT_MAX_BYTES
@@ -44,13 +69,16 @@ class ResponseStore:
         return len(self._entries)
 
     def put(self, tenant: str | None, body: dict[str, Any], history: list[ChatMessage]) -> bool:
-        """Keep the response (under the tenant and body["id"]); False if it alone is over the
-        budget."""
-        size = len(msgspec.json.encode(body)) + len(msgspec.json.encode(history))
+        """Keep the response (under the tenant and body["id"]), encoded; False if it alone is
+        over the budget."""
+        response_id = body["id"]
+        encoded = _exact(msgspec.json.encode(body))
+        conversation = _exact(_encode_history(history))
+        size = len(encoded) + len(conversation) + ENTRY_BYTES + len(response_id) + len(tenant or "")
         if size > self.max_bytes:
             return False
-        self.delete(tenant, body["id"])
-        self._entries[(tenant, body["id"])] = StoredResponse(body, history, size)
+        self.delete(tenant, response_id)
+        self._entries[(tenant, response_id)] = StoredResponse(encoded, conversation, size)
         self.num_bytes += size
         while len(self._entries) > self.max_responses or self.num_bytes > self.max_bytes:
             _, evicted = self._entries.popitem(last=False)

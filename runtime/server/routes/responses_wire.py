@@ -80,6 +80,35 @@ class StreamOptions(_Strict):
 # The `include` entries accepted: reasoning items carry their text, never encrypted.
 _INCLUDABLE = frozenset({"reasoning.encrypted_content"})
 
+# OpenAI's bounds on `metadata` (its Metadata object: at most 16 pairs, keys at most 64
+# characters, values strings of at most 512): echoed and stored with the response, unbounded
+# it made every stored response as large as the request body allows.
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
+
+
+def _check_metadata(metadata: dict[str, str] | None) -> None:
+    """A ValueError naming `metadata` where it is past OpenAI's bounds (its values' type,
+    strings, is the decoder's to check)."""
+    if metadata is None:
+        return
+    if len(metadata) > MAX_METADATA_PAIRS:
+        raise ValueError(
+            f"metadata: at most {MAX_METADATA_PAIRS} key-value pairs, got {len(metadata)}"
+        )
+    for key, value in metadata.items():
+        if len(key) > MAX_METADATA_KEY_CHARS:
+            raise ValueError(
+                f"metadata: keys are at most {MAX_METADATA_KEY_CHARS} characters, "
+                f"{key[:MAX_METADATA_KEY_CHARS]!r}... has {len(key)}"
+            )
+        if len(value) > MAX_METADATA_VALUE_CHARS:
+            raise ValueError(
+                f"metadata[{key!r}]: values are at most {MAX_METADATA_VALUE_CHARS} characters, "
+                f"got {len(value)}"
+            )
+
 
 class ResponsesRequest(_Strict):
     model: str | None = None  # the served model's name, or absent (see openai_routes)
@@ -113,6 +142,7 @@ class ResponsesRequest(_Strict):
     safety_identifier: str | None = None
 
     def __post_init__(self) -> None:
+        _check_metadata(self.metadata)
         if self.max_output_tokens is not None and self.max_output_tokens < 1:
             raise ValueError("max_output_tokens must be >= 1")
         if refused := sorted(set(self.include or ()) - _INCLUDABLE):
