@@ -92,6 +92,33 @@ def test_errors_are_one_line(tiny_model_path, args, message):
     assert message in out.stderr and "Traceback" not in out.stderr
 
 
+# `braid generate` with every forward failing: the engine fails the request (after trying it
+# alone) and the command must say so.
+_FAILING_FORWARD = """
+import sys
+from braid.runtime.cli.main import main
+from braid.runtime.models.llama import LlamaForCausalLM
+
+def fail(*args, **kwargs):
+    raise RuntimeError("forward refused on purpose")
+
+LlamaForCausalLM.forward = fail
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_failed_generation_exits_nonzero_with_the_error(tiny_model_path):
+    out = subprocess.run(
+        [sys.executable, "-c", _FAILING_FORWARD, "generate", "Once upon", "--model",
+         str(tiny_model_path), "--max-tokens", "4", "--device", "cpu", "--dtype", "float32"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    assert out.stdout.strip() == ""  # no text to be taken for a completion
+    assert "braid: error: generation failed" in out.stderr
+    assert "forward refused on purpose" in out.stderr
+
+
 def test_bench_help_lists_every_workload():
     out = braid("bench", "--help")
     assert out.returncode == 0, out.stderr

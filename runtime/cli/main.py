@@ -10,6 +10,7 @@ import time
 
 from braid.runtime.cli import bench
 from braid.runtime.cli import trace as trace_command
+from braid.runtime.protocol.outputs import StreamChunk
 from braid.runtime.server import serve
 
 
@@ -78,16 +79,21 @@ def _generate(args: argparse.Namespace) -> int:
         prompt = template_render.tokenize(engine.tokenizer, text)
     num_tokens, t1 = 0, 0.0
 
-    async def run() -> None:
+    async def run() -> StreamChunk:
         nonlocal num_tokens, t1
         async for chunk in engine.stream(prompt, params):
             if num_tokens == 0:
                 t1 = time.perf_counter()  # decode rate is timed from the first token
             num_tokens += len(chunk.token_ids)
             print(chunk.text, end="", flush=True)
+        return chunk
 
-    asyncio.run(run())
+    last = asyncio.run(run())
     print(flush=True)
+    if last.error:
+        # A script reading stdout must not take what was printed for a whole completion.
+        print(f"braid: error: generation failed: {last.error}", file=sys.stderr)
+        return 2 if last.request_error else 1
     if args.stats:
         decode_s = time.perf_counter() - t1
         rate = (num_tokens - 1) / decode_s if num_tokens > 1 and decode_s > 0 else 0.0

@@ -275,6 +275,10 @@ def load_quantized(
         model.get_submodule(path).blocks[first : first + t.rows] = torch.from_numpy(ordered)
     floats = {_hf(name): _float(t, name, config) for name, t in tensors.items()}
     model.load_hf_weights(split_fused(floats, config))
+    # Materialized in float32: the norms and biases must be in the activations' dtype, or a
+    # bfloat16 residual meets float32 norms (and the float32-only decode stack is picked
+    # over a bfloat16 KV pool). The blocks are uint8, which .to leaves alone.
+    model.to(dtype)
     model.rotary.float().reset()
 
 
