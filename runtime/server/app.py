@@ -20,6 +20,7 @@ from braid.runtime.server import dashboard, openapi
 from braid.runtime.server.http import guards
 from braid.runtime.server.http.connections import RETRY_AFTER_S
 from braid.runtime.server.http.disconnects import ClientGone
+from braid.runtime.server.http.idle_trim import TrimWhenIdle
 from braid.runtime.server.request_context import set_tenant
 from braid.runtime.server.routes import anthropic as anthropic_routes
 from braid.runtime.server.routes import embeddings as embedding_routes
@@ -97,7 +98,8 @@ def create_app(
         + dashboard.ROUTES
         + (native_routes.LORA_ROUTES if lora_updates else [])
         + openapi.ROUTES,
-        middleware=guards.middleware(allowed_hosts, allowed_origins)
+        middleware=[Middleware(TrimWhenIdle)]
+        + guards.middleware(allowed_hosts, allowed_origins)
         + [Middleware(_BodyLimit, max_bytes=max_request_bytes)]
         + (
             [Middleware(ApiKey, keys=keys, scoped=cache_scope == "key", admin=admin_api_key)]
