@@ -10,13 +10,14 @@ parser (the terminals it accepts next, plus the ignored ones), as in lark's cont
 
 from __future__ import annotations
 
+import bisect
 import re
+from collections import defaultdict
 from dataclasses import dataclass
 
 import interegular
-from interegular.fsm import anything_else
 
-from braid.grammars.regex.char_regex import automaton
+from braid.grammars.regex.char_regex import automaton, check_pattern
 
 # lark's common.ESCAPED_STRING matches lazily up to a quote not preceded by an odd run of
 # backslashes, with a lookbehind interegular cannot build; this is the same language.
@@ -33,28 +34,128 @@ LexState = tuple[tuple[tuple[int, int], ...], bytes, bool, frozenset]
 
 DEAD, CONTINUE, EMIT = 0, 1, 2
 
+_LAST_CODE_POINT = 0x10FFFF
+_SURROGATES = (0xD800, 0xDFFF)  # code points no UTF-8 text holds
+_SCALAR_VALUES = _LAST_CODE_POINT + 1 - (_SURROGATES[1] - _SURROGATES[0] + 1)
+_LOWEST = {2: 0x80, 3: 0x800, 4: 0x10000}  # a character's least code point, by UTF-8 length
 
-@dataclass(frozen=True)
+# Code points as sorted (first, last) runs, neither overlapping nor adjacent.
+Runs = tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True, eq=False)
 class Terminal:
+    """A terminal's automaton with what its transitions take in real characters. interegular
+    lists the characters a regex names (its alphabet) and sends every other one along the
+    transition of its `anything_else` marker; that marker is compared by identity, and a
+    terminal pickled back from a compile worker holds a copy of it, so only `other` stands
+    for it once the terminal is built."""
+
     name: str
     fsm: interegular.FSM
-    live: frozenset  # states from which a final state is reachable
+    live: frozenset  # states from which real characters reach a final state
     priority: int
     literal: bool  # a string in the grammar (a keyword), not a regex
     shortest: bool  # lazy regex: the match ends at its first final state
+    chars: dict[int, Runs]  # per transition, the alphabet's characters on it
+    other: int | None  # the transition of the characters outside the alphabet, if any exist
+    listed: Runs  # the alphabet's characters and the surrogates: all `other` leaves out
+
+    def transition(self, ch: str) -> int | None:
+        """The transition `ch` takes from any state, None if it has none."""
+        alphabet = self.fsm.alphabet
+        return alphabet[ch] if ch in alphabet else self.other
+
+    def takes_some(self, transition: int, first: int, last: int) -> bool:
+        """Whether a character with a code point in [first, last] takes `transition`."""
+        if _meets(self.chars.get(transition, ()), first, last):
+            return True
+        return transition == self.other and not _covers(self.listed, first, last)
 
 
 def build_terminal(name: str, regex: str, priority: int, literal: bool) -> Terminal:
+    """The terminal of `regex`; ValueError naming it where the regex is not supported or can
+    match no text (a class that leaves no character, or only surrogates), since such a
+    terminal would let the masks into partial characters that nothing completes."""
     if regex == _LARK_ESCAPED_STRING:
         regex = _ESCAPED_STRING
     try:
-        fsm, live = automaton(regex)
+        check_pattern(regex)
+        # Refused before the automaton, which interegular takes half a minute to build for a
+        # class that excludes every code point (its alphabet lists them all).
+        empty = _matches_nothing(interegular.parse_pattern(regex))
+        fsm = None if empty else automaton(regex)[0]
     except ValueError as e:
         raise ValueError(
-            f"EBNF terminal {name}: regex /{regex}/ cannot be turned into an automaton ({e}); "
-            "lookarounds and backreferences are not supported"
+            f"EBNF terminal {name}: regex /{_shown(regex)}/ cannot be turned into an automaton "
+            f"({e}); lookarounds and backreferences are not supported"
         ) from None
-    return Terminal(name, fsm, live, priority, literal, bool(_LAZY.search(regex)))
+    if fsm is not None:
+        terminal = _terminal(name, fsm, priority, literal, bool(_LAZY.search(regex)))
+        if fsm.initial in terminal.live:
+            return terminal
+    raise ValueError(
+        f"EBNF terminal {name}: regex /{_shown(regex)}/ matches no text: a character class "
+        "in it leaves no character to match"
+    )
+
+
+def _shown(regex: str) -> str:
+    """`regex` for an error message: characters that do not print (NUL, U+10FFFF, a
+    surrogate, which UTF-8 cannot even encode) as their escapes."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in regex)
+
+
+def _terminal(
+    name: str, fsm: interegular.FSM, priority: int, literal: bool, shortest: bool
+) -> Terminal:
+    chars: dict[int, Runs] = {}
+    other, listed = None, []
+    for transition, symbols in fsm.alphabet.by_transition.items():
+        points = [ord(s) for s in symbols if isinstance(s, str) and not _surrogate(ord(s))]
+        chars[transition] = _runs(points)
+        listed += points
+        if not all(isinstance(s, str) for s in symbols):  # interegular's anything_else
+            other = transition
+    listed += range(_SURROGATES[0], _SURROGATES[1] + 1)
+    covered = _runs(listed)
+    if _covers(covered, 0, _LAST_CODE_POINT):
+        other = None  # every character is listed: "anything else" is none
+    real = {t for t, runs in chars.items() if runs} | ({other} - {None})
+    return Terminal(name, fsm, _live(fsm, real), priority, literal, shortest, chars, other, covered)
+
+
+def _matches_nothing(node) -> bool:
+    """Whether a parsed interegular pattern surely matches no text: a class that leaves no
+    character, or a sequence, a repeat taken at least once, or an alternation of nothing but
+    such. Nodes of other kinds count as matching: the automaton's live states settle them."""
+    if hasattr(node, "options"):  # an alternation (the pattern, a group)
+        return all(_matches_nothing(option) for option in node.options)
+    if hasattr(node, "parts"):  # a sequence
+        return any(_matches_nothing(part) for part in node.parts)
+    if hasattr(node, "base"):  # a repeat
+        return node.min > 0 and _matches_nothing(node.base)
+    if hasattr(node, "chars"):  # a class
+        listed = sum(1 for c in node.chars if not _surrogate(ord(c)))
+        return listed == _SCALAR_VALUES if node.negated else listed == 0
+    return False
+
+
+def _live(fsm: interegular.FSM, real: set[int]) -> frozenset:
+    """The states from which a final state is reachable along `real` transitions (those some
+    character takes): a branch that needs a character no text has is dead."""
+    into: dict[int, list[int]] = defaultdict(list)
+    for state, moves in fsm.map.items():
+        for transition, nxt in moves.items():
+            if transition in real:
+                into[nxt].append(state)
+    live, frontier = set(fsm.finals), list(fsm.finals)
+    while frontier:
+        for before in into[frontier.pop()]:
+            if before not in live:
+                live.add(before)
+                frontier.append(before)
+    return frozenset(live)
 
 
 class Lexer:
@@ -82,8 +183,7 @@ class Lexer:
             term = self.terminals[t]
             nxt = None
             if not (term.shortest and state in term.fsm.finals):
-                symbol = term.fsm.alphabet[ch]
-                nxt = term.fsm.map.get(state, {}).get(symbol)
+                nxt = term.fsm.map.get(state, {}).get(term.transition(ch))
                 nxt = nxt if nxt in term.live else None
             self._char_steps[key] = nxt
         return self._char_steps[key]
@@ -144,11 +244,8 @@ class Lexer:
         cands, pending, _, _ = lex
         if not pending:
             return True
-        return any(
-            c is anything_else or c.encode()[: len(pending)] == pending
-            for chars in self._next_char_sets(cands)
-            for c in chars
-        )
+        first, last = _completions(pending)
+        return any(term.takes_some(t, first, last) for term, t in self._next_moves(cands))
 
     def next_chars(self, lex: LexState) -> set[str] | None:
         """The characters some candidate takes next, or None when there are many (a class
@@ -157,24 +254,26 @@ class Lexer:
         if pending:
             return None
         out: set[str] = set()
-        for chars in self._next_char_sets(cands):
-            if anything_else in chars:
+        for term, transition in self._next_moves(cands):
+            if transition == term.other:
                 return None
-            out.update(chars)
+            for first, last in term.chars.get(transition, ()):
+                if last > first:
+                    return None
+                out.add(chr(first))
             if len(out) > 1:
                 return None
         return out
 
-    def _next_char_sets(self, cands):
-        """For each live move of each candidate, the characters that take it."""
+    def _next_moves(self, cands):
+        """(terminal, transition) for each live move of each candidate."""
         for t, s in cands:
             term = self.terminals[t]
             if term.shortest and s in term.fsm.finals:
                 continue
-            moves = term.fsm.map.get(s, {})
-            for symbol, chars in term.fsm.alphabet.by_transition.items():
-                if moves.get(symbol) in term.live:
-                    yield chars
+            for transition, nxt in term.fsm.map.get(s, {}).items():
+                if nxt in term.live:
+                    yield term, transition
 
 
 # The second byte's range for the lead bytes that narrow it (UTF-8 has no overlong forms,
@@ -191,6 +290,44 @@ def _continues(buf: bytes) -> bool:
         low, high = _SECOND_BYTE.get(buf[0], (0x80, 0xBF))
         return low <= byte <= high
     return byte & 0xC0 == 0x80
+
+
+def _completions(pending: bytes) -> tuple[int, int]:
+    """The first and last code points whose UTF-8 form starts with `pending` (the first bytes
+    of a character, as the lexer lets them through)."""
+    need = _utf8_length(pending[0])
+    value = pending[0] & (0x7F >> need)
+    for byte in pending[1:]:
+        value = value << 6 | byte & 0x3F
+    rest = 6 * (need - len(pending))
+    first, last = value << rest, (value << rest) | ((1 << rest) - 1)
+    return max(first, _LOWEST[need]), min(last, _LAST_CODE_POINT)
+
+
+def _surrogate(point: int) -> bool:
+    return _SURROGATES[0] <= point <= _SURROGATES[1]
+
+
+def _runs(points: list[int]) -> Runs:
+    runs: list[list[int]] = []
+    for point in sorted(points):
+        if runs and point <= runs[-1][1] + 1:
+            runs[-1][1] = max(runs[-1][1], point)
+        else:
+            runs.append([point, point])
+    return tuple((first, last) for first, last in runs)
+
+
+def _meets(runs: Runs, first: int, last: int) -> bool:
+    """Whether some code point in [first, last] is in `runs`."""
+    i = bisect.bisect_right(runs, (last, _LAST_CODE_POINT + 1)) - 1  # the last run from <= last
+    return i >= 0 and runs[i][1] >= first
+
+
+def _covers(runs: Runs, first: int, last: int) -> bool:
+    """Whether every code point in [first, last] is in `runs` (one run: they do not touch)."""
+    i = bisect.bisect_right(runs, (first, _LAST_CODE_POINT + 1)) - 1
+    return i >= 0 and runs[i][1] >= last
 
 
 def _utf8_length(lead: int) -> int:

@@ -70,11 +70,15 @@ def _longrope(base: torch.Tensor, params: dict, max_positions: int) -> tuple[tor
     attention scaled by sqrt(1 + ln(factor) / ln(original)).
 
     transformers switches per sequence (short factors while a sequence's length is at most
-    the original context, then it recomputes the whole cache with the long ones); a paged KV
-    holds rotated keys, so the choice here is made once, for the model's context, as
-    llama.cpp makes it for its context size: a sequence longer than the original context gets
-    transformers' rotation exactly, a shorter one the long factors where transformers uses the
-    short."""
+    the original context; its Phi-3 generate drops the cache when a sequence first passes it
+    and prefills all again with the long ones); a paged KV holds rotated keys, so the choice
+    here is made once, for the model's context, as llama.cpp makes it for its context size and
+    vLLM for its max_model_len: a sequence longer than the original context gets transformers'
+    rotation exactly, a shorter one the long factors where transformers uses the short.
+    Choosing by position instead (short keys below the original, long above) would match short
+    sequences but mixes the two sets in one longer sequence, which the model was not trained
+    on: that is what garbled Phi-3's output past 4096 tokens in transformers and vLLM before
+    they stopped it."""
     original = params["original_max_position_embeddings"]
     factor = params.get("factor") or max_positions / original
     scale = params.get("attention_factor")
