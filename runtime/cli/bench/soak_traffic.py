@@ -3,9 +3,16 @@ sent and judged by what came back.
 
 Outcomes: "complete" (a whole answer of the right shape; a constrained one that finished
 matches its constraint), "left" and "aborted" (the client went away on purpose: mid-stream,
-or before its plain answer came), "refused" (a 503 at the queue limit) and "rejected" (a
-400 for a request built to break a limit). Anything else (another status, an error event,
-a stream without its end, an answer of the wrong shape, a timeout) is a lost request.
+or before its plain answer came), "refused" (a 503 at the queue limit), "rejected" (a
+400 for a request built to break a limit) and "held" (a hostile client's attack, answered
+as it must be). Anything else (another status, an error event, a stream without its end,
+an answer of the wrong shape, a timeout, an attack that got through) is a lost request.
+
+The hostile clients (HOSTILE, a share of the mix): one that never reads its big stream
+(its socket's buffers fill; the server must drop it past its write deadline), one that
+leaves a slow compile (the compile must not hold up the constrained requests after it),
+one sending a body past the server's limit (a 413), and, given a second tenant's key, one
+probing the first tenant's stored response, the cache flush and the dashboard.
 """
 
 from __future__ import annotations
@@ -15,12 +22,13 @@ import itertools
 import json
 import random
 import re
+import socket
 import time
 from dataclasses import dataclass
 
 import httpx
 
-CLEAN = frozenset({"complete", "left", "aborted", "refused", "rejected"})
+CLEAN = frozenset({"complete", "left", "aborted", "refused", "rejected", "held"})
 # Kind -> how many of each cycle of the mix (cycles shuffled, so that every kind comes within
 # a few dozen requests). Constrained kinds use a new schema or regex each time, so the
 # grammar cache keeps compiling and evicting; every third stream leaves early.
@@ -35,7 +43,17 @@ KINDS = {
     "chat_logprobs": 1,
     "abort": 1,
     "bad": 1,
+    "never_reads": 1,
+    "abandoned_compile": 1,
+    "oversized": 1,
+    "tenant_probe": 1,
 }
+HOSTILE = frozenset({"never_reads", "abandoned_compile", "oversized", "tenant_probe"})
+# How long the client that never reads holds its socket: past the soak server's write
+# deadline (5 s), so that the server is the one to drop it.
+_UNREAD_HOLD_S = 8.0
+# A body past the server's default limit (16 MiB).
+_OVERSIZED_BYTES = 17 * 1024 * 1024
 _WORDS = "the a model cache token prefix batch answer question how why when kernel queue".split()
 _TIMEOUT_S = 300.0  # an answer slower than this counts as lost
 
@@ -51,18 +69,22 @@ class Result:
 class Traffic:
     """Sends requests of the mix to one server (`http` has its base URL)."""
 
-    def __init__(self, http: httpx.AsyncClient, seed: int) -> None:
+    def __init__(self, http: httpx.AsyncClient, seed: int, other_key: str | None = None) -> None:
+        """`http` carries the first tenant's key, if the server takes keys; `other_key`: a
+        second tenant's, for the tenant probe (without it the probe is left out)."""
         self.http = http
         self.rng = random.Random(seed)
         self.serial = itertools.count()  # makes each constraint distinct
         self.streams = itertools.count()
         self.cycle: list[str] = []
+        self.other_key = other_key
+        self.kinds = {k: n for k, n in KINDS.items() if k != "tenant_probe" or other_key}
 
     async def one(self, kind: str | None = None) -> Result:
         """A request of `kind` (default: the mix's next), judged."""
         if kind is None:
             if not self.cycle:
-                self.cycle = [k for k, count in KINDS.items() for _ in range(count)]
+                self.cycle = [k for k, count in self.kinds.items() for _ in range(count)]
                 self.rng.shuffle(self.cycle)
             kind = self.cycle.pop()
         start = time.monotonic()
@@ -223,6 +245,67 @@ class Traffic:
         failed, _ = await self._post("/v1/completions", body)
         return "rejected" if failed == "http 400" else failed or "accepted past a limit"
 
+    # ---- the hostile clients ------------------------------------------------------------
+
+    async def _never_reads(self) -> str:
+        """A stream of 8 samples with 20 logprobs a token (over a megabyte), on a socket with
+        a small receive buffer that is never read, held past the server's write deadline."""
+        body = self._completion(96) | {"stream": True, "n": 8, "logprobs": 20}
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        url = self.http.base_url
+        await asyncio.get_running_loop().sock_connect(sock, (url.host, url.port))
+        _, writer = await asyncio.open_connection(sock=sock)
+        try:
+            writer.write(_request_bytes("/v1/completions", body, url, self.http.headers))
+            await writer.drain()
+            await asyncio.sleep(_UNREAD_HOLD_S)
+        finally:
+            writer.close()
+        return "held"
+
+    async def _abandoned_compile(self) -> str:
+        """A stop regex that takes many seconds to compile, given up after half a second."""
+        body = self._completion(4) | {"stop_regex": f"a{{{20000 + next(self.serial)}}}"}
+        try:
+            r = await self.http.post("/v1/completions", json=body, timeout=0.5)
+        except httpx.TimeoutException:
+            return "held"
+        return f"slow compile answered at once: http {r.status_code}"
+
+    async def _oversized(self) -> str:
+        content = b'{"prompt": "' + b"x" * _OVERSIZED_BYTES + b'"}'
+        headers = {"content-type": "application/json"}
+        r = await self.http.post("/v1/completions", content=content, headers=headers)
+        return "held" if r.status_code == 413 else f"oversized body: http {r.status_code}"
+
+    async def _tenant_probe(self) -> str:
+        """The first tenant stores a response; the second may not read it, continue it,
+        delete it, flush the cache or see the first's requests on the dashboard."""
+        body = {"input": self._prompt(), "max_output_tokens": 4, "store": True}
+        failed, stored = await self._post("/v1/responses", body)
+        if failed:
+            return failed
+        other = {"authorization": f"Bearer {self.other_key}"}
+        path = f"/v1/responses/{stored['id']}"
+        continued = {"input": "and?", "previous_response_id": stored["id"], "max_output_tokens": 1}
+        answers = [
+            ("get", await self.http.get(path, headers=other), 404),
+            ("continue", await self.http.post("/v1/responses", json=continued, headers=other), 400),
+            ("delete", await self.http.delete(path, headers=other), 404),
+            ("flush", await self.http.post("/flush_cache", headers=other), 403),
+        ]
+        for what, r, expected in answers:
+            if r.status_code != expected:
+                return f"tenant probe: {what} got http {r.status_code}"
+        board = await self.http.get("/dashboard/data", headers=other)
+        if board.status_code != 200 or board.json()["requests"]:
+            return "tenant probe: the dashboard listed requests"
+        if (await self.http.get(path)).status_code != 200:
+            return "tenant probe: the owner lost its response"
+        return "held"
+
     # ---- helpers ------------------------------------------------------------------------
 
     def _prompt(self) -> str:
@@ -242,6 +325,16 @@ class Traffic:
         if r.status_code == 200:
             return None, r.json()
         return _status(r), {}
+
+
+def _request_bytes(path: str, body: dict, url: httpx.URL, headers: httpx.Headers) -> bytes:
+    """An HTTP/1.1 POST of `body` as JSON, with the client's authorization header."""
+    payload = json.dumps(body).encode()
+    head = [f"POST {path} HTTP/1.1", f"Host: {url.host}:{url.port}"]
+    head += ["Content-Type: application/json", f"Content-Length: {len(payload)}"]
+    if "authorization" in headers:
+        head.append(f"Authorization: {headers['authorization']}")
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + payload
 
 
 def _status(r: httpx.Response) -> str:

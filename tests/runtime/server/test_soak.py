@@ -22,7 +22,7 @@ from braid.runtime.cli.bench.soak import RSS_TOLERANCE, soak
 from braid.runtime.cli.main import main
 
 BUDGET_MB = 10  # the vocabulary's structures take ~9 MB of it: a minute's grammars pass it
-OUTCOMES = ("complete", "left", "aborted", "refused", "rejected")
+OUTCOMES = ("complete", "left", "aborted", "refused", "rejected", "held")
 # As `braid bench soak` starts its server.
 MAX_KV_TOKENS, MAX_RUNNING, MAX_QUEUED = 4096, 16, 16
 
@@ -31,6 +31,7 @@ def check_soak(result: dict, evicts: bool = True) -> None:
     """The soak's checks but memory, that every outcome of the mix occurred and grammar
     memory kept within its budget (`evicts`: by evicting grammars meanwhile)."""
     assert result["lost"] == [], result["lost"][:5]
+    assert result["longest_wait_s"] <= result["max_wait_s"]
     assert result["idle"] and result["kv_ok"], result["end"]
     assert result["end"]["kv_free_tokens"] == result["end"]["kv_total_tokens"]  # flushed
     outcomes = result["outcomes"]
@@ -51,11 +52,26 @@ def test_a_short_soak_loses_nothing_and_leaves_the_engine_clean(tiny_model_path)
         max_running_requests=MAX_RUNNING,
         grammar_memory_mb=BUDGET_MB,
     )
-    server = LiveServer(engine, max_queued_requests=MAX_QUEUED)
+    keys = ["tenant-a", "tenant-b"]
+    server = LiveServer(
+        engine,
+        max_queued_requests=MAX_QUEUED,
+        api_key=keys,
+        cache_scope="key",
+        admin_api_key="admin",
+    )
     try:
-        # 12 s: a few dozen requests (every kind of the mix comes within 17) and two bursts.
+        # 12 s: a few dozen requests (every kind of the mix comes within 21) and two bursts.
         args = argparse.Namespace(
-            minutes=0.2, warmup_minutes=0.0, clients=4, burst_every=4.0, seed=0
+            minutes=0.2,
+            warmup_minutes=0.0,
+            clients=4,
+            burst_every=4.0,
+            seed=0,
+            max_wait_s=120.0,
+            api_key=keys[0],
+            other_api_key=keys[1],
+            admin_api_key="admin",
         )
         result = asyncio.run(soak(server.url, args))
         check_soak(result, evicts=False)  # the budget is not reached in seconds
