@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections import defaultdict
 from dataclasses import dataclass
 
 import interegular
 
-from braid.grammars.regex.char_regex import automaton, check_pattern
+from braid.grammars.regex.char_regex import automaton, check_pattern, live_states
 
 # lark's common.ESCAPED_STRING matches lazily up to a quote not preceded by an odd run of
 # backslashes, with a lookbehind interegular cannot build; this is the same language.
@@ -122,7 +121,10 @@ def _terminal(
     if _covers(covered, 0, _LAST_CODE_POINT):
         other = None  # every character is listed: "anything else" is none
     real = {t for t, runs in chars.items() if runs} | ({other} - {None})
-    return Terminal(name, fsm, _live(fsm, real), priority, literal, shortest, chars, other, covered)
+    # A branch that needs a character no text has is dead: states live along real moves only.
+    return Terminal(
+        name, fsm, live_states(fsm, real), priority, literal, shortest, chars, other, covered
+    )
 
 
 def _matches_nothing(node) -> bool:
@@ -139,23 +141,6 @@ def _matches_nothing(node) -> bool:
         listed = sum(1 for c in node.chars if not _surrogate(ord(c)))
         return listed == _SCALAR_VALUES if node.negated else listed == 0
     return False
-
-
-def _live(fsm: interegular.FSM, real: set[int]) -> frozenset:
-    """The states from which a final state is reachable along `real` transitions (those some
-    character takes): a branch that needs a character no text has is dead."""
-    into: dict[int, list[int]] = defaultdict(list)
-    for state, moves in fsm.map.items():
-        for transition, nxt in moves.items():
-            if transition in real:
-                into[nxt].append(state)
-    live, frontier = set(fsm.finals), list(fsm.finals)
-    while frontier:
-        for before in into[frontier.pop()]:
-            if before not in live:
-                live.add(before)
-                frontier.append(before)
-    return frozenset(live)
 
 
 class Lexer:

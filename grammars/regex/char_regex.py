@@ -57,12 +57,14 @@ def automaton(pattern: str) -> tuple[interegular.FSM, frozenset]:
     return fsm, live_states(fsm)
 
 
-def live_states(fsm: interegular.FSM) -> frozenset:
-    """The states from which a final state is reachable (one backward search)."""
+def live_states(fsm: interegular.FSM, real: set[int] | None = None) -> frozenset:
+    """The states from which a final state is reachable (one backward search), along the
+    `real` transitions only where given."""
     into: dict[int, list[int]] = defaultdict(list)
     for state, moves in fsm.map.items():
-        for nxt in moves.values():
-            into[nxt].append(state)
+        for transition, nxt in moves.items():
+            if real is None or transition in real:
+                into[nxt].append(state)
     live, frontier = set(fsm.finals), list(fsm.finals)
     while frontier:
         for before in into[frontier.pop()]:
