@@ -1,10 +1,12 @@
 """GET /openapi.json: an OpenAPI 3.1 document of every route. Request bodies are built from
 the wire Structs the routes decode, so the document says what they accept and cannot drift
-from it; it is what client generators read, and what the HTTP fuzz
-(tests/runtime/server/test_http_fuzz.py) draws requests from."""
+from it; each operation's answers (its 200's bodies and its error statuses) are declared in
+openapi_responses.py. It is what client generators read, and what the HTTP fuzz
+(tests/runtime/server/test_http_fuzz.py) draws requests from and checks answers against."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -15,6 +17,7 @@ from starlette.routing import Route
 
 from braid.runtime.protocol.sampling_params import SamplingParams
 from braid.runtime.protocol.wire_fields import SAMPLING_FIELDS
+from braid.runtime.server import openapi_responses
 from braid.runtime.server.routes.anthropic_wire import CountTokensRequest, MessagesRequest
 from braid.runtime.server.routes.embeddings import EmbeddingRequest
 from braid.runtime.server.routes.responses_wire import ResponsesRequest
@@ -67,6 +70,12 @@ def document(routes: list) -> dict[str, Any]:
     structs = sorted({t for _, types in _BODIES.values() for t in types}, key=lambda t: t.__name__)
     refs, components = msgspec.json.schema_components(structs, ref_template=_REF)
     by_type = dict(zip(structs, refs, strict=True))
+    answered: set[type] = set()
+
+    def ref(body: type) -> dict[str, Any]:
+        answered.add(body)
+        return {"$ref": _REF.format(name=body.__name__)}
+
     paths: dict[str, dict] = {}
     for route in routes:
         if not isinstance(route, Route):
@@ -79,7 +88,7 @@ def document(routes: list) -> dict[str, Any]:
         for method in sorted(m.lower() for m in route.methods or () if m != "HEAD"):
             operation: dict[str, Any] = {
                 "operationId": f"{method}_{path}",
-                "responses": {"200": {"description": "OK"}, "default": {"description": "error"}},
+                "responses": openapi_responses.responses(method, path, ref),
             }
             if params:
                 operation["parameters"] = params
@@ -97,8 +106,25 @@ def document(routes: list) -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {"title": "braid", "version": "1"},
         "paths": paths,
-        "components": {"schemas": components},
+        "components": {"schemas": components | _answer_components(answered, components)},
     }
+
+
+def _answer_components(bodies: set[type], requests: dict[str, Any]) -> dict[str, Any]:
+    """The components of the answers' bodies, each under its type's name (as `ref` named
+    it): a name msgspec had to qualify, or one a request's component holds already, would
+    leave a reference pointing at another schema."""
+    ordered = sorted(bodies, key=lambda t: t.__name__)
+    refs, components = msgspec.json.schema_components(ordered, ref_template=_REF)
+    named = [r["$ref"] for r in refs]
+    clashes = {k for k in components.keys() & requests.keys() if components[k] != requests[k]}
+    if clashes or named != [_REF.format(name=t.__name__) for t in ordered]:
+        raise ValueError(f"answer bodies share a name with another schema: {clashes or named}")
+    for body in ordered:
+        if dataclasses.is_dataclass(body):  # answered through asdict: every field, defaulted too
+            schema = components[body.__name__]
+            schema["required"] = list(schema["properties"])
+    return components
 
 
 def _merged(types: list[type], components: dict[str, Any]) -> dict[str, Any]:
