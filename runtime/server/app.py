@@ -29,7 +29,7 @@ from braid.runtime.server.routes import openai as openai_routes
 from braid.runtime.server.routes import responses as responses_routes
 from braid.runtime.server.routes import tokens as token_routes
 from braid.runtime.server.service import Overloaded, Service
-from braid.runtime.server.wire import ModelNotFound, error_body
+from braid.runtime.server.wire import ModelNotFound, refusal_body
 
 # Routes a load balancer or a scraper may call without the API key.
 _OPEN_PATHS = frozenset({"/health", "/metrics"})
@@ -130,15 +130,15 @@ def _reply(status: int, kind: str, code: str | None = None):
 
     async def handler(request: Request, exc: Exception) -> Response:
         message = str(exc) or type(exc).__name__
-        return JSONResponse(error_body(status, kind, message, code), status, headers=headers)
+        body = refusal_body(request.url.path, status, kind, message, code)
+        return JSONResponse(body, status, headers=headers)
 
     return handler
 
 
 async def _http_exception(request: Request, exc: HTTPException) -> Response:
-    return JSONResponse(
-        error_body(exc.status_code, "invalid_request_error", exc.detail), exc.status_code
-    )
+    body = refusal_body(request.url.path, exc.status_code, "invalid_request_error", exc.detail)
+    return JSONResponse(body, exc.status_code)
 
 
 # A path parameter's converter, which a listing of the routes leaves out: {id:path} -> {id}.
@@ -155,7 +155,8 @@ async def _not_found(request: Request, exc: HTTPException) -> Response:
         for method in sorted(route.methods - {"HEAD"})  # starlette adds HEAD to every GET
     ]
     message = f"no route {request.method} {request.url.path}; the routes are: {', '.join(routes)}"
-    return JSONResponse(error_body(404, "invalid_request_error", message, "not_found"), 404)
+    body = refusal_body(request.url.path, 404, "invalid_request_error", message, "not_found")
+    return JSONResponse(body, 404)
 
 
 class BodyTooLarge(Exception):
@@ -180,7 +181,7 @@ class _BodyLimit:
             return
         length = dict(scope["headers"]).get(b"content-length", b"0")
         if length.isdigit() and int(length) > self.max_bytes:
-            body = error_body(413, "request_too_large", self.message)
+            body = refusal_body(scope["path"], 413, "request_too_large", self.message)
             await JSONResponse(body, 413)(scope, receive, send)
             return
         received = 0
@@ -230,11 +231,8 @@ class ApiKey:
         matches = _matches(scope, self.keys)
         if not any(matches):
             message = "missing or wrong API key"
-            if path.startswith(anthropic_routes.PATH):
-                response = anthropic_routes.error_response(401, "authentication_error", message)
-            else:
-                response = JSONResponse(error_body(401, "authentication_error", message), 401)
-            await response(scope, receive, send)
+            body = refusal_body(path, 401, "authentication_error", message)
+            await JSONResponse(body, 401)(scope, receive, send)
             return
         if self.scoped:
             set_tenant(scope, str(matches.index(True)))  # the key's place in the list
@@ -247,7 +245,7 @@ class ApiKey:
                 ", which this server was not given: under --cache-scope key no tenant's key "
                 "acts on the others' requests"
             )
-        return JSONResponse(error_body(403, "permission_error", message), 403)
+        return JSONResponse(refusal_body(path, 403, "permission_error", message), 403)
 
 
 def _accepted(key: str) -> tuple[bytes, bytes]:

@@ -52,6 +52,21 @@ def error_body(status: int, kind: str, message: str, code: str | None = None) ->
     return {"error": error}
 
 
+# The routes that answer errors in Anthropic's shape (its Messages API and those under it),
+# whose SDK reads no other; OpenAI's error types that Anthropic names otherwise.
+ANTHROPIC_PATH = "/v1/messages"
+_ANTHROPIC_KINDS = {"overloaded": "overloaded_error", "server_error": "api_error"}
+
+
+def refusal_body(path: str, status: int, kind: str, message: str, code: str | None = None) -> dict:
+    """The error body of a refusal made for any route (a guard, the body limit, the API key,
+    the app's handlers): Anthropic's shape under ANTHROPIC_PATH, OpenAI's elsewhere."""
+    if path.startswith(ANTHROPIC_PATH):
+        kind = "not_found_error" if status == 404 else _ANTHROPIC_KINDS.get(kind, kind)
+        return {"type": "error", "error": {"type": kind, "message": message}}
+    return error_body(status, kind, message, code)
+
+
 # A \u escape of a high surrogate (after an even run of backslashes: not itself escaped)
 # without the low surrogate escape that must follow it.
 _LONE_HIGH_SURROGATE = re.compile(

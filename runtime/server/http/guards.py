@@ -20,7 +20,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 
-from braid.runtime.server.wire import error_body
+from braid.runtime.server.wire import refusal_body
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 ANY = "*"
@@ -73,7 +73,7 @@ class RequestGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        refusal = self._refusal(scope["headers"])
+        refusal = self._refusal(scope["headers"], scope.get("path", ""))
         if refusal is not None:
             await refusal(scope, receive, send)
             return
@@ -82,12 +82,13 @@ class RequestGuard:
         except ClientDisconnect:
             pass  # nobody to answer
 
-    def _refusal(self, headers: list[tuple[bytes, bytes]]) -> JSONResponse | None:
+    def _refusal(self, headers: list[tuple[bytes, bytes]], path: str) -> JSONResponse | None:
         body, media_type = False, b""
         for name, value in headers:
             text = value.decode("latin-1")
             if name == b"host" and self.hosts is not None and _host_name(text) not in self.hosts:
                 return _refuse(
+                    path,
                     403,
                     "permission_error",
                     "host_not_allowed",
@@ -97,6 +98,7 @@ class RequestGuard:
                 )
             if name == b"origin" and ANY not in self.origins and _origin(text) not in self.origins:
                 return _refuse(
+                    path,
                     403,
                     "permission_error",
                     "origin_not_allowed",
@@ -111,6 +113,7 @@ class RequestGuard:
                 media_type = value.split(b";")[0].strip().lower()
         if body and media_type not in (b"", b"application/json"):
             return _refuse(
+                path,
                 415,
                 "invalid_request_error",
                 "unsupported_media_type",
@@ -121,8 +124,8 @@ class RequestGuard:
         return None
 
 
-def _refuse(status: int, kind: str, code: str, message: str) -> JSONResponse:
-    return JSONResponse(error_body(status, kind, message, code), status)
+def _refuse(path: str, status: int, kind: str, code: str, message: str) -> JSONResponse:
+    return JSONResponse(refusal_body(path, status, kind, message, code), status)
 
 
 def _names(flag: str) -> frozenset[str]:

@@ -40,9 +40,15 @@ from braid.runtime.server.routes.anthropic_wire import (
     sampling,
 )
 from braid.runtime.server.service import Overloaded, Service
-from braid.runtime.server.wire import BadRequest, ModelNotFound, convert, decode_object
+from braid.runtime.server.wire import (
+    ANTHROPIC_PATH,
+    BadRequest,
+    ModelNotFound,
+    convert,
+    decode_object,
+)
 
-PATH = "/v1/messages"  # this route and the ones under it answer errors in Anthropic's shape
+PATH = ANTHROPIC_PATH
 
 # ---- errors ----------------------------------------------------------------------------------
 

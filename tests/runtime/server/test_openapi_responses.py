@@ -381,11 +381,6 @@ MESSAGES_REFUSALS = [
 ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=FailureGroup,
-    reason="http/guards.py and app.py's body limit answer /v1/messages in OpenAI's shape",
-)
 @pytest.mark.parametrize(("status", "headers", "body"), MESSAGES_REFUSALS)
 def test_refusals_on_messages_come_in_anthropics_shape(guarded, api, status, headers, body):
     content = b"hello" if body is None else None
