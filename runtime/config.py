@@ -29,6 +29,12 @@ class EngineConfig:
         "float32 and bfloat16 runs the model's linears faster there (timed once, cached); "
         "float32 with quantized weights",
     )
+    context_length: int | None = _setting(
+        None,
+        "the longest sequence, prompt and output, in tokens; None: the model's own; lower "
+        "only (vLLM's --max-model-len); for longrope models (Phi-3) a context within the "
+        "original chooses the short factors",
+    )
     max_kv_tokens: int | None = _setting(
         None, "KV pool size in tokens; overrides kv_cache_gb and kv_memory_fraction"
     )
@@ -178,6 +184,8 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.dtype: expected auto or one of {list(DTYPES)}, got {self.dtype!r}"
             )
+        if self.context_length is not None and self.context_length < 1:
+            raise ValueError(f"EngineConfig.context_length must be >= 1, got {self.context_length}")
         if self.max_kv_tokens is not None and self.max_kv_tokens < 1:
             raise ValueError(f"EngineConfig.max_kv_tokens must be >= 1, got {self.max_kv_tokens}")
         if self.kv_cache_gb is not None and self.kv_cache_gb <= 0:

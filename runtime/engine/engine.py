@@ -20,6 +20,8 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Hashable
 from concurrent.futures import Future
 
+import torch
+
 from braid.grammars.constraints import JsonSchema, ToolCalls
 from braid.grammars.phases import Phases
 from braid.grammars.tool_calls import MARK
@@ -34,6 +36,7 @@ from braid.runtime.engine.scoring import score_requests
 from braid.runtime.loading.model_loader import load_model_config, resolve_model_dir
 from braid.runtime.loading.quantization import resolve_quantization
 from braid.runtime.lora.adapter import LoraAdapter
+from braid.runtime.models.config.model_config import ModelConfig
 from braid.runtime.output.detokenizer import IncrementalDetokenizer
 from braid.runtime.output.stop import StopMatcher
 from braid.runtime.protocol.outputs import GenerateOutput, StreamChunk
@@ -59,6 +62,31 @@ class HealedPrompt(list):
         self.healed = healed
 
 
+def capped_context(mc: ModelConfig, c: EngineConfig) -> ModelConfig:
+    """`mc` with the engine's context: EngineConfig.context_length, at most the model's own
+    max_position_embeddings (positions past it have no trained rotation)."""
+    cap = c.context_length or mc.max_position_embeddings
+    if cap > mc.max_position_embeddings:
+        raise ValueError(
+            f"EngineConfig.context_length {cap} is above the model's own context of "
+            f"{mc.max_position_embeddings} tokens (max_position_embeddings); it only lowers it"
+        )
+    capped = dataclasses.replace(mc, context_length=cap)
+    # Tensor-parallel ranks read the model's config again from its directory, so they would
+    # rotate with the uncapped context's tables: refuse a cap that changes them (longrope).
+    if c.tp > 1 and not _same_rope(capped, dataclasses.replace(mc, context_length=None)):
+        raise ValueError(
+            f"EngineConfig.context_length {cap} changes the model's rope factors, which "
+            "tensor-parallel ranks do not follow; run it with tp=1"
+        )
+    return capped
+
+
+def _same_rope(a: ModelConfig, b: ModelConfig) -> bool:
+    (freq_a, scale_a), (freq_b, scale_b) = a.rope_inv_freq(), b.rope_inv_freq()
+    return scale_a == scale_b and torch.equal(freq_a, freq_b)
+
+
 class Engine:
     def __init__(
         self, model: str | None = None, lora_adapters: dict[str, str] | None = None, **config_fields
@@ -75,11 +103,11 @@ class Engine:
         quantization, self._quantization_why = resolve_quantization(config, path)
         self.config = c = dataclasses.replace(config, quantization=quantization)
         log.info("quantization %s (%s)", c.quantization, self._quantization_why)
-        self.model_config = mc = load_model_config(path)
+        self.model_config = mc = capped_context(load_model_config(path), c)
         self.tokenizer = load_tokenizer(path)
         self.device = c.torch_device
         self.eos_token_ids = eos_token_ids(path, mc, self.tokenizer)
-        self.context_length = mc.max_position_embeddings
+        self.context_length = mc.context_length
         template = self.tokenizer.chat_template
         # How the model marks its thoughts (None: it does not think, or was told not to).
         self.reasoning_format: ReasoningFormat | None = detect(

@@ -22,12 +22,24 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
         # AutoTokenizer reads the model's config only for its model type and tokenizer hints.
         # transformers' generic config class holds them; the architecture's own config class
         # (what AutoTokenizer loads when given none) imports most of transformers.
-        config = PreTrainedConfig.from_dict(json.loads((path / "config.json").read_text()))
+        config = PreTrainedConfig.from_dict(_tokenizer_fields(path / "config.json"))
         tokenizer = AutoTokenizer.from_pretrained(path, config=config)
         check_chat_template(tokenizer)
         return tokenizer
     except (OSError, ValueError, TypeError) as e:
         raise ValueError(f"cannot load the tokenizer in {path}: {e}") from None
+
+
+def _tokenizer_fields(config_json: Path) -> dict:
+    """A config.json's fields less its rope settings: a tokenizer needs none, and transformers
+    5's generic config class fails on a v4 `rope_scaling` of type longrope, llama3 or yarn
+    (Phi-3-128k, Llama 3.1), whose standardization reads a max_position_embeddings that the
+    generic class does not hold."""
+    fields = json.loads(config_json.read_text())
+    if isinstance(fields, dict):  # anything else is refused by from_dict, as before
+        for key in ("rope_scaling", "rope_parameters"):
+            fields.pop(key, None)
+    return fields
 
 
 def check_chat_template(tokenizer: PreTrainedTokenizerBase) -> None:

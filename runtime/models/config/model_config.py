@@ -109,6 +109,9 @@ class ModelConfig:
     nope_layers: tuple[int, ...] = ()
     # Mixture of experts (moe.py): the experts, the router's top k, which layers are sparse.
     moe: moe_config.MoeConfig | None = None
+    # The longest sequence the engine runs (EngineConfig.context_length), None: the model's
+    # max_position_embeddings. Only longrope's choice of factors reads it (rope._longrope).
+    context_length: int | None = None
 
     @classmethod
     def from_dict(cls, config: dict) -> ModelConfig:
@@ -164,4 +167,6 @@ class ModelConfig:
         """Inverse frequencies [head_dim / 2] and the cos/sin scale (yarn scales attention);
         `local`: the sliding layers' (local_rope_parameters)."""
         params = self.local_rope_parameters if local else self.rope_parameters
-        return rope.inv_freq(params, self.head_dim, self.max_position_embeddings)
+        return rope.inv_freq(
+            params, self.head_dim, self.max_position_embeddings, self.context_length
+        )

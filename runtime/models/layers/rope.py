@@ -12,7 +12,7 @@ import math
 import torch
 
 # Rope types whose frequencies do not depend on the sequence length, so one table serves all
-# (longrope picks its long or short factors once, for the model's context: _longrope).
+# (longrope picks its long or short factors once, for the engine's context: _longrope).
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
@@ -45,9 +45,14 @@ def rotary_dim(params: dict, head_dim: int) -> int:
     return int(head_dim * params.get("partial_rotary_factor", 1.0))
 
 
-def inv_freq(params: dict, head_dim: int, max_positions: int) -> tuple[torch.Tensor, float]:
+def inv_freq(
+    params: dict, head_dim: int, max_positions: int, context: int | None = None
+) -> tuple[torch.Tensor, float]:
     """Inverse frequencies [rotary_dim / 2] (float32) and the scale of the cos/sin tables
-    (yarn and longrope scale attention through them)."""
+    (yarn and longrope scale attention through them). `max_positions`: the model's own
+    max_position_embeddings, which sets yarn's and longrope's implicit factor; `context`:
+    the longest sequence the engine runs (None: max_positions), which chooses longrope's
+    factors."""
     head_dim = rotary_dim(params, head_dim)
     theta = params["rope_theta"]
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
@@ -60,21 +65,26 @@ def inv_freq(params: dict, head_dim: int, max_positions: int) -> tuple[torch.Ten
     if kind == "llama3":
         return _llama3(base, params), 1.0
     if kind == "longrope":
-        return _longrope(base, params, max_positions)
+        return _longrope(base, params, max_positions, context or max_positions)
     return _yarn(params, head_dim, max_positions)
 
 
-def _longrope(base: torch.Tensor, params: dict, max_positions: int) -> tuple[torch.Tensor, float]:
+def _longrope(
+    base: torch.Tensor, params: dict, max_positions: int, context: int
+) -> tuple[torch.Tensor, float]:
     """LongRoPE (Phi-3/3.5/4-mini): each frequency divided by its own factor, the long ones
     when the context reaches past original_max_position_embeddings, else the short ones;
-    attention scaled by sqrt(1 + ln(factor) / ln(original)).
+    attention scaled by sqrt(1 + ln(factor) / ln(original)), factor the model's own
+    max_positions / original whatever the context (as transformers computes it).
 
     transformers switches per sequence (short factors while a sequence's length is at most
     the original context; its Phi-3 generate drops the cache when a sequence first passes it
     and prefills all again with the long ones); a paged KV holds rotated keys, so the choice
-    here is made once, for the model's context, as llama.cpp makes it for its context size and
-    vLLM for its max_model_len: a sequence longer than the original context gets transformers'
-    rotation exactly, a shorter one the long factors where transformers uses the short.
+    here is made once, for the engine's context (EngineConfig.context_length, else the
+    model's), as llama.cpp makes it for its context size and vLLM for its max_model_len: a
+    sequence longer than the original context gets transformers' rotation exactly, a shorter
+    one the long factors where transformers uses the short, unless the context is capped
+    within the original, when every sequence gets the short ones as in transformers.
     Choosing by position instead (short keys below the original, long above) would match short
     sequences but mixes the two sets in one longer sequence, which the model was not trained
     on: that is what garbled Phi-3's output past 4096 tokens in transformers and vLLM before
@@ -84,7 +94,7 @@ def _longrope(base: torch.Tensor, params: dict, max_positions: int) -> tuple[tor
     scale = params.get("attention_factor")
     if scale is None:
         scale = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
-    which = "long_factor" if max_positions > original else "short_factor"
+    which = "long_factor" if context > original else "short_factor"
     factors = torch.tensor(params[which], dtype=torch.float32)
     if factors.shape != base.shape:
         raise ValueError(f"longrope {which} has {len(factors)} entries, not {len(base)}")
