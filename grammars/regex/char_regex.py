@@ -13,6 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import interegular
+from interegular.fsm import anything_else
 
 _LOOKAROUND = re.compile(r"(?<!\\)\(\?<?[=!]")
 
@@ -80,6 +81,12 @@ class CharRegex:
     def __init__(self, pattern: str) -> None:
         self.pattern = pattern
         self._fsm, self._live = automaton(pattern)
+        # The transition of the characters the pattern does not list, read here, before it
+        # is pickled (it is built in the compile worker): interegular finds it by its
+        # anything_else marker's identity, which an unpickled copy does not have, so a
+        # negated class (`[^a]+`) took no character it did not list once back in the engine.
+        self._symbols = self._fsm.alphabet._symbol_mapping
+        self._other = self._symbols.get(anything_else)
 
     @property
     def initial(self) -> int:
@@ -87,7 +94,7 @@ class CharRegex:
 
     def step(self, state: int, char: str) -> int | None:
         """The state after `char`, or None when no match can follow."""
-        nxt = self._fsm.map.get(state, {}).get(self._fsm.alphabet[char])
+        nxt = self._fsm.map.get(state, {}).get(self._symbols.get(char, self._other))
         return nxt if nxt in self._live else None
 
     def accepts(self, state: int) -> bool:

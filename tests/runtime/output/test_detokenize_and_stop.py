@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import re
 
 import pytest
@@ -100,6 +101,19 @@ def test_stop_regex_matches_re_at_any_piece_boundaries(pattern, text, cuts):
     start = first_completed_match(pattern, text)
     assert m.stopped == (start is not None)
     assert "".join(streamed) == (text if start is None else text[:start])
+
+
+@pytest.mark.parametrize("pattern", [r"[^a-z ]{2}", r"x[^a]+y", r".é", r"[^\n]+\n"])
+def test_a_stop_regex_back_from_the_compile_worker_takes_characters_it_does_not_list(pattern):
+    """Stop regexes are compiled in the worker and pickled back: interegular's marker for the
+    characters a pattern does not list is found by identity, which a copy lacks, so a negated
+    class took none of them once unpickled."""
+    regex = pickle.loads(pickle.dumps(CharRegex(pattern)))
+    for text in ("xéy", "é€😀", "ab\n", "12é!", "xaé€y\n"):
+        m = StopMatcher((), (regex,))
+        out = m.add(text) + m.flush()
+        start = first_completed_match(pattern, text)
+        assert out == (text if start is None else text[:start]), (pattern, text)
 
 
 def test_partial_stop_regex_is_held_back_then_released():
