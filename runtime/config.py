@@ -32,7 +32,7 @@ class EngineConfig:
     context_length: int | None = _setting(
         None,
         "the longest sequence, prompt and output, in tokens; None: the model's own; lower "
-        "only (vLLM's --max-model-len); for longrope models (Phi-3) a context within the "
+        "only (vLLM's max_model_len); for longrope models (Phi-3) a context within the "
         "original chooses the short factors",
     )
     max_kv_tokens: int | None = _setting(

@@ -410,7 +410,7 @@ def test_aliases_are_listed_accepted_and_echoed(engine):
 
 
 def test_serve_takes_several_names(tiny_model_path, monkeypatch):
-    import uvicorn
+    from braid.runtime.server.http import shutdown
 
     parser = argparse.ArgumentParser()
     commands = parser.add_subparsers()
@@ -420,7 +420,7 @@ def test_serve_takes_several_names(tiny_model_path, monkeypatch):
         + ["--served-model-name", "main", "alias", "main", "--log-level", "warning"]
     )
     served = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **options: served.append(app))
+    monkeypatch.setattr(shutdown, "run", lambda app, **options: served.append(app))
     assert serve.run(args) == 0
     [app] = served
     svc = app.state.service

@@ -274,12 +274,11 @@ def test_limits_validate_themselves():
 
 
 def test_serve_builds_its_limits_from_the_flags(tiny_model_path, monkeypatch):
-    import uvicorn
-
     from braid.runtime.cli.main import main
+    from braid.runtime.server.http import shutdown
 
     apps = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: apps.append(app))
+    monkeypatch.setattr(shutdown, "run", lambda app, **kw: apps.append(app))
     flags = ["--device", "cpu", "--dtype", "float32", "--max-kv-tokens", "256"]
     flags += ["--max-n", "2", "--max-prompt-tokens", "100", "--grammar-memory-mb", "64"]
     root = logging.getLogger()
