@@ -15,6 +15,7 @@ import openai
 import pytest
 from hostile_cases import probe_health
 
+from braid.runtime.server import response_store
 from braid.runtime.server.response_store import ResponseStore
 from braid.runtime.server.routes.responses_wire import (
     MAX_METADATA_KEY_CHARS,
@@ -84,19 +85,19 @@ def _history(num_messages: int) -> list[ChatMessage]:
 
 def _held_after(puts: Callable[[], None]) -> int:
     """The bytes allocated while `puts` ran and still held after it: what the store keeps
-    (the responses are made inside `puts` and dropped once put). Only allocations made from
-    `puts` count (its frames are in their tracebacks): the other threads a test session
-    runs (engine loops, servers, compile threads) allocate meanwhile too."""
+    (the responses are made inside `puts` and dropped once put). Only what this file's code
+    and the store's allocated counts: the other threads a test session runs (engine loops,
+    servers, compile threads) allocate meanwhile too."""
     gc.collect()
-    tracemalloc.start(16)
+    tracemalloc.start()
     try:
         puts()
         gc.collect()
         snapshot = tracemalloc.take_snapshot()
     finally:
         tracemalloc.stop()
-    mine = snapshot.filter_traces([tracemalloc.Filter(True, __file__, all_frames=True)])
-    return sum(trace.size for trace in mine.traces)
+    where = [tracemalloc.Filter(True, f) for f in (__file__, response_store.__file__)]
+    return sum(trace.size for trace in snapshot.filter_traces(where).traces)
 
 
 def test_the_budget_counts_at_least_what_the_store_holds():
