@@ -48,7 +48,7 @@ class AnthropicErrorDetail(Body):
 
 
 class AnthropicError(Typed, tag="error"):
-    """routes/anthropic.error_body: /v1/messages' errors, and its streams' error event."""
+    """wire.anthropic_error_body: /v1/messages' errors, and its streams' error event."""
 
     error: AnthropicErrorDetail
 

@@ -58,12 +58,22 @@ ANTHROPIC_PATH = "/v1/messages"
 _ANTHROPIC_KINDS = {"overloaded": "overloaded_error", "server_error": "api_error"}
 
 
+def anthropic_error_body(
+    kind: str, message: str, details: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Anthropic's error shape (`kind`: its error type)."""
+    error = {"type": kind, "message": message}
+    if details is not None:  # what a client recovers by (a thread rejection's error_code)
+        error["details"] = details
+    return {"type": "error", "error": error}
+
+
 def refusal_body(path: str, status: int, kind: str, message: str, code: str | None = None) -> dict:
     """The error body of a refusal made for any route (a guard, the body limit, the API key,
     the app's handlers): Anthropic's shape under ANTHROPIC_PATH, OpenAI's elsewhere."""
     if path.startswith(ANTHROPIC_PATH):
         kind = "not_found_error" if status == 404 else _ANTHROPIC_KINDS.get(kind, kind)
-        return {"type": "error", "error": {"type": kind, "message": message}}
+        return anthropic_error_body(kind, message)
     return error_body(status, kind, message, code)
 
 

@@ -44,16 +44,17 @@ from braid.runtime.server.wire import (
     ANTHROPIC_PATH,
     BadRequest,
     ModelNotFound,
+    anthropic_error_body,
     convert,
     decode_object,
 )
 
-PATH = ANTHROPIC_PATH
-
 # ---- errors ----------------------------------------------------------------------------------
 
-# The errors a request may cause, as Anthropic answers them (the first that matches). Others
-# go on to the app's handlers, which answer in OpenAI's shape (a 500 is logged there).
+# The errors a request may cause, as Anthropic answers them (the first that matches): its
+# 529 for a full server, and the details a thread's rejection carries. Others go on to the
+# app's handlers, which answer in Anthropic's shape here too (wire.refusal_body; a 500 is
+# logged there).
 _ERRORS: list[tuple[type[Exception], int, str]] = [
     (ModelNotFound, 404, "not_found_error"),
     (Overloaded, 529, "overloaded_error"),  # Anthropic's status for it; its SDK retries it
@@ -61,17 +62,10 @@ _ERRORS: list[tuple[type[Exception], int, str]] = [
 ]
 
 
-def error_body(kind: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
-    error = {"type": kind, "message": message}
-    if details is not None:  # what a client recovers by (a thread rejection's error_code)
-        error["details"] = details
-    return {"type": "error", "error": error}
-
-
 def error_response(
     status: int, kind: str, message: str, details: dict[str, Any] | None = None
 ) -> JSONResponse:
-    return JSONResponse(error_body(kind, message, details), status)
+    return JSONResponse(anthropic_error_body(kind, message, details), status)
 
 
 def _anthropic_errors(
@@ -250,9 +244,9 @@ def _stream(
                 yield _event("message_delta", {"delta": delta, "usage": _usage(chunk.meta or {})})
                 yield _event("message_stop", {})
             except BadRequest as e:  # the request's own parameters failed it midway
-                yield _event("error", error_body("invalid_request_error", str(e)))
+                yield _event("error", anthropic_error_body("invalid_request_error", str(e)))
             except Exception as e:
-                yield _event("error", error_body("api_error", str(e)))
+                yield _event("error", anthropic_error_body("api_error", str(e)))
 
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
@@ -319,6 +313,6 @@ async def count_tokens(request: Request) -> Response:
 
 
 ROUTES = [
-    Route(PATH, messages, methods=["POST"]),
-    Route(PATH + "/count_tokens", count_tokens, methods=["POST"]),
+    Route(ANTHROPIC_PATH, messages, methods=["POST"]),
+    Route(ANTHROPIC_PATH + "/count_tokens", count_tokens, methods=["POST"]),
 ]
