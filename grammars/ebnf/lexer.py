@@ -16,7 +16,12 @@ from dataclasses import dataclass
 
 import interegular
 
-from braid.grammars.regex.char_regex import automaton, check_pattern, live_states
+from braid.grammars.regex.char_regex import (
+    automaton,
+    check_pattern,
+    live_states,
+    unlisted_transition,
+)
 
 # lark's common.ESCAPED_STRING matches lazily up to a quote not preceded by an odd run of
 # backslashes, with a lookbehind interegular cannot build; this is the same language.
@@ -109,13 +114,11 @@ def _terminal(
     name: str, fsm: interegular.FSM, priority: int, literal: bool, shortest: bool
 ) -> Terminal:
     chars: dict[int, Runs] = {}
-    other, listed = None, []
+    other, listed = unlisted_transition(fsm), []
     for transition, symbols in fsm.alphabet.by_transition.items():
         points = [ord(s) for s in symbols if isinstance(s, str) and not _surrogate(ord(s))]
         chars[transition] = _runs(points)
         listed += points
-        if not all(isinstance(s, str) for s in symbols):  # interegular's anything_else
-            other = transition
     listed += range(_SURROGATES[0], _SURROGATES[1] + 1)
     covered = _runs(listed)
     if _covers(covered, 0, _LAST_CODE_POINT):

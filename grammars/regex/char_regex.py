@@ -13,7 +13,6 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import interegular
-from interegular.fsm import anything_else
 
 _LOOKAROUND = re.compile(r"(?<!\\)\(\?<?[=!]")
 
@@ -58,6 +57,17 @@ def automaton(pattern: str) -> tuple[interegular.FSM, frozenset]:
     return fsm, live_states(fsm)
 
 
+def unlisted_transition(fsm: interegular.FSM) -> int | None:
+    """The transition of the characters `fsm`'s alphabet does not list (None: it has none).
+    interegular marks it with its anything_else object, compared by identity: an automaton
+    pickled back from the compile worker holds a copy, so it is found by type, not by
+    identity, and read before the automaton is used."""
+    for transition, symbols in fsm.alphabet.by_transition.items():
+        if not all(isinstance(s, str) for s in symbols):
+            return transition
+    return None
+
+
 def live_states(fsm: interegular.FSM, real: set[int] | None = None) -> frozenset:
     """The states from which a final state is reachable (one backward search), along the
     `real` transitions only where given."""
@@ -81,12 +91,11 @@ class CharRegex:
     def __init__(self, pattern: str) -> None:
         self.pattern = pattern
         self._fsm, self._live = automaton(pattern)
-        # The transition of the characters the pattern does not list, read here, before it
-        # is pickled (it is built in the compile worker): interegular finds it by its
-        # anything_else marker's identity, which an unpickled copy does not have, so a
-        # negated class (`[^a]+`) took no character it did not list once back in the engine.
+        # Read once: interegular's own lookup of unlisted characters fails on an unpickled
+        # automaton (see unlisted_transition), so a negated class (`[^a]+`) took none of them
+        # once back from the compile worker.
         self._symbols = self._fsm.alphabet._symbol_mapping
-        self._other = self._symbols.get(anything_else)
+        self._other = unlisted_transition(self._fsm)
 
     @property
     def initial(self) -> int:
