@@ -3,8 +3,8 @@
 under its tenant (the API key's, with --cache-scope key): another tenant's id is not found.
 
 Each response is held encoded, never as Python objects: a dict or a ChatMessage takes several
-times the bytes of its JSON (twelve responses counted at 120 MB held a gigabyte), so only
-bytes objects make the budget count what the store holds. The body is kept as the JSON a GET
+times the bytes of its JSON, so only bytes objects make the budget count what the store
+holds. The body is kept as the JSON a GET
 writes, so a GET encodes nothing on the event loop."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ DEFAULT_MAX_RESPONSES = 4096
 DEFAULT_MAX_BYTES = 128 * 1024 * 1024
 # What an entry holds beside its encoded body and history and its key's characters: the
 # key tuple and strings, the entry object, two bytes headers, the ordered dict's node and
-# slots (about 350 bytes in CPython 3.11; test_responses_store_limits.py measures it).
+# slots (a bound above what test_responses_store_limits.py measures).
 ENTRY_BYTES = 512
 
 # The conversation as msgpack: smaller than JSON (a null field is one byte) and decoded

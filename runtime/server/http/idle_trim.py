@@ -1,7 +1,7 @@
 """Handing the heap back when the server goes idle. The engine trims glibc's arenas when it
 goes idle, but requests refused before they reach it (a 50 MB body, a 15 MB prompt, a
-huge schema) never wake it: their parsing and checking grew the server's resident memory
-for good (325 -> 388 MB over seven such requests, docs/reliability.md)."""
+huge schema) never wake it: what their parsing and checking freed stayed resident for good
+(docs/reliability.md)."""
 
 from __future__ import annotations
 
