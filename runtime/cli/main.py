@@ -8,6 +8,7 @@ import logging
 import sys
 import time
 
+from braid.runtime import Engine
 from braid.runtime.cli import bench
 from braid.runtime.cli import trace as trace_command
 from braid.runtime.protocol.outputs import StreamChunk
@@ -52,14 +53,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from braid.runtime import Engine, SamplingParams
-    from braid.runtime.text import template_render
-
     t0 = time.perf_counter()
     engine = Engine(
         model=args.model, device=args.device, dtype=args.dtype, quantization=args.quantization
     )
     load_s = time.perf_counter() - t0
+    try:
+        return _generate_with(engine, args, load_s)
+    finally:
+        engine.shutdown()  # the engine thread ends before the interpreter does
+
+
+def _generate_with(engine: Engine, args: argparse.Namespace, load_s: float) -> int:
+    from braid.runtime import SamplingParams
+    from braid.runtime.text import template_render
+
     print(f"[braid: {engine.describe()}]", file=sys.stderr, flush=True)
     params = SamplingParams(
         max_tokens=args.max_tokens,

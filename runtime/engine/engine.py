@@ -16,7 +16,6 @@ import itertools
 import logging
 import random
 import threading
-import weakref
 from collections.abc import AsyncIterator, Callable, Hashable
 from concurrent.futures import Future
 
@@ -619,8 +618,9 @@ def _namespace(adapter: LoraAdapter | None, cache_salt: str | None) -> Hashable:
 # still exits; but a daemon thread inside a torch op when the interpreter finalizes is ended
 # by pthread_exit as it takes the GIL back, which unwinds C++ frames that may not be unwound:
 # `terminate called without an active exception` (exit code 134). atexit runs before that,
-# while the thread can still finish its step and stop.
-_RUNNING: weakref.WeakSet[Engine] = weakref.WeakSet()
+# while the thread can still finish its step and stop. The set holds them strongly: an engine
+# its program dropped without shutdown still runs (its thread holds the core), and must stop.
+_RUNNING: set[Engine] = set()
 
 
 @atexit.register

@@ -8,9 +8,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 # 64 decodes running when the script ends: the engine thread is inside a step at exit.
 SCRIPT = """
-import sys, threading
+import gc, sys, threading
 from braid.runtime import Engine, SamplingParams
 
 engine = Engine(model=sys.argv[1], device="cpu", dtype="float32", max_kv_tokens=8192)
@@ -28,13 +30,17 @@ def emit(rid):
 for i in range(64):
     engine.submit(f"request {i}", params, emit(i))
 assert started.wait(120), "the 64 decodes did not start"
+if sys.argv[2] == "dropped":  # no reference left to the engine; its thread still decodes
+    del engine
+    gc.collect()
 print("exiting mid-decode", flush=True)
 """
 
 
-def test_a_process_exits_cleanly_while_its_engine_decodes(tiny_model_path):
+@pytest.mark.parametrize("engine", ["kept", "dropped"])
+def test_a_process_exits_cleanly_while_its_engine_decodes(tiny_model_path, engine):
     done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(tiny_model_path)],
+        [sys.executable, "-c", SCRIPT, str(tiny_model_path), engine],
         capture_output=True,
         text=True,
         timeout=240,
