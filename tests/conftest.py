@@ -205,6 +205,12 @@ def hf_gguf():
     return _script("hf_gguf")
 
 
+def llama_cpp_refs():
+    """scripts/llama_cpp_refs.py, which writes the GGUF files whose llama.cpp references
+    tests/data/llama_cpp/ holds."""
+    return _script("llama_cpp_refs")
+
+
 def _script(name: str):
     # scripts/ is not a package: its files import each other by name, as when run from there.
     import importlib

@@ -52,6 +52,29 @@ def prompts(engine):
     return [engine.encode(p) for p in RAW_PROMPTS] + chats
 
 
+def test_logits_match_transformers_reference(engine):
+    """Every run: the logits transformers' GGUF reader gave over the default model (kept by
+    scripts/llama_cpp_refs.py beside llama.cpp's, tests/data/llama_cpp/default.json)."""
+    import json
+    from pathlib import Path
+
+    from braid.runtime.executor.forward_batch import ForwardBatch
+
+    ref = json.loads((Path(__file__).parents[2] / "data/llama_cpp/default.json").read_text())
+    ids = ref["prompt"]
+    slots = engine.kv.allocate(len(ids))
+    try:
+        batch = ForwardBatch.build([ids], [slots], logits_rows=[list(range(len(ids)))])
+        ours = engine.model(batch, engine.kv)
+    finally:
+        engine.kv.free(slots)
+    for pos, (kept, want) in enumerate(zip(ref["ids"], ref["transformers"], strict=True)):
+        torch.testing.assert_close(ours[pos, kept], torch.tensor(want), atol=1e-3, rtol=1e-4)
+
+
+# Suite time (transformers' GGUF reader takes a minute to load): the test above holds the
+# default model to transformers' logits every run.
+@pytest.mark.slow
 def test_logits_match_transformers(engine, reference):
     from braid.runtime.executor.forward_batch import ForwardBatch
 
@@ -67,7 +90,6 @@ def test_logits_match_transformers(engine, reference):
     torch.testing.assert_close(ours, ref, atol=1e-3, rtol=1e-4)
 
 
-# Suite time: the logits test above holds the default model to transformers every run.
 @pytest.mark.slow
 def test_greedy_matches_transformers_generate(engine, reference):
     for ids in prompts(engine):
