@@ -52,22 +52,26 @@ def prompts(engine):
     return [engine.encode(p) for p in RAW_PROMPTS] + chats
 
 
+def prompt_logits(engine, ids: list[int]) -> torch.Tensor:
+    """The engine's model's logits at every position of `ids`, one prefill."""
+    from braid.runtime.executor.forward_batch import ForwardBatch
+
+    slots = engine.kv.allocate(len(ids))
+    try:
+        batch = ForwardBatch.build([ids], [slots], logits_rows=[list(range(len(ids)))])
+        return engine.model(batch, engine.kv)
+    finally:
+        engine.kv.free(slots)
+
+
 def test_logits_match_transformers_reference(engine):
     """Every run: the logits transformers' GGUF reader gave over the default model (kept by
     scripts/llama_cpp_refs.py beside llama.cpp's, tests/data/llama_cpp/default.json)."""
     import json
     from pathlib import Path
 
-    from braid.runtime.executor.forward_batch import ForwardBatch
-
     ref = json.loads((Path(__file__).parents[2] / "data/llama_cpp/default.json").read_text())
-    ids = ref["prompt"]
-    slots = engine.kv.allocate(len(ids))
-    try:
-        batch = ForwardBatch.build([ids], [slots], logits_rows=[list(range(len(ids)))])
-        ours = engine.model(batch, engine.kv)
-    finally:
-        engine.kv.free(slots)
+    ours = prompt_logits(engine, ref["prompt"])
     for pos, (kept, want) in enumerate(zip(ref["ids"], ref["transformers"], strict=True)):
         torch.testing.assert_close(ours[pos, kept], torch.tensor(want), atol=1e-3, rtol=1e-4)
 
@@ -76,15 +80,8 @@ def test_logits_match_transformers_reference(engine):
 # default model to transformers' logits every run.
 @pytest.mark.slow
 def test_logits_match_transformers(engine, reference):
-    from braid.runtime.executor.forward_batch import ForwardBatch
-
     ids = prompts(engine)[2]
-    slots = engine.kv.allocate(len(ids))
-    try:
-        batch = ForwardBatch.build([ids], [slots], logits_rows=[list(range(len(ids)))])
-        ours = engine.model(batch, engine.kv)
-    finally:
-        engine.kv.free(slots)
+    ours = prompt_logits(engine, ids)
     with torch.no_grad():
         ref = reference(torch.tensor([ids])).logits[0].float()
     torch.testing.assert_close(ours, ref, atol=1e-3, rtol=1e-4)

@@ -20,9 +20,9 @@ from braid.runtime import Engine, SamplingParams
 from braid.runtime.kvcache.pool import KVPool
 from braid.runtime.loading.model_loader import load_model, load_model_config, resolve_model_dir
 
-# Slow for now: each file costs about 15 s to write, digest and convert (transformers parses
-# the 49,152-token vocabulary twice, gguf-py's reader once more), about 14 minutes for the 23
-# cases on one core; CI runs only the check that every case has its reference.
+# Slow for now: each file is long to write, digest and convert (transformers parses the
+# 49,152-token vocabulary twice, gguf-py's reader once more), too long for CI's budget over
+# every case; CI runs only the check that every case has its reference.
 SLOW = pytest.mark.slow
 DATA = Path(__file__).resolve().parents[2] / "data" / "llama_cpp"
 CASES = sorted(p.stem for p in DATA.glob("*.json"))
@@ -33,22 +33,31 @@ def test_every_case_has_its_reference():
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("llama-cpp-refs")
+def written(tmp_path_factory):
+    """Per case, written once for the module's tests: (its reference, the GGUF file written
+    again, its converted directory)."""
+    out = tmp_path_factory.mktemp("llama-cpp-refs")
+    refs, cases = llama_cpp_refs(), {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BRAID_MODEL_CACHE", str(out / "models"))
+
+        def get(name: str) -> tuple[dict, Path, Path]:
+            if name not in cases:
+                ref = json.loads((DATA / f"{name}.json").read_text())
+                path = refs.CASES[name].write(out)
+                assert refs.tensor_digest(path) == ref["tensors"], (
+                    f"{path.name} is no longer written as when its reference was made: rerun "
+                    f"`.venv/bin/python scripts/llama_cpp_refs.py {name}`"
+                )
+                cases[name] = ref, path, resolve_model_dir(path)
+            return cases[name]
+
+        yield get
 
 
 @pytest.fixture
-def case(request, cache, monkeypatch):
-    """(the reference, the GGUF file written again, its converted directory)."""
-    monkeypatch.setenv("BRAID_MODEL_CACHE", str(cache / "models"))
-    refs = llama_cpp_refs()
-    ref = json.loads((DATA / f"{request.param}.json").read_text())
-    path = refs.CASES[request.param].write(cache)
-    assert refs.tensor_digest(path) == ref["tensors"], (
-        f"{path.name} is no longer written as when its reference was made: rerun "
-        f"`.venv/bin/python scripts/llama_cpp_refs.py {request.param}`"
-    )
-    return ref, path, resolve_model_dir(path)
+def case(request, written):
+    return written(request.param)
 
 
 def assert_logits_match(got: torch.Tensor, ref: dict) -> None:
