@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import httpx
 import openai
 import pytest
-from hostile_cases import probe_health
+from hostile_cases import LoopCpu, assert_loop_free, probe_health
 
 from braid.runtime.server import response_store
 from braid.runtime.server.response_store import ResponseStore
@@ -219,10 +219,12 @@ def test_a_large_stored_response_is_fetched_without_holding_the_loop(server, sto
     async def main() -> None:
         async with httpx.AsyncClient(timeout=120) as http:
             stop = asyncio.Event()
-            health = asyncio.create_task(probe_health(server.url, http, stop, 1.0))
-            await asyncio.gather(*(fetch(http) for _ in range(10)))
+            health = asyncio.create_task(probe_health(server.url, http, stop))
+            with LoopCpu(server) as cpu:
+                await asyncio.gather(*(fetch(http) for _ in range(10)))
             stop.set()
             assert await health > 0
+            assert_loop_free(cpu)
 
     asyncio.run(main())
     assert httpx.get(server.url + "/v1/responses/resp_0").json() == body
