@@ -254,7 +254,8 @@ _FAMILY_TOKENS = {
 def write_hf_gguf(
     path: str | Path, model_dir: str | Path, type: str = "F32", per_expert: bool = False
 ) -> Path:
-    """Write a transformers directory (float weights, the default model's tokenizer) of one
+    """Write a transformers directory (float weights; the default model's tokenizer, cut to the
+    model's vocab_size: random_gguf.tokenizer_fields) of one
     of _FAMILIES as a GGUF laid out the way llama.cpp's convert_hf_to_gguf.py writes it: its
     architecture, metadata keys and tensor names; Gemma's norms as 1 + w; a Llama-style
     family's q/k rows permuted for llama.cpp's rope; Phi-3's fused attn_qkv and ffn_up
@@ -276,10 +277,10 @@ def write_hf_gguf(
     weights: dict[str, np.ndarray] = {}
     for file in sorted(model_dir.glob("*.safetensors")):
         weights |= load_file(file)
-    tokenizer = tokenizer_fields()
-    vocab = len(next(value for key, value, *_ in tokenizer if key == "tokenizer.ggml.tokens"))
-    if config["vocab_size"] != vocab:
-        raise ValueError(f"{model_dir}: vocab_size {config['vocab_size']}, tokenizer {vocab}")
+    try:  # the default model's tokenizer, or as many of its tokens as the model has
+        tokenizer = tokenizer_fields(config["vocab_size"])
+    except ValueError as e:
+        raise ValueError(f"{model_dir}: vocab_size {config['vocab_size']}: {e}") from None
     qtype, file_type = _HF_TYPES[type]
 
     writer = gguf.GGUFWriter(path, family.arch)

@@ -7,8 +7,8 @@ the data tests/runtime/loading/test_llama_cpp_refs.py checks braid against on ev
 
 Run in braid's venv: it writes each file (scripts/random_gguf.py, scripts/hf_gguf.py), runs
 llama.cpp on it in the peer venv (scripts/peer_venv.sh llama-cpp, made if absent), and
-writes tests/data/llama_cpp/NAME.json: a digest of the file's tensors (so a file that is no
-longer written the same fails the test with an instruction to rerun this), the prompt,
+writes tests/data/llama_cpp/NAME.json: a digest of the file (so a file that is no longer
+written the same fails the test with an instruction to rerun this), the prompt,
 llama.cpp's logits at every position over the ids the test compares (llama.cpp's top ones
 and a fixed random set), the argmax and its margin over the whole vocabulary, and the greedy
 continuation with each step's margin. The test imports this file (tests/conftest.py's
@@ -26,7 +26,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import gguf
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -36,6 +35,10 @@ import random_gguf  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "llama_cpp"
 PROMPT_LEN = 16
+# The random files' vocabulary: the default model's first 1,024 tokens and their merges
+# (random_gguf.tokenizer_fields). The whole one (49,152) costs the test seconds per file to
+# read and convert, and checks nothing the smaller one does not.
+VOCAB = 1024
 GREEDY = 8
 TOP = 8  # llama.cpp's highest logits kept per position
 SAMPLED = 32  # and these many fixed random ids
@@ -68,8 +71,8 @@ class Case:
     tolerance: float  # of the largest logit: how far braid's may be from llama.cpp's
 
 
-def _random_prompt(seed: int, vocab: int = 49152) -> Callable[[], list[int]]:
-    return lambda: np.random.default_rng(seed).integers(0, vocab, PROMPT_LEN).tolist()
+def _random_prompt(seed: int) -> Callable[[], list[int]]:
+    return lambda: np.random.default_rng(seed).integers(0, VOCAB, PROMPT_LEN).tolist()
 
 
 def _default_prompt() -> list[int]:
@@ -83,7 +86,8 @@ def _default_prompt() -> list[int]:
 
 def _llama(type: str) -> Case:
     def write(directory: Path) -> Path:
-        return random_gguf.write_random_gguf(directory / f"llama-{type}.gguf", "tiny", type)
+        path = directory / f"llama-{type}.gguf"
+        return random_gguf.write_random_gguf(path, "tiny", type, vocab=VOCAB)
 
     # Floats: llama.cpp and braid differ by summation order alone. Blocks: each rounds the
     # activations to 8 bits its own way before the integer dots (they came out within 1.6%
@@ -211,19 +215,18 @@ def _spread(family: str, name: str) -> tuple[float, float]:
 
 
 def write_family_model(directory: Path, family: str, seed: int = 0) -> Path:
-    """The family's tiny transformers model, its weights drawn by numpy from `seed` (not by
-    transformers' initialisation, which may change between its versions), with the default
-    model's tokenizer."""
+    """The family's tiny transformers model (weights and config only: scripts/hf_gguf.py
+    writes the tokenizer, VOCAB tokens of the default model's), its weights drawn by numpy
+    from `seed` (not by transformers' initialisation, which may change between its
+    versions)."""
     import torch
     import transformers
 
-    from braid.runtime.loading.model_loader import resolve_model_dir
-
     config_name, fields, _ = _FAMILIES[family]
-    tokenizer = transformers.AutoTokenizer.from_pretrained(resolve_model_dir("default"))
+    ids = {key: value for key, value, *_ in random_gguf.tokenizer_fields(VOCAB)}
+    bos, eos = ids["tokenizer.ggml.bos_token_id"], ids["tokenizer.ggml.eos_token_id"]
     config = getattr(transformers, config_name)(
-        vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id, pad_token_id=tokenizer.eos_token_id,
+        vocab_size=VOCAB, eos_token_id=eos, bos_token_id=bos, pad_token_id=eos,
         **(_TINY | fields),
     )  # fmt: skip
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -233,7 +236,6 @@ def write_family_model(directory: Path, family: str, seed: int = 0) -> Path:
             mean, std = _spread(family, name)
             p.copy_(torch.from_numpy(rng.normal(mean, std, tuple(p.shape)).astype(np.float32)))
     model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
     return directory
 
 
@@ -264,12 +266,12 @@ CASES: dict[str, Case] = {
 }
 
 
-def tensor_digest(path: Path) -> str:
-    """A digest of the file's tensors (names, types, shapes, bytes), not its other fields."""
+def file_digest(path: Path) -> str:
+    """A digest of the whole file: written again, it must be the same file."""
     digest = hashlib.sha256()
-    for t in gguf.GGUFReader(path).tensors:
-        digest.update(f"{t.name}:{t.tensor_type.name}:{list(t.shape)}".encode())
-        digest.update(np.ascontiguousarray(t.data).view(np.uint8).data)
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
     return digest.hexdigest()[:16]
 
 
@@ -302,7 +304,7 @@ def reference(case: Case, directory: Path, llama_cpp_python: str) -> dict:
     top2 = np.sort(logits, axis=-1)[:, -2:]
     return {
         "llama_cpp_python": answer["version"],
-        "tensors": tensor_digest(path),
+        "file_digest": file_digest(path),
         "prompt": prompt,
         "tolerance": case.tolerance,
         "max_abs_logit": float(np.abs(logits).max()),

@@ -4,7 +4,6 @@ llama-cpp-python venv is at hand; it is never a dependency)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +18,6 @@ from braid.runtime.kvcache.pool import KVPool
 from braid.runtime.loading.model_loader import load_model, load_model_config
 
 OPS = pytest.mark.parametrize("cpu_kernels", [True, False], ids=["cpu-kernels", "torch"])
-LLAMA_CPP_PYTHON = "/tmp/llamacpp/bin/python"  # a venv with llama-cpp-python
 
 # Writes llama.cpp's logits of every position of a prompt to a .npy file.
 _LLAMA_CPP_LOGITS = """
@@ -98,6 +96,16 @@ def prompt_logits(model, kv: KVPool, ids: list[int]) -> torch.Tensor:
     return model(ForwardBatch.build([ids], [kv.allocate(len(ids))], logits_rows=rows), kv)
 
 
+def llama_cpp_python() -> str:
+    """The python of llama-cpp-python's peer venv (scripts/peer_venv.sh llama-cpp); a skip
+    where it has not been made."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "peer_venv.sh"
+    found = subprocess.run(["bash", str(script), "llama-cpp", "--check"], capture_output=True)
+    if found.returncode:
+        pytest.skip("no llama-cpp-python venv: make it with `bash scripts/peer_venv.sh llama-cpp`")
+    return found.stdout.decode().strip()
+
+
 def assert_matches_llama_cpp(
     gguf: Path,
     ids: list[int],
@@ -110,11 +118,9 @@ def assert_matches_llama_cpp(
     `tolerance` of the largest, and unless `same_argmax` is False, the same argmax everywhere:
     where a row's top two are nearer than the tolerance, they may swap); a skip without the
     llama-cpp-python venv."""
-    if not os.path.exists(LLAMA_CPP_PYTHON):
-        pytest.skip(f"no llama-cpp-python venv at {LLAMA_CPP_PYTHON}")
     out = tmp / "logits.npy"
     subprocess.run(
-        [LLAMA_CPP_PYTHON, "-c", _LLAMA_CPP_LOGITS, str(gguf), ",".join(map(str, ids)), str(out)],
+        [llama_cpp_python(), "-c", _LLAMA_CPP_LOGITS, str(gguf), ",".join(map(str, ids)), str(out)],
         check=True, timeout=240,
     )  # fmt: skip
     want = torch.from_numpy(np.load(out))

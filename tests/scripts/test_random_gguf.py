@@ -20,14 +20,22 @@ TINY = tool.SHAPES["tiny"]
 MORE_BITS = {"output.weight", "blk.1.attn_v.weight", "blk.1.ffn_down.weight"}
 
 
-@pytest.fixture(scope="module")
-def small_tokenizer() -> tuple:
-    """The default tokenizer's fields cut to its first tokens: GGUFReader parses every token
-    of a file (about 2 s for all 49152), too slow to read back one file per type."""
-    return tuple(
-        (key, value[:SMALL_VOCAB] if isinstance(value, list) else value, vtype, sub_type)
-        for key, value, vtype, sub_type in tool.tokenizer_fields()
-    )
+def test_a_cut_vocabulary_keeps_the_merges_among_its_tokens():
+    """A cut of the default tokenizer (GGUFReader parses every token of a file, about 2 s for
+    all 49,152, too slow to read back one file per type): its first tokens, and exactly the
+    default's merges whose parts and result are among them."""
+    full = {key: value for key, value, *_ in tool.tokenizer_fields()}
+    cut = {key: value for key, value, *_ in tool.tokenizer_fields(SMALL_VOCAB)}
+    assert cut["tokenizer.ggml.tokens"] == full["tokenizer.ggml.tokens"][:SMALL_VOCAB]
+    assert len(cut["tokenizer.ggml.token_type"]) == SMALL_VOCAB
+    kept = set(cut["tokenizer.ggml.tokens"])
+    merges = [m for m in full["tokenizer.ggml.merges"] if m.replace(" ", "", 1) in kept]
+    assert cut["tokenizer.ggml.merges"] == merges and len(merges) > SMALL_VOCAB // 2
+    assert {k: v for k, v in cut.items() if "ggml.t" not in k and "merges" not in k} == {
+        k: v for k, v in full.items() if "ggml.t" not in k and "merges" not in k
+    }
+    with pytest.raises(ValueError, match="512 to 49152 tokens"):
+        tool.tokenizer_fields(100)
 
 
 def expected_shapes(vocab: int) -> dict[str, tuple[int, ...]]:
@@ -61,9 +69,8 @@ def expected_type(name: str, type: str) -> gguf.GGMLQuantizationType:
 
 
 @pytest.mark.parametrize("type", tool.TYPES)
-def test_each_type_reads_back(type, small_tokenizer, tmp_path, monkeypatch):
-    monkeypatch.setattr(tool, "tokenizer_fields", lambda: small_tokenizer)
-    path = tool.write_random_gguf(tmp_path / "tiny.gguf", "tiny", type, seed=1)
+def test_each_type_reads_back(type, tmp_path):
+    path = tool.write_random_gguf(tmp_path / "tiny.gguf", "tiny", type, seed=1, vocab=SMALL_VOCAB)
 
     reader = gguf.GGUFReader(path)
     shapes = expected_shapes(SMALL_VOCAB)

@@ -20,10 +20,6 @@ from braid.runtime import Engine, SamplingParams
 from braid.runtime.kvcache.pool import KVPool
 from braid.runtime.loading.model_loader import load_model, load_model_config, resolve_model_dir
 
-# Slow for now: each file is long to write, digest and convert (transformers parses the
-# 49,152-token vocabulary twice, gguf-py's reader once more), too long for CI's budget over
-# every case; CI runs only the check that every case has its reference.
-SLOW = pytest.mark.slow
 DATA = Path(__file__).resolve().parents[2] / "data" / "llama_cpp"
 CASES = sorted(p.stem for p in DATA.glob("*.json"))
 
@@ -35,24 +31,29 @@ def test_every_case_has_its_reference():
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):
     """Per case, written once for the module's tests: (its reference, the GGUF file written
-    again, its converted directory)."""
+    again, its converted directory). The default model is the embedded one, converted where
+    every test finds it."""
     out = tmp_path_factory.mktemp("llama-cpp-refs")
     refs, cases = llama_cpp_refs(), {}
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("BRAID_MODEL_CACHE", str(out / "models"))
 
-        def get(name: str) -> tuple[dict, Path, Path]:
-            if name not in cases:
-                ref = json.loads((DATA / f"{name}.json").read_text())
-                path = refs.CASES[name].write(out)
-                assert refs.tensor_digest(path) == ref["tensors"], (
-                    f"{path.name} is no longer written as when its reference was made: rerun "
-                    f"`.venv/bin/python scripts/llama_cpp_refs.py {name}`"
-                )
-                cases[name] = ref, path, resolve_model_dir(path)
-            return cases[name]
+    def get(name: str) -> tuple[dict, Path, Path]:
+        if name not in cases:
+            ref = json.loads((DATA / f"{name}.json").read_text())
+            path = refs.CASES[name].write(out)
+            assert refs.file_digest(path) == ref["file_digest"], (
+                f"{path.name} is no longer written as when its reference was made: rerun "
+                f"`.venv/bin/python scripts/llama_cpp_refs.py {name}`"
+            )
+            if name == "default":
+                converted = resolve_model_dir("default")
+            else:
+                with pytest.MonkeyPatch.context() as mp:
+                    mp.setenv("BRAID_MODEL_CACHE", str(out / "models"))
+                    converted = resolve_model_dir(path)
+            cases[name] = ref, path, converted
+        return cases[name]
 
-        yield get
+    return get
 
 
 @pytest.fixture
@@ -73,7 +74,6 @@ def assert_logits_match(got: torch.Tensor, ref: dict) -> None:
             assert got[pos].argmax() == ref["argmax"][pos], f"position {pos}"
 
 
-@SLOW
 @pytest.mark.parametrize("case", CASES, indirect=True)
 @pytest.mark.parametrize("quantization", ["gguf", "none"])
 def test_logits_match_llama_cpp(case, quantization):
@@ -87,13 +87,12 @@ def test_logits_match_llama_cpp(case, quantization):
     assert_logits_match(prompt_logits(model, kv, ref["prompt"]), ref)
 
 
-@SLOW
 @pytest.mark.parametrize("case", CASES, indirect=True)
 def test_greedy_tokens_match_llama_cpp(case):
     """The engine on its default path: llama.cpp's greedy tokens, up to the first step where
     llama.cpp's top two were too near for the paths' rounding to order them alike."""
-    ref, path, _ = case
-    engine = Engine(model=str(path))
+    ref, _, converted = case
+    engine = Engine(model=str(converted))
     try:
         params = SamplingParams(max_tokens=len(ref["greedy"]), temperature=0, ignore_eos=True)
         got = engine.generate(ref["prompt"], params).token_ids
