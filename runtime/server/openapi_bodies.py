@@ -246,8 +246,9 @@ class Tokenized(Body):
     token_strs: list[str] | None  # with return_token_strs
 
 
-class TokenizedContent(Body):
-    """llama.cpp's answer, to a request in its form (`content`)."""
+class TokenizedContent(Body, forbid_unknown_fields=True):
+    """llama.cpp's answer, to a request in its form (`content`): its tokens alone, so that
+    the other answer (Tokenized) with a field retyped is not taken for this one."""
 
     tokens: list[int]
 
