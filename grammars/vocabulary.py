@@ -9,10 +9,14 @@ which is why this works on bytes and never on str.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import threading
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:  # the compile worker unpickles vocabularies without importing transformers
     from transformers import PreTrainedTokenizerBase
@@ -32,6 +36,32 @@ class TokenVocabulary:
     @property
     def size(self) -> int:
         return len(self.token_bytes)
+
+
+_Built = TypeVar("_Built")
+
+
+def per_vocabulary(
+    build: Callable[[TokenVocabulary], _Built],
+) -> Callable[[TokenVocabulary], _Built]:
+    """`build(vocab)` once per vocabulary, kept while the vocabulary lives. (An LRU of a few
+    entries thrashed where a process holds more vocabularies than it keeps, several engines'
+    in one process: every idle compile thread's measure rebuilt a vocabulary's structures.)
+    What `build` returns must not refer to the vocabulary, or it would never be freed."""
+    built: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    lock = threading.Lock()
+
+    @functools.wraps(build)
+    def get(vocab: TokenVocabulary) -> _Built:
+        with lock:
+            found = built.get(vocab)
+        if found is None:  # built outside the lock; a racing build's result is dropped
+            found = build(vocab)
+            with lock:
+                found = built.setdefault(vocab, found)
+        return found
+
+    return get
 
 
 @lru_cache(maxsize=1)

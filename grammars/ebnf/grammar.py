@@ -19,7 +19,6 @@ import pickle
 import sys
 import types
 from collections import OrderedDict
-from functools import lru_cache
 
 import lark
 import numpy as np
@@ -30,7 +29,7 @@ from lark.parsers.lalr_analysis import Shift
 
 from braid.grammars.ebnf.lexer import CONTINUE, EMIT, Lexer, LexState, build_terminal
 from braid.grammars.matcher import Grammar, Matcher, bitmask_words, set_bits
-from braid.grammars.vocabulary import TokenVocabulary
+from braid.grammars.vocabulary import TokenVocabulary, per_vocabulary
 
 Stack = tuple[int, ...]
 Position = tuple[LexState, Stack]
@@ -421,7 +420,7 @@ class _TokenTrie:
             self.tokens[node] += (token_id,)
 
 
-@lru_cache(maxsize=4)
+@per_vocabulary
 def _token_trie(vocab: TokenVocabulary) -> _TokenTrie:
     return _TokenTrie(vocab)
 
@@ -448,7 +447,7 @@ def _deep_size(root: object) -> int:
     return total
 
 
-@lru_cache(maxsize=4)
+@per_vocabulary
 def trie_memory_bytes(vocab: TokenVocabulary) -> int:
     """What the byte trie every EBNF grammar over `vocab` shares holds (built now if it was
     not): its dicts, token tuples and node ids, as sys.getsizeof counts them."""

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from braid.grammars.matcher import Grammar, Matcher, MatcherError, bitmask_words, set_bits
-from braid.grammars.vocabulary import TokenVocabulary
+from braid.grammars.vocabulary import TokenVocabulary, per_vocabulary
 from braid.kernels import native
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ class _Vocab:
         self.memory_bytes = strings + plain + 13 * (len(data) + 2) + 4 * vocab.size
 
 
-@lru_cache(maxsize=4)
+@per_vocabulary
 def _vocab(vocab: TokenVocabulary) -> _Vocab:
     return _Vocab(vocab)
 

@@ -8,12 +8,11 @@ free of torch: the compile worker process (see jobs.py) builds it.
 from __future__ import annotations
 
 import re
-from functools import lru_cache
 
 from outlines_core import Index, Vocabulary
 
 from braid.grammars.compiling.constraint_regex import short
-from braid.grammars.vocabulary import TokenVocabulary
+from braid.grammars.vocabulary import TokenVocabulary, per_vocabulary
 
 # Past these an outlines index takes seconds and gigabytes: a long regex means many states,
 # and each counted repetition ({m,n}) one state per count, most allowing nearly the whole
@@ -32,7 +31,7 @@ def fits_index(pattern: str) -> bool:
     return sum(c for c in counts if c > _SMALL_COUNT) <= INDEX_COUNTED
 
 
-@lru_cache(maxsize=4)
+@per_vocabulary
 def outlines_vocabulary(vocab: TokenVocabulary) -> Vocabulary:
     """outlines' view of the vocabulary: bytes -> ids (several ids may spell the same bytes).
     It takes one EOS id; the matcher allows the others itself."""

@@ -90,3 +90,28 @@ def test_compile_takes_a_tokenizer_and_builds_its_vocabulary_once(tokenizer, voc
         assert feeds(compiler.submit(grammars.Regex("[a-c]+")).result(), "abc")
     finally:
         compiler.close()
+
+
+def test_structures_over_a_vocabulary_are_built_once_while_it_lives():
+    """Kept per vocabulary, however many a process holds (an LRU of four rebuilt them for
+    each engine's idle measure once five were alive), and freed with it."""
+    import gc
+    import weakref
+
+    from braid.grammars.vocabulary import TokenVocabulary, per_vocabulary
+
+    builds = []
+
+    @per_vocabulary
+    def structure(vocab: TokenVocabulary) -> list:
+        builds.append(vocab.fingerprint)
+        return [len(vocab.token_bytes)]
+
+    vocabs = [TokenVocabulary((b"a",) * (i + 1), frozenset(), f"v{i}") for i in range(6)]
+    first = [structure(v) for v in vocabs]
+    assert [structure(v) for v in vocabs] == first
+    assert all(a is b for a, b in zip(first, map(structure, vocabs), strict=True))
+    assert builds == [f"v{i}" for i in range(6)]
+    gone = weakref.ref(vocabs.pop())
+    gc.collect()
+    assert gone() is None  # the structure does not keep its vocabulary alive
