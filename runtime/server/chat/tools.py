@@ -421,7 +421,7 @@ class CallParser:
     def _whole(self, call: Call) -> list[tuple]:
         """A call read to its close: reported, or the end of the output if it repeats one."""
         self._current = None
-        if any((c.name, c.arguments) == (call.name, call.arguments) for c in self.calls):
+        if any(c.name == call.name and _same_arguments(c, call) for c in self.calls):
             self.repeated, self._state, self._buffer = True, "ended", ""
             return []
         self._state = "between"
@@ -474,3 +474,12 @@ def finish_reason(parser: CallParser, engine_reason: str | None) -> str | None:
     if parser.complete and (engine_reason == "stop" or parser.repeated):
         return "tool_calls"
     return engine_reason
+
+
+def _same_arguments(a: Call, b: Call) -> bool:
+    """Whether two calls' arguments are the same JSON value: the model may write one call
+    again with other whitespace or another member order."""
+    try:
+        return json.loads(a.arguments) == json.loads(b.arguments)
+    except ValueError:  # not JSON (a grammar-free call cut short): their text, then
+        return a.arguments == b.arguments

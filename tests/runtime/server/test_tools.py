@@ -501,6 +501,11 @@ def test_parser_reports_whole_calls_only_and_ends_at_a_repeat():
     assert looping.repeated and looping.complete
     assert tools.finish_reason(looping, "length") == "tool_calls"
     assert tools.finish_reason(cut, "length") == "length"
+    # The same call again with other whitespace and member order is a repeat all the same.
+    h = '<tool_call>\n{"name": "f", "arguments": {"a": 1, "b": [2]}}\n</tool_call>'
+    h_again = '<tool_call>\n{"name": "f", "arguments": { "b":[ 2 ],"a":1 }}\n</tool_call>'
+    again = tools.parse("\n".join([h, h_again, g]))
+    assert [c.arguments for c in again.calls] == ['{"a": 1, "b": [2]}'] and again.repeated
 
 
 def test_a_server_on_a_template_with_tools_uses_it(engine):
