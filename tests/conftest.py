@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -509,3 +510,42 @@ class ServeProcess:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# ---- peer venvs -------------------------------------------------------------------------------
+
+PEER_VENV = Path(__file__).resolve().parents[1] / "scripts" / "peer_venv.sh"
+CLIENTS_BUILD_LOG = Path(tempfile.gettempdir()) / "braid-peer-clients.log"
+
+
+def pytest_configure(config) -> None:
+    """When the run may reach tests/runtime/server/test_client_libraries.py and the client
+    libraries' venv is not made yet, start making it (scripts/peer_venv.sh clients, ~100 s)
+    in the background at once, its output in CLIENTS_BUILD_LOG: their fixture waits on its
+    lock rather than building it when they start. In the controller only, not xdist workers."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    tests = Path(__file__).resolve().parent / "runtime" / "server" / "test_client_libraries.py"
+    here = config.invocation_params.dir
+    paths = [(here / arg.split("::")[0]).resolve() for arg in config.args]
+    if not any(path == tests or path in tests.parents for path in paths):
+        return
+    check = subprocess.run(["bash", str(PEER_VENV), "clients", "--check"], capture_output=True)
+    if check.returncode != 0:
+        # bash starts the build and exits: nothing of it is left for this process to wait on.
+        detach = 'bash "$0" clients >"$1" 2>&1 </dev/null &'
+        subprocess.run(
+            ["bash", "-c", detach, str(PEER_VENV), str(CLIENTS_BUILD_LOG)], start_new_session=True
+        )
+
+
+def peer_python(name: str) -> str:
+    """The python of peer venv NAME (scripts/peer_venv.sh NAME: made if absent, else waited
+    for while another caller makes it); a failed build fails the test with its output."""
+    made = subprocess.run(["bash", str(PEER_VENV), name], capture_output=True, text=True)
+    if made.returncode != 0:
+        background = name == "clients" and CLIENTS_BUILD_LOG.exists()
+        log = CLIENTS_BUILD_LOG.read_text()[-3000:] if background else ""
+        log = log and f"the background build ({CLIENTS_BUILD_LOG}) ended:\n{log}\n"
+        pytest.fail(f"{log}peer_venv.sh {name} failed ({made.returncode}):\n{made.stderr[-3000:]}")
+    return made.stdout.strip().splitlines()[-1]
