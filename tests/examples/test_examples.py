@@ -26,10 +26,35 @@ def _load(name: str):
     return module
 
 
-def test_quickstart():
+def test_quickstart(capsys):
+    from braid.interpreter.backend import default_backend
+    from braid.runtime import SamplingParams
+
     out = _load("quickstart").main()
-    assert out["answer"] and out["streamed"]
+    printed = capsys.readouterr().out
     assert out["sentiment"] == "negative"
+    # The reference: the engine the example ran on (the default backend's), given each greedy
+    # gen's chat as the tokenizer's template writes it, with the gen's own sampling.
+    engine = default_backend().engine
+
+    def reply(question: str) -> str:
+        chat = engine.tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+        )
+        params = SamplingParams(temperature=0, max_tokens=40, stop="\n")
+        return engine.generate(chat, params).text
+
+    answer, streamed = reply("Name the capital of France."), reply("Name a primary color.")
+    assert answer and streamed
+    assert (out["answer"], out["streamed"]) == (answer, streamed)
+    # The forks' ideas are sampled (temperature 0.8, a seed each) in one batch: this engine is
+    # not batch-invariant (deterministic=False), so a run alone need not sample the same
+    # tokens; they are checked for their shape, one line each, between the exact parts.
+    head = f"Q: Name the capital of France.\nA: {answer}\nsentiment: negative\nIdeas:\n"
+    tail = f"streaming: {streamed}\n"
+    assert printed.startswith(head) and printed.endswith(tail), printed
+    ideas = printed[len(head) : len(printed) - len(tail)].splitlines()
+    assert len(ideas) == 3 and all(idea.startswith("- ") for idea in ideas), printed
 
 
 def test_json_extraction():

@@ -316,15 +316,20 @@ def test_typed_gens_come_back_decoded(backend):
     assert re.fullmatch(r"[A-Z]{3}-[0-9]{2}", state["code"])
 
 
-def test_return_logprobs(backend):
+def test_return_logprobs(engine, backend, reference_logprobs):
     @program
     def p(s):
         s += "Count: one two"
         s += gen("x", max_tokens=5, return_logprobs=True, ignore_eos=True)
 
     meta = p.run(backend=backend, sampling=GREEDY).meta("x")
-    assert len(meta["logprobs"]) == meta["completion_tokens"] == 5
-    assert all(lp <= 0 for lp in meta["logprobs"])
+    assert len(meta["logprobs"]) == meta["completion_tokens"] == len(meta["token_ids"]) == 5
+    # Each is transformers' logprob of that token after the prompt the engine prefilled (the
+    # gen heals the prompt: " two" is taken off and written again by the first tokens).
+    prompt, healed = engine.prompt_ids("Count: one two", SamplingParams(max_tokens=5, **HEALED))
+    assert healed == b" two"
+    expected = reference_logprobs(prompt + meta["token_ids"], len(prompt))
+    assert meta["logprobs"] == pytest.approx(expected, abs=1e-4)
 
 
 def test_a_bad_constraint_fails_the_run_with_its_reason(backend):

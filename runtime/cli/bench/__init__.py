@@ -7,7 +7,8 @@ from __future__ import annotations
 import argparse
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
+def add_parser(commands: argparse._SubParsersAction) -> argparse._SubParsersAction:
+    """Add `bench` and its workloads to `commands`; returns the workloads' subparsers."""
     # Imported here, not above: `programs` runs @program functions, so importing it loads the
     # frontend (`braid`) that sits above the runtime.
     from braid.runtime.cli.bench import (
@@ -48,3 +49,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         scaleout,
     ):
         workload.add_parser(workloads)
+    return workloads
+
+
+def workload_names() -> list[str]:
+    """The workloads `braid bench` runs, in its help's order (read off the parser itself)."""
+    commands = argparse.ArgumentParser().add_subparsers()
+    return list(add_parser(commands).choices)

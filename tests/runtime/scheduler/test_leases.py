@@ -180,7 +180,7 @@ def _leases(engine: Engine) -> int:
     return engine.stats()["program_leases"]
 
 
-def _run_agent(backend, engine: Engine) -> None:
+def _run_agent(backend, engine: Engine, while_the_tool_runs=lambda: None) -> None:
     proceed, at_tool = threading.Event(), threading.Event()
     result: dict = {}
     thread = threading.Thread(
@@ -189,6 +189,7 @@ def _run_agent(backend, engine: Engine) -> None:
     thread.start()
     assert at_tool.wait(60)
     wait_for(lambda: _leases(engine) == 1, what="the state's lease while its tool runs")
+    while_the_tool_runs()
     proceed.set()
     thread.join(60)
     assert result["s"]["answer"] is not None
@@ -229,15 +230,41 @@ def test_a_join_releases_its_branches(tiny_engine):
     wait_for(lambda: _leases(tiny_engine) == 0, what="every lease released")
 
 
-def test_leases_through_a_remote_backend(tiny_engine):
-    server = LiveServer(tiny_engine)
-    try:
-        _run_agent(RemoteBackend(server.url), tiny_engine)
-        # Another client's release of an id it does not own changes nothing of ours.
-        backend = RemoteBackend(server.url, cache_salt="other")
-        import asyncio
+class _NamingRemoteBackend(RemoteBackend):
+    """A RemoteBackend that keeps the program ids its requests carry."""
 
-        asyncio.run(backend.release_program("no-such-program"))
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.programs: set[str] = set()
+
+    async def generate(self, prompt, params, on_text, lora=None, program=None):
+        self.programs.add(program)
+        return await super().generate(prompt, params, on_text, lora, program)
+
+
+def test_leases_through_a_remote_backend(tiny_engine):
+    import httpx
+
+    server = LiveServer(tiny_engine)
+    backend = _NamingRemoteBackend(server.url)
+
+    def release(program: str, **scope) -> None:
+        r = httpx.post(server.url + "/braid/release", json={"program_id": program, **scope})
+        assert r.status_code == 200 and r.json() == {"released": program}, r.text
+        # The engine thread takes the release before this request: the lease count after it
+        # is the release's doing.
+        tiny_engine.generate([7], SamplingParams(max_tokens=1))
+
+    def foreign_releases() -> None:
+        [ours] = backend.programs
+        # Another client (another cache_salt) releasing our program id, and anyone releasing
+        # an id no state holds: answered, and our lease stays.
+        release(ours, cache_salt="other")
+        release("no-such-program")
+        assert _leases(tiny_engine) == 1
+
+    try:
+        _run_agent(backend, tiny_engine, foreign_releases)
     finally:
         server.stop()
 

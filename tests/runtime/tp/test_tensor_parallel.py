@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 from types import SimpleNamespace
 
 import pytest
@@ -128,8 +129,9 @@ def test_tiny_tp2_prefix_cache_and_concurrent_requests(tiny_model_path):
     assert exited(rank1.pid)
 
 
-def listening_addresses(pid: int) -> list[str]:
-    """The local addresses of the TCP sockets process `pid` listens on."""
+def listening_addresses(pid: int) -> dict[int, str]:
+    """The TCP sockets process `pid` listens on: each one's port and local address, in hex
+    as /proc writes it (0100007F: 127.0.0.1)."""
     inodes = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
@@ -138,14 +140,22 @@ def listening_addresses(pid: int) -> list[str]:
             continue
         if target.startswith("socket:["):
             inodes.add(target[len("socket:[") : -1])
-    addresses = []
+    addresses = {}
     for table in ("tcp", "tcp6"):
         with open(f"/proc/{pid}/net/{table}") as f:
             for line in list(f)[1:]:
                 fields = line.split()
                 if fields[3] == "0A" and fields[9] in inodes:  # state LISTEN
-                    addresses.append(fields[1].rsplit(":", 1)[0])
+                    address, port = fields[1].rsplit(":", 1)
+                    addresses[int(port, 16)] = address
     return addresses
+
+
+def is_loopback(address: str) -> bool:
+    """127.0.0.1 in tcp; ::1 or ::ffff:127.0.0.1 in tcp6."""
+    return address in ("0100007F", "00000000000000000000000001000000") or (
+        address.endswith("0100007F")
+    )
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads /proc")
@@ -153,15 +163,20 @@ def test_the_ranks_listen_on_loopback_only(tiny_model_path):
     """Nothing the ranks open may be reached from another machine: the rendezvous is a file
     (a TCP store listened on every interface, and anyone could read and write its keys), and
     gloo's sockets are bound to 127.0.0.1."""
+    # The check sees what a process listens on, and tells every interface from loopback.
+    with socket.create_server(("0.0.0.0", 0)) as wide, socket.create_server(("127.0.0.1", 0)) as lo:
+        seen = listening_addresses(os.getpid())
+        wide_at, lo_at = seen.get(wide.getsockname()[1]), seen.get(lo.getsockname()[1])
+    assert wide_at is not None and not is_loopback(wide_at), seen
+    assert lo_at is not None and is_loopback(lo_at), seen
     engine = Engine(model=str(tiny_model_path), device="cpu", dtype="float32", tp=2)
     try:
         rank1 = engine.tp_ranks[1]
+        # gloo's listening sockets, in both processes: a check that saw none would prove nothing.
         for pid in (os.getpid(), rank1.pid):
-            for address in listening_addresses(pid):
-                # 0100007F: 127.0.0.1; in tcp6, ::1 or ::ffff:127.0.0.1
-                assert address in ("0100007F", "00000000000000000000000001000000") or (
-                    address.endswith("0100007F")
-                ), (pid, address)
+            listening = listening_addresses(pid)
+            assert listening, f"process {pid} listens on nothing"
+            assert [a for a in listening.values() if not is_loopback(a)] == [], (pid, listening)
         assert engine.generate("hi", GREEDY).text is not None
     finally:
         engine.shutdown()
