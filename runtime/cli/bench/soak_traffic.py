@@ -272,6 +272,8 @@ class Traffic:
             r = await self.http.post("/v1/completions", json=body, timeout=0.5)
         except httpx.TimeoutException:
             return "held"
+        if r.status_code == 503:  # the queue was full (a burst): refused before compiling
+            return "refused"
         return f"slow compile answered at once: http {r.status_code}"
 
     async def _oversized(self) -> str:
