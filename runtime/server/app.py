@@ -89,15 +89,7 @@ def create_app(
             engine.shutdown()
 
     app = Starlette(
-        routes=openai_routes.ROUTES
-        + responses_routes.ROUTES
-        + anthropic_routes.ROUTES
-        + embedding_routes.ROUTES
-        + token_routes.ROUTES
-        + native_routes.ROUTES
-        + dashboard.ROUTES
-        + (native_routes.LORA_ROUTES if lora_updates else [])
-        + openapi.ROUTES,
+        routes=route_table(lora_updates),
         middleware=[Middleware(TrimWhenIdle)]
         + guards.middleware(allowed_hosts, allowed_origins)
         + [Middleware(_BodyLimit, max_bytes=max_request_bytes)]
@@ -123,6 +115,22 @@ def create_app(
     )
     app.state.dashboard = dashboard.Dashboard(engine, lists_requests=cache_scope != "key")
     return app
+
+
+def route_table(lora_updates: bool = False) -> list[Route]:
+    """The routes create_app serves (/load_lora_adapter and /unload_lora_adapter only with
+    `lora_updates`)."""
+    return (
+        openai_routes.ROUTES
+        + responses_routes.ROUTES
+        + anthropic_routes.ROUTES
+        + embedding_routes.ROUTES
+        + token_routes.ROUTES
+        + native_routes.ROUTES
+        + dashboard.ROUTES
+        + (native_routes.LORA_ROUTES if lora_updates else [])
+        + openapi.ROUTES
+    )
 
 
 def _reply(status: int, kind: str, code: str | None = None):
