@@ -78,9 +78,7 @@ def test_each_budget_field_gives_the_engine_its_budget(served, monkeypatch, path
         assert params.reasoning and params.thinking_budget == budget
 
 
-def test_thinking_off_where_the_prompt_still_opens_the_thought_ends_it_at_once(
-    served, monkeypatch
-):
+def test_thinking_off_where_the_prompt_still_opens_the_thought_ends_it_at_once(served, monkeypatch):
     s = served("r1")  # R1's prompt opens <think> whatever the template is told
     given = given_params(monkeypatch, s)
     out = chat(s, reasoning_effort="none", response_format=CHAT_FORMAT).json()

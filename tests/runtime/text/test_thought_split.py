@@ -80,14 +80,14 @@ def harmony_reference(text: str) -> dict:
 
 
 HARMONY_CASES = [
-    '<|channel|>analysis<|message|>User asks. Answer.<|end|><|start|>assistant<|channel|>final'
+    "<|channel|>analysis<|message|>User asks. Answer.<|end|><|start|>assistant<|channel|>final"
     '<|message|>{"answer": true}',
     "<|channel|>final<|message|>Straight to it.",
-    '<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary '
+    "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary "
     'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}',
     "<|channel|>analysis<|message|>one<|end|><|start|>assistant<|channel|>analysis<|message|>two"
     "<|end|><|start|>assistant<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant"
-    ' to=functions.f<|channel|>commentary json<|message|>{}',
+    " to=functions.f<|channel|>commentary json<|message|>{}",
 ]
 
 
