@@ -549,3 +549,12 @@ def peer_python(name: str) -> str:
         log = log and f"the background build ({CLIENTS_BUILD_LOG}) ended:\n{log}\n"
         pytest.fail(f"{log}peer_venv.sh {name} failed ({made.returncode}):\n{made.stderr[-3000:]}")
     return made.stdout.strip().splitlines()[-1]
+
+
+def made_peer_python(name: str) -> str:
+    """The python of peer venv NAME where it has been made (peer_venv.sh NAME --check); a
+    skip otherwise, for the slow live comparisons that never build one."""
+    found = subprocess.run(["bash", str(PEER_VENV), name, "--check"], capture_output=True)
+    if found.returncode:
+        pytest.skip(f"no {name} venv: make it with `bash scripts/peer_venv.sh {name}`")
+    return found.stdout.decode().strip()

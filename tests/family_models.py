@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from conftest import made_peer_python
 
 from braid.runtime.executor.forward_batch import ForwardBatch
 from braid.runtime.kvcache.pool import KVPool
@@ -96,16 +97,6 @@ def prompt_logits(model, kv: KVPool, ids: list[int]) -> torch.Tensor:
     return model(ForwardBatch.build([ids], [kv.allocate(len(ids))], logits_rows=rows), kv)
 
 
-def llama_cpp_python() -> str:
-    """The python of llama-cpp-python's peer venv (scripts/peer_venv.sh llama-cpp); a skip
-    where it has not been made."""
-    script = Path(__file__).resolve().parents[1] / "scripts" / "peer_venv.sh"
-    found = subprocess.run(["bash", str(script), "llama-cpp", "--check"], capture_output=True)
-    if found.returncode:
-        pytest.skip("no llama-cpp-python venv: make it with `bash scripts/peer_venv.sh llama-cpp`")
-    return found.stdout.decode().strip()
-
-
 def assert_matches_llama_cpp(
     gguf: Path,
     ids: list[int],
@@ -118,9 +109,9 @@ def assert_matches_llama_cpp(
     `tolerance` of the largest, and unless `same_argmax` is False, the same argmax everywhere:
     where a row's top two are nearer than the tolerance, they may swap); a skip without the
     llama-cpp-python venv."""
-    out = tmp / "logits.npy"
+    out, python = tmp / "logits.npy", made_peer_python("llama-cpp")
     subprocess.run(
-        [llama_cpp_python(), "-c", _LLAMA_CPP_LOGITS, str(gguf), ",".join(map(str, ids)), str(out)],
+        [python, "-c", _LLAMA_CPP_LOGITS, str(gguf), ",".join(map(str, ids)), str(out)],
         check=True, timeout=240,
     )  # fmt: skip
     want = torch.from_numpy(np.load(out))
