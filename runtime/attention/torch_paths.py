@@ -36,9 +36,8 @@ class TorchMetadata:
     decode_rows: torch.Tensor  # [Bd]
     decode_kv_starts: torch.Tensor  # [Bd]
     decode_kv_lens: torch.Tensor  # [Bd]
-    # None where the backend attends the decodes row by row (no padded tables to build).
-    decode_kv_index: torch.Tensor | None  # [Bd, Lmax]
-    decode_kv_valid: torch.Tensor | None  # [Bd, 1, 1, Lmax] bool
+    decode_kv_index: torch.Tensor  # [Bd, Lmax]
+    decode_kv_valid: torch.Tensor  # [Bd, 1, 1, Lmax] bool
     # Leading slots every decode sequence shares: their K/V are read once for all rows.
     decode_shared_len: int
     # Tree extends: their rows of T padded to the largest tree, which padded rows are real,
@@ -55,9 +54,6 @@ class TorchMetadata:
 class TorchAttention(AttentionBackend):
     name = "torch"
 
-    def prepare(self, batch: ForwardBatch, window: int | None = None) -> TorchMetadata:
-        return self._prepare(batch, lambda b: True, window)
-
     def _metadata(self, batch: ForwardBatch, window: int | None):
         """The batch's metadata for layers with `window` (built once per batch and window;
         the plain metadata when no sequence is longer than the window)."""
@@ -69,17 +65,9 @@ class TorchAttention(AttentionBackend):
             meta = batch.prepared[key] = self.prepare(batch, window)
         return meta
 
-    def _padded_decodes(self, num_decodes: int) -> bool:
-        """Whether the decodes need padded slot tables (and their shared prefix) this
-        step: here always; a subclass attending them row by row says when."""
-        return True
-
-    def _prepare(
-        self, batch: ForwardBatch, attended_alone, window: int | None = None
-    ) -> TorchMetadata:
-        """The metadata, with `extends` holding only the plain extends for which
-        `attended_alone(b)` holds (subclasses attend the others their own way). With
-        `window`, a decode's slot range and a plain extend's start past what no row sees."""
+    def prepare(self, batch: ForwardBatch, window: int | None = None) -> TorchMetadata:
+        """The metadata; with `window`, a decode's slot range and a plain extend's start past
+        what no row sees."""
         extend_lens, seq_lens, masks = batch.extend_lens, batch.seq_lens, batch.tree_masks
         kv_starts_list = batch.kv_starts
         row_starts = list(itertools.accumulate(extend_lens, initial=0))
@@ -89,19 +77,17 @@ class TorchAttention(AttentionBackend):
             seq_lens, extend_lens, strict=True)]  # fmt: skip
         starts = torch.tensor([kv_starts_list[b] + hidden[b] for b in decodes], dtype=torch.int64)
         lens = torch.tensor([seq_lens[b] - hidden[b] for b in decodes], dtype=torch.int64)
-        kv_index = kv_valid = None
+        longest = int(lens.max()) if len(decodes) else 0
+        kv_index = _padded_tables(batch.kv_indices.cpu(), starts, lens, longest)
+        kv_valid = (torch.arange(longest)[None, :] < lens[:, None])[:, None, None, :]
         shared_len = 0
-        if self._padded_decodes(len(decodes)):
-            longest = int(lens.max()) if len(decodes) else 0
-            kv_index = _padded_tables(batch.kv_indices.cpu(), starts, lens, longest)
-            kv_valid = (torch.arange(longest)[None, :] < lens[:, None])[:, None, None, :]
-            if len(decodes) > 1:
-                same = (kv_index == kv_index[:1]) & kv_valid[:, 0, 0]  # (Bd, Lmax)
-                shared_len = int(same.all(0).int().cumprod(0).sum())
+        if len(decodes) > 1:
+            same = (kv_index == kv_index[:1]) & kv_valid[:, 0, 0]  # (Bd, Lmax)
+            shared_len = int(same.all(0).int().cumprod(0).sum())
         extends = [
             (row_starts[b], n, kv_starts_list[b] + hidden[b], seq_lens[b] - hidden[b])
             for b, n in enumerate(extend_lens)
-            if n > 1 and masks[b] is None and attended_alone(b)
+            if n > 1 and masks[b] is None
         ]
         return TorchMetadata(
             decode_rows=torch.tensor([row_starts[b] for b in decodes], dtype=torch.int64),

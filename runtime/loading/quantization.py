@@ -4,8 +4,9 @@ llama.cpp runs it; anything else runs in its floats.
 
 The blocks are the fast path on a CPU (a step reads a few bits a weight instead of 32) and
 the memory a llama.cpp user expects, so they are the default wherever they can run; `auto`
-falls back to floats, saying why, where they cannot: on CUDA, in deterministic mode (the
-quantized kernels are not batch-invariant), with tensor parallelism (the blocks are not split
+falls back to floats, saying why, where they cannot: on CUDA, in deterministic mode on a CPU
+whose kernels do not round inputs per row (no AVX2: long chunks there take torch's GEMM, which
+is not batch-invariant), with tensor parallelism (the blocks are not split
 over ranks), without the C++ kernels, or for a file holding a block type with no kernel here.
 """
 
@@ -26,12 +27,13 @@ def resolve_quantization(config: EngineConfig, model_dir: Path) -> tuple[str, st
         return "none", "auto: not a GGUF model, its weights run as stored"
     if config.torch_device.type != "cpu":
         return "none", "auto: GGUF blocks run in the CPU kernels only"
-    if config.deterministic:
-        return "none", "auto: deterministic mode needs batch-invariant float linears"
     if config.tp > 1:
         return "none", "auto: GGUF blocks are not split over tensor-parallel ranks"
-    if not config.cpu_kernels or _cpu_kernels() is None:
+    kernels = _cpu_kernels() if config.cpu_kernels else None
+    if kernels is None:
         return "none", "auto: the C++ kernels that read GGUF blocks are not available"
+    if config.deterministic and not kernels.quant_rounds_inputs:
+        return "none", "auto: deterministic mode, and these kernels are not batch-invariant here"
     types = gguf_file.block_types(source)
     if missing := gguf_file.without_kernel(types):
         return "none", f"auto: {source.name} holds {', '.join(missing)}, which no kernel reads"

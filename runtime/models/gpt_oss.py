@@ -24,6 +24,7 @@ from torch import nn
 from braid.runtime.executor.forward_batch import ForwardBatch
 from braid.runtime.models.config.model_config import ModelConfig
 from braid.runtime.models.config.moe import MoeConfig
+from braid.runtime.models.layers.batch_invariant import BatchInvariantLinear
 from braid.runtime.models.layers.ops import LayerOps
 from braid.runtime.models.llama import Attention, LlamaForCausalLM
 from braid.runtime.models.moe import Experts, QuantExperts, run_grouped
@@ -95,7 +96,8 @@ class GptOssMoe(nn.Module):
         super().__init__()
         moe = config.moe
         self.num_experts, self.top_k = moe.num_experts, moe.top_k
-        self.router = linear(config.hidden_size, moe.num_experts, bias=True)
+        # Batch-invariant for free (a few dozen rows): runtime/spec/lossless.py.
+        self.router = BatchInvariantLinear(config.hidden_size, moe.num_experts, bias=True)
         self.experts = GptOssExperts(moe, config.hidden_size)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, ops: LayerOps) -> torch.Tensor:

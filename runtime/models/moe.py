@@ -27,6 +27,7 @@ from braid.runtime.executor.forward_batch import ForwardBatch
 from braid.runtime.loading.gguf.tensors import GGUFTensor
 from braid.runtime.models.config.model_config import ModelConfig
 from braid.runtime.models.config.moe import MoeConfig
+from braid.runtime.models.layers.batch_invariant import BatchInvariantLinear
 from braid.runtime.models.layers.ops import TORCH_OPS, LayerOps
 from braid.runtime.models.layers.quantized import QuantLinear
 from braid.runtime.models.llama import MLP, Attention, LlamaForCausalLM, RMSNorm
@@ -132,12 +133,9 @@ def run_grouped(
 ) -> torch.Tensor:
     """sum over each token's k experts of weight * expert(x): x (T, hidden), experts and
     weights (T, k); `run(expert, rows, ops)` is one expert's MLP on its rows. The (token,
-    slot) pairs are grouped by expert, so each active expert runs once on all its tokens."""
-    if x.shape[0] == 1:  # one token (a lone decode): its k experts in turn, nothing to group
-        out = torch.zeros_like(x)
-        for expert, weight in zip(experts[0].tolist(), weights[0], strict=True):
-            out += weight * run(expert, x, ops)
-        return out
+    slot) pairs are grouped by expert, so each active expert runs once on all its tokens. A
+    lone decode goes the same way: a token's experts are summed in one order (by expert)
+    whatever the batch, which keeps the quantized experts batch-invariant."""
     flat = experts.flatten()  # (T k)
     order = torch.argsort(flat, stable=True)  # (T k) a stable sort keeps tokens in order
     tokens = order // experts.shape[1]  # (T k) the token of each sorted pair
@@ -161,13 +159,15 @@ class SparseMoe(nn.Module):
         self.norm_topk_prob = moe.norm_topk_prob
         # Mixtral weighs the experts' outputs in float32, the others in the activations' dtype.
         self.float_weights = config.architecture == "MixtralForCausalLM"
-        self.gate = linear(config.hidden_size, moe.num_experts, bias=False)  # the router
+        # The router: a few dozen rows, so batch-invariant for free (which experts a token
+        # takes must not depend on its batch: runtime/spec/lossless.py).
+        self.gate = BatchInvariantLinear(config.hidden_size, moe.num_experts, bias=False)
         self.experts = Experts(moe, config.hidden_size)
         self.shared_expert = None
         if moe.shared_intermediate_size:
             shared = dataclasses.replace(config, intermediate_size=moe.shared_intermediate_size)
             self.shared_expert = MLP(shared, layer, linear)
-            self.shared_expert_gate = linear(config.hidden_size, 1, bias=False)
+            self.shared_expert_gate = BatchInvariantLinear(config.hidden_size, 1, bias=False)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, ops: LayerOps) -> torch.Tensor:
         """x (T, hidden) -> the experts' weighted sum (T, hidden)."""

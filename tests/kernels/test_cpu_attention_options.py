@@ -224,7 +224,7 @@ def test_gemma2_logits_through_the_kernels_equal_torchs(gemma2_path, lib, monkey
         tables = [torch.cat([prefix, kv.allocate(1)]) for _ in tails]
         chunk_table = torch.cat([prefix, kv.allocate(len(chunk))])
         steps = [
-            ([prompt[:95]], [prefix[:95]]),  # long (95 x 95 > SHORT_EXTEND_WORK): a matmul
+            ([prompt[:95]], [prefix[:95]]),  # long: one matmul on the torch path
             ([prompt[95:]], [prefix]),  # short extend: rows
             ([tails[0]], [tables[0]]),  # a lone decode: the fused call
             # decodes sharing 100 slots, and a chunk over them: rows, hybrid

@@ -31,7 +31,7 @@ CASES = {
     "hybrid": ([(20, 1), (30, 7), (12, 1)], None, 0),
     "decode": ([(20, 1), (70, 1)], None, 0),
     "tree": ([(24, 4), (17, 1), (30, 5)], _TREE_PARENTS, 0),
-    # A chunk past SHORT_EXTEND_WORK (one matmul) beside a short one (row by row).
+    # A long chunk (one matmul on the torch path) beside a short one.
     "long-extend": ([(110, 80), (25, 3)], None, 0),
     # Decodes whose first 20 slots are the same (a shared few-shot prompt).
     "shared-prefix": ([(26, 1), (31, 1), (22, 1)], None, 20),
@@ -72,11 +72,35 @@ def test_cpu_paths_equal_the_twin(name, cpu_kernels):
     if cpu_kernels and ops is TORCH_OPS:
         pytest.skip("the CPU kernels cannot be built here")
     batch, q, k, v = batch_and_inputs(name, "cpu")
-    if name == "long-extend" and cpu_kernels:  # one sequence each way
-        assert [n for _, n, _, _ in batch.metadata(ops.attention).extends] == [80]
     expected, kv = expected_output(batch, q, k, v)
     out = ops.attention.attend(q, kv, 0, batch, 0.25)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_cpu_kernel_rows_do_not_depend_on_the_batch(name):
+    """Every row of the C++ kernels' attention, bit for bit, is the decode row over the same
+    slots alone: prefill rows over their run so far, tree nodes over their ancestors."""
+    ops = layer_ops(torch.device("cpu"), torch.float32)
+    if ops is TORCH_OPS:
+        pytest.skip("the CPU kernels cannot be built here")
+    batch, q, k, v = batch_and_inputs(name, "cpu")
+    _, kv = expected_output(batch, q, k, v)
+    out = ops.attention.attend(q, kv, 0, batch, 0.25)
+    shapes, parents, _ = CASES[name]
+    row = 0
+    for b, (total, n) in enumerate(shapes):
+        table = batch.kv_indices[batch.kv_starts[b] : batch.kv_starts[b] + total]
+        prefix, own = table[: total - n].tolist(), table[total - n :].tolist()
+        for i in range(n):
+            seen, node = [], i  # the row's own slots: the run up to it, or its ancestors
+            while node >= 0:
+                seen.insert(0, own[node])
+                node = parents[b][node] if parents and parents[b] else node - 1
+            alone = ForwardBatch.build([[0]], [torch.tensor(prefix + seen)])
+            got = ops.attention.attend(q[row : row + 1], kv, 0, alone, 0.25)
+            assert torch.equal(got[0], out[row]), (name, b, i)
+            row += 1
 
 
 @pytest.mark.parametrize("name", ["hybrid", "decode", "tree"])

@@ -41,15 +41,15 @@ TRITON_OPS = LayerOps(reference.add_rms_norm, reference.silu_mul, TritonAttentio
 def layer_ops(
     device: torch.device, dtype: torch.dtype, cpu_kernels: bool = True, deterministic: bool = False
 ) -> LayerOps:
-    """`deterministic`: attention one row at a time (each row's reduction then depends on
-    its own context only), which only the CPU kernels do."""
+    """`deterministic`: batch-invariant float linears, which need the CPU kernels' attention
+    (every row alone, so its sums depend on its own context only)."""
     if device.type == "cuda":
         if deterministic:
             raise ValueError("EngineConfig.deterministic runs on the CPU kernels, not on CUDA")
         return TRITON_OPS
     lib = cpu.load() if cpu_kernels else None
     if lib is not None and lib.supports(dtype):
-        attention = CpuKernelAttention(lib, rows_only=deterministic)
+        attention = CpuKernelAttention(lib)
         return LayerOps(lib.add_rms_norm, lib.silu_mul, attention)
     if deterministic:
         raise ValueError(

@@ -1,11 +1,13 @@
 """QuantDecoder: the decoder layers of a model whose linears are all quantized, run for a
-batch of decode rows in one call into the CPU kernels (kernels/cpu/cpu_decoder.cpp).
+whole batch (decode rows, prefill chunks, draft trees) in one call into the CPU kernels
+(kernels/cpu/cpu_decoder.cpp).
 
 Batch-1 decoding of the default model's GGUF spends ~8 ms a step in the kernels; calling
-them layer by layer from Python added ~3 ms. Every other batch (prefill chunks, tree
-extends, decodes sharing a long prefix, which the attention scores in torch) takes the
-layer-by-layer path, whose results this one reproduces, LoRA updates included: the same C++
-kernel adds them after each linear (runtime/lora/adapter.py's LoraBatch holds the tables).
+them layer by layer from Python added ~3 ms. Every kind of row takes this one call, so a
+verification row is computed exactly as a decode row (speculation stays lossless). Batches
+with LoRA adapters the kernel cannot update take the layer-by-layer path, whose results this
+one reproduces, LoRA updates included: the same C++ kernel adds them after each linear
+(runtime/lora/adapter.py's LoraBatch holds the tables).
 """
 
 from __future__ import annotations
@@ -62,11 +64,9 @@ class QuantDecoder:
         return cls(model)
 
     def serves(self, batch: ForwardBatch) -> bool:
-        """Whether `batch` is decode rows the kernels attend one by one, with no LoRA rows or
-        with those the C++ kernel updates (float32 adapters)."""
-        if batch.lora is not None and batch.lora.cpu_kernels is None:
-            return False
-        return batch.all_decodes and batch.metadata(self.attention).decodes_by_row
+        """Whether the kernels run `batch` whole: no LoRA rows, or those the C++ kernel
+        updates (float32 adapters)."""
+        return batch.lora is None or batch.lora.cpu_kernels is not None
 
     def __call__(
         self, residual: torch.Tensor, batch: ForwardBatch, kv: KVPool, num_layers: int
@@ -79,8 +79,8 @@ class QuantDecoder:
         pairs = None if lora is None else (lora.row_adapters, lora.cpu_pairs)
         return self.attention.lib.quant_decode_layers(
             self._layers_for(kv), num_layers, self.shape, residual, batch.positions,
-            batch.out_slots, meta.decode_rows, meta.decode_kv_starts, meta.decode_kv_lens,
-            batch.kv_indices, rotary.cos, rotary.sin, pairs,
+            batch.out_slots, meta.rows, meta.kv_starts, meta.kv_lens, meta.kv_indices,
+            rotary.cos, rotary.sin, pairs,
         )  # fmt: skip
 
     def _layers_for(self, kv: KVPool):

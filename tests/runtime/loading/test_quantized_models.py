@@ -122,9 +122,13 @@ def test_auto_runs_a_gguf_on_its_blocks_and_anything_else_as_stored(tmp_path, ti
     chosen, why = resolve_quantization(auto, from_gguf)
     assert chosen == ("gguf" if cpu.load() is not None else "none")
     assert resolve_quantization(auto, tiny_model_path)[0] == "none"
+    # Deterministic mode keeps the blocks where the kernels round inputs per row (AVX2+:
+    # batch-invariant), else floats.
+    chosen, why = resolve_quantization(EngineConfig(device="cpu", deterministic=True), from_gguf)
+    rounds = cpu.load() is not None and cpu.load().quant_rounds_inputs
+    assert chosen == ("gguf" if rounds else "none")
     # Where the blocks cannot run, floats, saying why.
     for fallback, reason in [
-        (dict(deterministic=True), "deterministic"),
         (dict(tp=2), "tensor-parallel"),
         (dict(cpu_kernels=False), "C++ kernels"),
     ]:

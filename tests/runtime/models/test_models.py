@@ -125,7 +125,8 @@ def test_decode_rows_sharing_a_prefix_match_transformers(make_tiny_model, varian
             ours(ForwardBatch.build([tail[:-1]], [slots[:-1]]), kv)
         tables.append(slots)
     batch = ForwardBatch.build([[t[-1]] for t in tails], tables)
-    assert batch.metadata(ours.ops.attention).decode_shared_len == len(prefix)
+    if not cpu_kernels:  # (the C++ kernels read every row's slots alone)
+        assert batch.metadata(ours.ops.attention).decode_shared_len == len(prefix)
     got = ours(batch, kv)
     for row, tail in zip(got, tails, strict=True):
         torch.testing.assert_close(row, reference_logits(ref, prefix + tail)[-1], atol=TOL, rtol=0)
