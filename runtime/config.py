@@ -9,6 +9,7 @@ import torch
 
 from braid.grammars.constraints import MAX_SCHEMA_DEPTH
 
+SPEC_METHODS = ("auto", "none", "ngram", "suffix", "draft")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -115,8 +116,9 @@ class EngineConfig:
     )
     deterministic: bool = _setting(
         False,
-        "outputs independent of what else is in the batch: batch-invariant linears and "
-        "attention row by row (CPU kernels only; slower), for evals that must reproduce",
+        "float linears batch-invariant too (fixed tiles of rows; slower): outputs independent "
+        "of what else is in the batch on every CPU path, for evals that must reproduce (the "
+        "quantized paths, GGUF blocks and int8/int4, are batch-invariant without it)",
     )
     reasoning_format: str = _setting(
         "auto",
@@ -127,9 +129,12 @@ class EngineConfig:
         True, "append the text a grammar forces (a JSON key, say) without a forward per token"
     )
     spec_method: str = _setting(
-        "none",
-        "speculative decoding: none; ngram (drafts from the request's own prompt and "
-        "output); draft (runs draft_model)",
+        "auto",
+        "speculative decoding: auto (n-gram and suffix drafts, each request's draft length "
+        "from its acceptance and the measured cost of verifying, on wherever verification "
+        "rows are bit-identical to decode rows: the CPU kernels' paths); none; ngram "
+        "(drafts from the request's own prompt and output); suffix (also from earlier "
+        "outputs of requests in the same cache namespace); draft (runs draft_model)",
     )
     draft_model: str | None = _setting(
         None,
@@ -226,24 +231,15 @@ class EngineConfig:
                 "grammar_compile_queue >= 1, "
                 "grammar_state_memory_mb >= 1 and grammar_memory_mb >= 1"
             )
-        if self.spec_method not in ("none", "ngram", "draft"):
+        if self.spec_method not in SPEC_METHODS:
             raise ValueError(
-                f"EngineConfig.spec_method: expected none, ngram or draft, got {self.spec_method!r}"
+                f"EngineConfig.spec_method: expected one of {', '.join(SPEC_METHODS)}, got "
+                f"{self.spec_method!r}"
             )
         if self.quantization not in ("auto", "none", "int8", "int4", "gguf"):
             raise ValueError(
                 "EngineConfig.quantization: expected auto, none, int8, int4 or gguf, got "
                 f"{self.quantization!r}"
-            )
-        if self.deterministic and self.quantization not in ("auto", "none"):
-            raise ValueError(
-                "EngineConfig.deterministic: the quantized kernels are not batch-invariant; "
-                "use quantization='none'"
-            )
-        if self.deterministic and self.spec_method != "none":
-            raise ValueError(
-                "EngineConfig.deterministic: speculative decoding verifies drafts through "
-                "another attention path; use spec_method='none'"
             )
         if (self.spec_method == "draft") != (self.draft_model is not None):
             raise ValueError(

@@ -55,6 +55,7 @@ SHAPES = {
     "3b": Shape(3072, 8192, 28, 24, 8, tied=True),  # Llama-3.2-3B
     "8b": Shape(4096, 14336, 32, 32, 8, tied=False),  # Llama-3.1-8B
     # OLMoE-1B-7B-0924: 1.3B of its 6.9B parameters active per token.
+    "tiny-moe": Shape(256, 256, 2, 4, 2, tied=False, experts=4, experts_used=2),
     "olmoe-1b-7b": Shape(2048, 1024, 16, 16, 16, tied=False, experts=64, experts_used=8),
 }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,8 +19,11 @@ from braid.runtime.models.config.model_config import ModelConfig
 from braid.runtime.output.processor import OutputProcessor
 from braid.runtime.scheduler.scheduler import Scheduler
 from braid.runtime.spec import SpecWorker, load_draft_proposer
+from braid.runtime.spec.lossless import unlike_decode_rows
 from braid.runtime.stats import EngineStats
 from braid.runtime.tp import RankReport
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,7 @@ class EngineCore:
     outputs: OutputProcessor
     worker: ModelRunner | SpecWorker  # what runs a batch: the runner, or speculation around it
     adapters: AdapterRegistry
+    speculation: str  # what spec_method runs as, and why when auto left it off
 
 
 def build_core(
@@ -54,8 +59,11 @@ def build_core(
         if c.spec_method == "draft":
             draft = load_draft_proposer(c, runner.model, tokenizer, runner.vocab_size, kv.num_slots)
         scheduler = Scheduler(c, kv, cache, stats, draft.kv if draft is not None else None)
-        worker = runner
-        if c.spec_method != "none":
+        worker, speculation = runner, f"speculation {c.spec_method}"
+        if c.spec_method == "auto" and (why := unlike_decode_rows(runner.model)) is not None:
+            speculation = f"speculation off (auto: {why})"
+            log.info("%s", speculation)
+        elif c.spec_method != "none":
             worker = SpecWorker(c, runner, stats, scheduler, draft)
         adapters = AdapterRegistry(c, model_config, dtype, lambda: scheduler.live.values())
         for entry in c.lora:
@@ -65,4 +73,6 @@ def build_core(
             runner.ranks.close()
         raise
     outputs = OutputProcessor(stats)
-    return EngineCore(runner, dtype, tp_ranks, kv, cache, scheduler, outputs, worker, adapters)
+    return EngineCore(
+        runner, dtype, tp_ranks, kv, cache, scheduler, outputs, worker, adapters, speculation
+    )

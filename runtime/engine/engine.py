@@ -124,6 +124,7 @@ class Engine:
         self.runner, self.dtype, self.tp_ranks = core.runner, core.dtype, core.tp_ranks
         self.kv, self.cache, self.scheduler = core.kv, core.cache, core.scheduler
         self.outputs, self.worker = core.outputs, core.worker
+        self._speculation = core.speculation
         self._registry = core.adapters
         # Registered LoRA adapters by name: written on the engine thread only (load_lora,
         # unload_lora), read by callers to resolve a request's `lora`.
@@ -385,7 +386,8 @@ class Engine:
         return job.done
 
     def describe(self) -> str:
-        """What runs, in one line: weights, activations, device (for logs and the CLI)."""
+        """What runs, in one line: weights, activations, device, speculation (for logs and the
+        CLI)."""
         c = self.config
         weights = {
             "none": "weights as stored",
@@ -397,6 +399,7 @@ class Engine:
             f"{weights} (quantization={c.quantization}: {self._quantization_why}), "
             f"{str(self.dtype).removeprefix('torch.')} activations on {self.device}"
             + (f", tp={c.tp}" if c.tp > 1 else "")
+            + f", {self._speculation}"
         )
 
     def stats(self) -> dict:

@@ -27,6 +27,7 @@ from braid.runtime.spec.adaptive import MAX_ADAPTIVE_LENGTH, Acceptance, StepCos
 from braid.runtime.spec.constrained import draft_step
 from braid.runtime.spec.draft_model import DraftModelProposer
 from braid.runtime.spec.ngram import NgramIndex
+from braid.runtime.spec.suffix import SuffixStore
 from braid.runtime.spec.tree import DraftTree
 from braid.runtime.spec.verify import rejection_sample
 from braid.runtime.stats import EngineStats
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
 
 # The acceptance test's uniform comes from its own stream of the request's seed.
 ACCEPT_SALT = 0x2545F4914F6CDD1D
+# Output tokens the suffix store keeps across requests (~0.6 KB each with their index).
+SUFFIX_STORE_TOKENS = 1 << 16
 
 
 @dataclass(eq=False)
@@ -48,6 +51,9 @@ class SpecState:
     ngram: NgramIndex = field(default_factory=NgramIndex)
     # The tokens whose draft-model KV exists (in Request.draft_slots).
     draft_ids: list[int] = field(default_factory=list)
+    # The request's output in the suffix store: its id there and how many tokens it holds.
+    suffix_id: int | None = None
+    suffix_stored: int = 0
 
 
 class SpecWorker:
@@ -71,6 +77,10 @@ class SpecWorker:
         self.stats = stats
         self.draft = draft
         self.cost = StepCost()
+        # Earlier requests' outputs, by cache namespace (a tenant's never reach another's).
+        self.suffix = None
+        if self.method in ("auto", "suffix"):
+            self.suffix = SuffixStore(SUFFIX_STORE_TOKENS)
 
     def run(self, batch: Batch) -> list[StepResult]:
         """The runner's results for `batch` with draft trees attached: a request with a tree
@@ -170,6 +180,8 @@ class SpecWorker:
         for r in reqs:
             if r.spec is None:
                 r.spec = SpecState()
+            if self.suffix is not None:
+                self._store_output(r)
             limit = min(r.max_new_tokens - len(r.output_ids) - 1, max(budget, 0))
             if self.fixed_length:
                 k = min(self.fixed_length, limit)
@@ -183,12 +195,36 @@ class SpecWorker:
                 if r.constraint is not None:
                     r.constraint.reset_draft()
         else:
-            trees = [self._ngram(r, k) if k else None for r, k in zip(reqs, lengths, strict=True)]
+            trees = [self._lookup(r, k) if k else None for r, k in zip(reqs, lengths, strict=True)]
         return trees
 
-    def _ngram(self, r: Request, length: int) -> DraftTree | None:
+    def _candidates(self, r: Request, length: int) -> list[list[int]]:
+        """Continuations of r's last tokens: from its own prompt and output (n-gram), then
+        from earlier outputs of its namespace (suffix store), distinct, at most `width`."""
         paths = []
-        for path in r.spec.ngram.propose(r.token_ids, length, self.width):
+        if self.method in ("auto", "ngram"):
+            paths = r.spec.ngram.propose(r.token_ids, length, self.width)
+        if self.suffix is not None:
+            for path in self.suffix.propose(r.cache_namespace, r.token_ids, length, self.width):
+                if path not in paths and len(paths) < self.width:
+                    paths.append(path)
+        return paths
+
+    def _store_output(self, r: Request) -> None:
+        """r's output so far into the suffix store (its later requests' drafts)."""
+        state = r.spec
+        new = r.output_ids[state.suffix_stored :]
+        if not new:
+            return
+        if state.suffix_id is None:
+            state.suffix_id = self.suffix.add(r.cache_namespace, new)
+        else:
+            self.suffix.extend(state.suffix_id, new)
+        state.suffix_stored = len(r.output_ids)
+
+    def _lookup(self, r: Request, length: int) -> DraftTree | None:
+        paths = []
+        for path in self._candidates(r, length):
             kept: list[int] = []
             while len(kept) < len(path):
                 got = draft_step(r, path[len(kept)])
