@@ -414,19 +414,19 @@ inline void score16(const QueryHead<T, D>& q, const T* const* rows, int64_t offs
   _mm512_storeu_ps(out, _mm512_mask_blend_ps(real, _mm512_set1_ps(-INFINITY), s));
 }
 
-// out[g] = sum over l of p[g * p_stride + l] * V row l, for G query heads of one KV head.
+// out[g] += sum over l in [l0, l1) of p[g * p_stride + l] * V row l, for G query heads of
+// one KV head. Summing a row's slots in pieces (out kept between them) adds the same products
+// in the same order as one pass: a row's result does not depend on how its slots were cut.
 template <typename T, int D, int G>
 void weighted_v(const float* p, int64_t p_stride, const T* v_head, const int64_t* slot,
-                int64_t len, int64_t kv_row, float* out) {
-  constexpr int64_t kAhead = 16;  // slots prefetched ahead (their rows are already in L2)
+                int64_t l0, int64_t l1, int64_t kv_row, float* out) {
   __m512 acc[G][D / 16];
 #pragma GCC unroll 4
   for (int g = 0; g < G; ++g) {
 #pragma GCC unroll 8
-    for (int i = 0; i < D / 16; ++i) acc[g][i] = _mm512_setzero_ps();
+    for (int i = 0; i < D / 16; ++i) acc[g][i] = _mm512_loadu_ps(out + g * D + 16 * i);
   }
-  for (int64_t l = 0; l < len; ++l) {
-    if (l + kAhead < len) prefetch_bytes(v_head + slot[l + kAhead] * kv_row, D * sizeof(T), true);
+  for (int64_t l = l0; l < l1; ++l) {
     const T* v = v_head + slot[l] * kv_row;
     __m512 x[D / 16];
 #pragma GCC unroll 8
@@ -448,77 +448,110 @@ void weighted_v(const float* p, int64_t p_stride, const T* v_head, const int64_t
 // weighted_v for g query heads, g <= G: G heads' accumulators fill 16 registers.
 template <typename T, int D, int G = 256 / D>
 void weighted_v_heads(int g, const float* p, int64_t p_stride, const T* v_head,
-                      const int64_t* slot, int64_t len, int64_t kv_row, float* out) {
-  if (g == G) return weighted_v<T, D, G>(p, p_stride, v_head, slot, len, kv_row, out);
+                      const int64_t* slot, int64_t l0, int64_t l1, int64_t kv_row, float* out) {
+  if (g == G) return weighted_v<T, D, G>(p, p_stride, v_head, slot, l0, l1, kv_row, out);
   if constexpr (G > 1) {
-    weighted_v_heads<T, D, G - 1>(g, p, p_stride, v_head, slot, len, kv_row, out);
+    weighted_v_heads<T, D, G - 1>(g, p, p_stride, v_head, slot, l0, l1, kv_row, out);
   }
 }
 
+// Rows that read the same slots (a draft tree's nodes over their prefix, a prefill chunk's
+// rows over the run before them) are attended together, slot block by slot block, so each
+// block of K and V is read from memory once for all of them instead of once per row; a row's
+// own arithmetic (its scores, softmax and sums) is the same whichever rows it is grouped
+// with. A group is consecutive rows whose lists start at the same slot, at most kGroupRows.
+constexpr int64_t kGroupRows = 8;
+constexpr int64_t kBlock = 64;  // slots of V summed per row before the next row's turn
+
+template <typename T>
+std::vector<int64_t> row_groups(const DecodeRows<T>& a) {
+  std::vector<int64_t> first{0};
+  for (int64_t i = 1; i < a.num_rows; ++i) {
+    const bool same = a.kv_lens[i] > 0 && a.kv_lens[i - 1] > 0 &&
+                      a.kv_indices[a.kv_starts[i]] == a.kv_indices[a.kv_starts[i - 1]];
+    if (!same || i - first.back() == kGroupRows) first.push_back(i);
+  }
+  first.push_back(a.num_rows);
+  return first;
+}
+
 template <typename T, int D>
-void attend_rows_avx512(const DecodeRows<T>& a) {
+void attend_rows_avx512(const DecodeRows<T>& a, const std::vector<int64_t>& groups) {
   const int64_t heads = a.heads, kv_heads = a.kv_heads;
   const int64_t group = heads / kv_heads;
   const int64_t kv_row = kv_heads * D;
-  const int64_t row_bytes = kv_row * sizeof(T);
-  const int64_t threads = omp_get_num_threads();
   constexpr int kChunk = 256 / D;  // query heads per weighted_v call
-  constexpr int64_t kNextRowSlots = 64;
-  std::vector<float> scores, acc(heads * D), inv(heads);
+  const int64_t num_groups = static_cast<int64_t>(groups.size()) - 1;
+  std::vector<float> scores, acc, inv;
+  // A work item is one group's query heads of one KV head: a lone row (batch-1 decoding)
+  // still spreads over the threads.
 #pragma omp for schedule(dynamic, 1)
-  for (int64_t i = 0; i < a.num_rows; ++i) {
-    const int64_t len = a.kv_lens[i];
-    const int64_t padded = (len + 15) / 16 * 16;  // a row of scores per query head
-    const int64_t* slot = a.kv_indices + a.kv_starts[i];
-    const T* q_row = a.q + a.rows[i] * a.q_stride;
-    scores.resize(heads * padded);
-    for (int64_t l = 0; l < std::min<int64_t>(16, len); ++l) {
-      prefetch_bytes(a.k_cache + slot[l] * kv_row, row_bytes, true);
+  for (int64_t item = 0; item < num_groups * kv_heads; ++item) {
+    const int64_t first = groups[item / kv_heads], last = groups[item / kv_heads + 1];
+    const int64_t kvh = item % kv_heads, rows = last - first;
+    int64_t longest = 0;
+    std::vector<int64_t> offset(rows + 1, 0);  // each row's scores, `group` padded runs
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t len = a.kv_lens[first + r];
+      longest = std::max(longest, len);
+      offset[r + 1] = offset[r] + group * ((len + 15) / 16 * 16);
     }
-    // The rows a thread takes next are about `threads` ahead: the first slots of that one go
-    // to L2 while this one is computed, so that a row does not start on a cold miss (a
-    // layer's K and V were last read a whole step ago). ~8% off a cold call.
-    if (i + threads < a.num_rows) {
-      const int64_t* next = a.kv_indices + a.kv_starts[i + threads];
-      for (int64_t l = 0; l < std::min(kNextRowSlots, a.kv_lens[i + threads]); ++l) {
-        prefetch_bytes(a.k_cache + next[l] * kv_row, row_bytes, false);
-        prefetch_bytes(a.v_cache + next[l] * kv_row, row_bytes, false);
+    scores.resize(offset[rows]);
+    acc.assign(rows * group * D, 0.0f);
+    inv.resize(rows * group);
+    for (int64_t l0 = 0; l0 < longest; l0 += 16) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = first + r, len = a.kv_lens[i];
+        if (l0 >= len) continue;
+        const int n = static_cast<int>(std::min<int64_t>(16, len - l0));
+        const int64_t* slot = a.kv_indices + a.kv_starts[i];
+        for (int64_t l = l0 + 16; l < std::min(l0 + 32, len); ++l) {  // the next block's K
+          prefetch_bytes(a.k_cache + slot[l] * kv_row + kvh * D, D * sizeof(T), true);
+        }
+        const T* k[16];
+        for (int j = 0; j < 16; ++j) k[j] = a.k_cache + slot[l0 + std::min(j, n - 1)] * kv_row;
+        const int64_t padded = (len + 15) / 16 * 16;
+        const T* q_row = a.q + a.rows[i] * a.q_stride;
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t h = kvh * group + g;
+          score16(QueryHead<T, D>(q_row + h * D), k, kvh * D, n, a.scale,
+                  scores.data() + offset[r] + g * padded + l0);
+        }
       }
     }
-    for (int64_t l0 = 0; l0 < len; l0 += 16) {
-      const int n = static_cast<int>(std::min<int64_t>(16, len - l0));
-      // While this block is scored: the next block's K rows into L1, this block's V rows
-      // into L2 for the weighted sums.
-      for (int64_t l = l0 + 16; l < std::min(l0 + 32, len); ++l) {
-        prefetch_bytes(a.k_cache + slot[l] * kv_row, row_bytes, true);
-      }
-      for (int64_t l = l0; l < l0 + n; ++l) {
-        prefetch_bytes(a.v_cache + slot[l] * kv_row, row_bytes, false);
-      }
-      const T* k[16];
-      for (int j = 0; j < 16; ++j) k[j] = a.k_cache + slot[l0 + std::min(j, n - 1)] * kv_row;
-      for (int64_t h = 0; h < heads; ++h) {
-        score16(QueryHead<T, D>(q_row + h * D), k, h / group * D, n, a.scale,
-                scores.data() + h * padded + l0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t padded = (a.kv_lens[first + r] + 15) / 16 * 16;
+      for (int64_t g = 0; g < group; ++g) {
+        float* s = scores.data() + offset[r] + g * padded;
+        if (a.softcap > 0.0f) soft_cap(s, padded, a.softcap);
+        inv[r * group + g] = softmax_numerators(s, padded, nullptr, a.sink(kvh * group + g));
       }
     }
-    for (int64_t h = 0; h < heads; ++h) {
-      float* s = scores.data() + h * padded;
-      if (a.softcap > 0.0f) soft_cap(s, padded, a.softcap);
-      inv[h] = softmax_numerators(s, padded, nullptr, a.sink(h));
-    }
-    for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
-      for (int64_t h = kvh * group; h < (kvh + 1) * group; h += kChunk) {
-        const int g = static_cast<int>(std::min<int64_t>(kChunk, (kvh + 1) * group - h));
-        weighted_v_heads<T, D>(g, scores.data() + h * padded, padded, a.v_cache + kvh * D, slot,
-                               len, kv_row, acc.data() + h * D);
+    for (int64_t l0 = 0; l0 < longest; l0 += kBlock) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = first + r, len = a.kv_lens[i];
+        if (l0 >= len) continue;
+        const int64_t l1 = std::min(len, l0 + kBlock), padded = (len + 15) / 16 * 16;
+        const int64_t* slot = a.kv_indices + a.kv_starts[i];
+        for (int64_t l = l0; l < l1; ++l) {
+          prefetch_bytes(a.v_cache + slot[l] * kv_row + kvh * D, D * sizeof(T), false);
+        }
+        for (int64_t g = 0; g < group; g += kChunk) {
+          const int c = static_cast<int>(std::min<int64_t>(kChunk, group - g));
+          weighted_v_heads<T, D>(c, scores.data() + offset[r] + g * padded, padded,
+                                 a.v_cache + kvh * D, slot, l0, l1, kv_row,
+                                 acc.data() + (r * group + g) * D);
+        }
       }
     }
-    T* o = a.out + a.rows[i] * heads * D;
-    for (int64_t h = 0; h < heads; ++h) {
-      const __m512 w = _mm512_set1_ps(inv[h]);
-      for (int64_t d = 0; d < D; d += 16) {
-        store16(o + h * D + d, _mm512_mul_ps(w, _mm512_loadu_ps(acc.data() + h * D + d)));
+    for (int64_t r = 0; r < rows; ++r) {
+      T* o = a.out + (a.rows[first + r] * heads + kvh * group) * D;
+      for (int64_t g = 0; g < group; ++g) {
+        const __m512 w = _mm512_set1_ps(inv[r * group + g]);
+        const float* x = acc.data() + (r * group + g) * D;
+        for (int64_t d = 0; d < D; d += 16) {
+          store16(o + g * D + d, _mm512_mul_ps(w, _mm512_loadu_ps(x + d)));
+        }
       }
     }
   }
@@ -529,8 +562,11 @@ void attend_rows_avx512(const DecodeRows<T>& a) {
 template <typename T>
 void attend_rows(const DecodeRows<T>& a) {
 #if defined(__AVX512F__)
-  if (a.head_dim == 64) return attend_rows_avx512<T, 64>(a);
-  if (a.head_dim == 128) return attend_rows_avx512<T, 128>(a);
+  if (a.head_dim == 64 || a.head_dim == 128) {
+    const std::vector<int64_t> groups = row_groups(a);  // (each thread builds the same)
+    if (a.head_dim == 64) return attend_rows_avx512<T, 64>(a, groups);
+    return attend_rows_avx512<T, 128>(a, groups);
+  }
 #endif
   attend_rows_portable(a);  // portable_heads(a.head_dim)
 }
