@@ -148,13 +148,19 @@ def _decode_rate(engine, prompt: str, params) -> float:
 
 
 def _peer(python: Path, script: str, target: str, workload: str, tokens: int) -> dict:
-    """Run a peer's script (peer_*.py, beside this file) in its own Python."""
+    """A peer's run of one workload: its prompts and sampling as the script's arguments."""
     prompts, sampling = _prompts(workload)
     args = [target, workload, str(tokens), json.dumps(prompts), json.dumps(sampling)]
+    return run_peer(python, script, [*args, str(time.time())])
+
+
+def run_peer(python: Path, script: str, args: list[str], stdin: str | None = None) -> dict:
+    """Run a peer's script (peer_*.py, beside this file) in its own Python, with `args` and
+    `stdin`: the last JSON line it prints, or {"error": the line of its exception}."""
     path = Path(__file__).with_name(script)
     # -I: neither the script's folder (this one: its kernels.py) nor the current one on sys.path
-    command = [str(python), "-I", str(path), *args, str(time.time())]
-    run = subprocess.run(command, capture_output=True, text=True)
+    command = [str(python), "-I", str(path), *args]
+    run = subprocess.run(command, input=stdin, capture_output=True, text=True)
     if run.returncode != 0:  # the exception's line (pydantic's last line is only a link)
         lines = run.stderr.strip().splitlines() or ["failed"]
         raised = [line for line in lines if "Error" in line or "Exception" in line]
@@ -168,13 +174,8 @@ def _braid_side(workload: str, tokens: int, model: str | None, quantization: str
 
 
 def bench_peers(args: argparse.Namespace) -> int:
-    from braid.runtime.loading.default_model import find_gguf
-    from braid.runtime.loading.gguf.files import source
-    from braid.runtime.loading.model_loader import resolve_model_dir
-
     model = str(args.gguf) if args.gguf else args.model
-    model_dir = resolve_model_dir(model)
-    gguf = source(model_dir) or (find_gguf() if model is None else None)
+    model_dir, gguf = model_files(model)
     rows: dict[str, dict[str, dict]] = {}
     with busy_loops(args.busy):
         for workload in args.workloads.split(","):
@@ -184,6 +185,17 @@ def bench_peers(args: argparse.Namespace) -> int:
     result = {"workload": "peers", "machine": machine(), "model": model, "busy": args.busy}
     write_result({**result, "rows": rows}, args.json)
     return 0
+
+
+def model_files(model: str | None) -> tuple[Path, Path | None]:
+    """The model's directory (converted, for a GGUF) and the GGUF file it came from: the
+    default model's is in its wheel; an HF directory has none."""
+    from braid.runtime.loading.default_model import find_gguf
+    from braid.runtime.loading.gguf.files import source
+    from braid.runtime.loading.model_loader import resolve_model_dir
+
+    model_dir = resolve_model_dir(model)
+    return model_dir, source(model_dir) or (find_gguf() if model is None else None)
 
 
 @contextlib.contextmanager

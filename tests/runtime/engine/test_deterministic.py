@@ -46,5 +46,5 @@ def test_outputs_do_not_depend_on_the_batch(tiny_model_path, dtype):
 
 
 def test_deterministic_mode_refuses_what_it_cannot_keep():
-    with pytest.raises(ValueError, match="speculative"):
-        Engine(deterministic=True, spec_method="ngram")
+    with pytest.raises(ValueError, match="LoRA adapters run neither"):
+        Engine(deterministic=True, lora=("a=/nowhere",))
