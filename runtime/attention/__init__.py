@@ -34,6 +34,18 @@ class AttentionBackend(ABC):
     def prepare(self, batch: ForwardBatch) -> Any:
         """What the backend needs from `batch`, beyond the batch itself."""
 
+    def _metadata(self, batch: ForwardBatch, window: int | None) -> Any:
+        """The batch's metadata for layers with `window`, from `prepare(batch, window)` (built
+        once per batch and window; the plain metadata when no sequence is longer than the
+        window)."""
+        if window is None or max(batch.seq_lens) <= window:
+            return batch.metadata(self)
+        key = f"{self.name}/window={window}"
+        meta = batch.prepared.get(key)
+        if meta is None:
+            meta = batch.prepared[key] = self.prepare(batch, window)
+        return meta
+
     @abstractmethod
     def rope_store_kv(self, *args) -> None:
         """As braid.kernels.reference.rope_store_kv."""

@@ -75,17 +75,6 @@ class CpuKernelAttention(AttentionBackend):
             kv_indices=kv_indices,
         )
 
-    def _metadata(self, batch: ForwardBatch, window: int | None) -> CpuMetadata:
-        """The batch's metadata for layers with `window` (built once per batch and window;
-        the plain metadata when no sequence is longer than the window)."""
-        if window is None or max(batch.seq_lens) <= window:
-            return batch.metadata(self)
-        key = f"{self.name}/window={window}"
-        meta = batch.prepared.get(key)
-        if meta is None:
-            meta = batch.prepared[key] = self.prepare(batch, window)
-        return meta
-
     def forward(
         self,
         qkv: torch.Tensor,

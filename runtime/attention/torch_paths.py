@@ -54,17 +54,6 @@ class TorchMetadata:
 class TorchAttention(AttentionBackend):
     name = "torch"
 
-    def _metadata(self, batch: ForwardBatch, window: int | None):
-        """The batch's metadata for layers with `window` (built once per batch and window;
-        the plain metadata when no sequence is longer than the window)."""
-        if window is None or max(batch.seq_lens) <= window:
-            return batch.metadata(self)
-        key = f"{self.name}/window={window}"
-        meta = batch.prepared.get(key)
-        if meta is None:
-            meta = batch.prepared[key] = self.prepare(batch, window)
-        return meta
-
     def prepare(self, batch: ForwardBatch, window: int | None = None) -> TorchMetadata:
         """The metadata; with `window`, a decode's slot range and a plain extend's start past
         what no row sees."""
