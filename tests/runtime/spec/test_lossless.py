@@ -126,3 +126,9 @@ def test_a_mixture_of_experts_speculates_losslessly(tmp_path):
 
 def test_deterministic_floats_speculate_losslessly(tiny_model_path):
     assert_speculation_lossless(str(tiny_model_path), deterministic=True, dtype="float32")
+
+
+def test_tensor_parallel_int8_speculates_losslessly(tiny_model_path):
+    # Each rank's linears sum their rows alone, and the all-reduce adds the ranks' parts in
+    # rank order whatever the batch.
+    assert_speculation_lossless(str(tiny_model_path), quantization="int8", tp=2)
