@@ -6,9 +6,10 @@
 //
 // The attention contract, for both implementations below: row rows[i] of q (stride q_stride between
 // tokens, heads packed [heads, head_dim]) attends the kv_lens[i] slots at kv_indices +
-// kv_starts[i], and the result goes to row rows[i] of out [tokens, heads, head_dim]. A work
-// item is a row with all its heads (AVX-512), or one KV head of a row, in chunks of 256 slots
-// past that length (portable). Its scores are kept whole (a context fits in cache); softmax
+// kv_starts[i], and the result goes to row rows[i] of out [tokens, heads, head_dim]. A row's
+// result depends on its q and its slots only, never on the other rows of the call. A work
+// item is one KV head of a group of rows that read the same slots (AVX-512), or one KV head
+// of a row, in chunks of 256 slots past that length (portable). Its scores are kept whole (a context fits in cache); softmax
 // and sums are float32. A sequence's slots are scattered over the pool, where the
 // hardware cannot guess them, so the rows about to be read are prefetched.
 //

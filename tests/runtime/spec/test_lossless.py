@@ -109,7 +109,14 @@ def assert_speculation_lossless(model: str, **config) -> None:
         spec.shutdown()
 
 
-@pytest.mark.parametrize("block_type", ["Q8_0", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL"])
+# The default model covers Q4_1 and Q8_0; the others (suite time) run with the slow tests.
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    "block_type",
+    ["Q4_K_M", "Q6_K", "IQ4_NL", *(pytest.param(t, marks=SLOW) for t in ("Q4_0", "Q5_K_M"))],
+)
 def test_gguf_blocks_speculate_losslessly(gguf_of, block_type):
     assert_speculation_lossless(str(gguf_of(block_type)))
 
