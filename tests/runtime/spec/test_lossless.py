@@ -121,7 +121,7 @@ def test_gguf_blocks_speculate_losslessly(gguf_of, block_type):
     assert_speculation_lossless(str(gguf_of(block_type)))
 
 
-@pytest.mark.parametrize("quantization", ["int8", "int4"])
+@pytest.mark.parametrize("quantization", ["int8", pytest.param("int4", marks=SLOW)])
 def test_int8_and_int4_speculate_losslessly(tiny_model_path, quantization):
     assert_speculation_lossless(str(tiny_model_path), quantization=quantization)
 
@@ -135,6 +135,7 @@ def test_deterministic_floats_speculate_losslessly(tiny_model_path):
     assert_speculation_lossless(str(tiny_model_path), deterministic=True, dtype="float32")
 
 
+@SLOW  # suite time: the tiny model's tp tests in tests/runtime/tp run by default
 def test_tensor_parallel_int8_speculates_losslessly(tiny_model_path):
     # Each rank's linears sum their rows alone, and the all-reduce adds the ranks' parts in
     # rank order whatever the batch.
