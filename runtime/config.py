@@ -133,8 +133,8 @@ class EngineConfig:
         "speculative decoding: auto (n-gram and suffix drafts, each request's draft length "
         "from its acceptance and the measured cost of verifying, on wherever verification "
         "rows are bit-identical to decode rows: the CPU kernels' paths); none; ngram "
-        "(drafts from the request's own prompt and output); suffix (also from earlier "
-        "outputs of requests in the same cache namespace); draft (runs draft_model)",
+        "(drafts from the request's own prompt and output); suffix (drafts from the outputs "
+        "of requests in the same cache namespace, its own included); draft (runs draft_model)",
     )
     draft_model: str | None = _setting(
         None,
