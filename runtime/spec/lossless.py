@@ -20,6 +20,7 @@ from torch import nn
 from braid.runtime.attention.cpu_kernels import CpuKernelAttention
 from braid.runtime.models.layers.batch_invariant import BatchInvariantLinear
 from braid.runtime.models.layers.quantized import QuantLinear
+from braid.runtime.models.moe import Experts
 
 PROBE_ROWS = 9  # a decode row against a verification step of 1 + 8 rows
 
@@ -29,7 +30,7 @@ def unlike_decode_rows(model: nn.Module) -> str | None:
     cannot."""
     if not isinstance(model.ops.attention, CpuKernelAttention):
         return f"attention on the {model.ops.name} path is batched by shape, not row by row"
-    if any(".experts." in name for name, _ in model.named_parameters()):
+    if any(isinstance(m, Experts) for m in model.modules()):  # (quantized ones: QuantExperts)
         return "float experts run as GEMMs whose kernel depends on the tokens routed to them"
     seen: set[tuple] = set()
     for module in model.modules():

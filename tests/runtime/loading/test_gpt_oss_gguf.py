@@ -285,3 +285,29 @@ def test_logits_match_llama_cpp(files, t, tmp_path):
     got = _logits(model, config, ids)
     tolerance = {"F32": 1e-2, "Q8_0": 5e-2, "MXFP4": 5e-2}[t]
     assert_matches_llama_cpp(files[t], ids, got, tmp_path, tolerance, same_argmax=t != "Q8_0")
+
+
+def test_speculation_on_the_blocks_is_lossless(files):
+    """GPT-OSS's quantized experts (their float biases beside them) are batch-invariant, so
+    `auto` speculates on them, and n-gram drafts leave greedy and seeded tokens unchanged.
+    (The MXFP4 file here keeps its attention in floats, whose GEMMs are not batch-invariant
+    outside deterministic mode, which GPT-OSS's experts do not have.)"""
+    from braid.runtime import Engine, SamplingParams
+    from braid.runtime.spec.lossless import unlike_decode_rows
+
+    prompts = [[300 + i % 7 for i in range(40)], [500 + i % 5 for i in range(30)]]
+    config = dict(model=str(files["Q8_0"]), dtype="float32")
+    plain = Engine(spec_method="none", **config)
+    spec = Engine(spec_method="ngram", spec_draft_length=4, **config)
+    try:
+        assert unlike_decode_rows(spec.runner.model) is None
+        for params in (
+            SamplingParams(max_tokens=24, temperature=0, ignore_eos=True),
+            SamplingParams(max_tokens=24, temperature=0.8, seed=5, ignore_eos=True),
+        ):
+            want = [o.token_ids for o in plain.generate(prompts, params)]
+            assert [o.token_ids for o in spec.generate(prompts, params)] == want
+        assert spec.stats()["spec_accepted_tokens"] > 0
+    finally:
+        plain.shutdown()
+        spec.shutdown()
