@@ -7,6 +7,8 @@ from __future__ import annotations
 # token is too weak a match: in free text it proposes mostly wrong continuations (after
 # " the", say), and a copy resumes one token later with a two-token match anyway.
 MAX_NGRAM, MIN_NGRAM = 4, 2
+# How far back an occurrence's agreement with the last tokens is measured, to rank them.
+MAX_MATCH = 32
 # Occurrences of one n-gram looked at, most recent first (a frequent token recurs hundreds of
 # times in a long prompt, mostly with continuations already collected).
 MAX_OCCURRENCES = 32
@@ -29,22 +31,39 @@ class NgramIndex:
     def propose(self, tokens: list[int], length: int, width: int) -> list[list[int]]:
         """Up to `width` distinct continuations of `tokens`, each at most `length` long.
 
-        Longer matches come first and, within one n, the most recent occurrence. When the
-        match overlaps the end (the text repeats itself), the continuation repeats with the
-        same period.
+        Longer matches come first: an occurrence's match is measured back from the n-gram,
+        up to MAX_MATCH tokens (in code a 4-gram such as "    return self." recurs all over
+        a file; the occurrence that agrees furthest back is the one being copied), then the
+        most recent. When the match overlaps the end (the text repeats itself), the
+        continuation repeats with the same period.
         """
         self._update(tokens)
         total = len(tokens)
         paths: list[list[int]] = []
         for n in range(min(MAX_NGRAM, total - 1), MIN_NGRAM - 1, -1):
-            ends = self._ends.get(tuple(tokens[total - n :]), [])
-            for end in reversed(ends[-MAX_OCCURRENCES:]):
-                if end >= total:
-                    continue  # the suffix itself
+            ends = [e for e in self._ends.get(tuple(tokens[total - n :]), []) if e < total]
+            recent = ends[-MAX_OCCURRENCES:]
+            order = sorted(
+                range(len(recent)),
+                key=lambda i: (_match_length(tokens, recent[i], n), i),
+                reverse=True,
+            )
+            for i in order:
+                end = recent[i]
                 period = total - end
-                path = [tokens[end + i % period] for i in range(length)]
+                path = [tokens[end + j % period] for j in range(length)]
                 if path not in paths:  # every path is `length` tokens long
                     paths.append(path)
                     if len(paths) == width:
                         return paths
         return paths
+
+
+def _match_length(tokens: list[int], end: int, known: int) -> int:
+    """How many tokens before `end` agree with the last ones of `tokens` (at least `known`,
+    at most MAX_MATCH)."""
+    total, n = len(tokens), known
+    limit = min(MAX_MATCH, end)
+    while n < limit and tokens[end - 1 - n] == tokens[total - 1 - n]:
+        n += 1
+    return n

@@ -124,6 +124,14 @@ def test_ngram_continuations():
     assert NgramIndex().propose([1, 2, 3], 3, width=2) == []
 
 
+def test_ngram_prefers_the_occurrence_that_agrees_furthest_back():
+    # "a b c d" recurs twice; the older occurrence is also preceded by "x y", as the end is:
+    # that is the one being copied, whatever the more recent one continues with.
+    x, y, a, b, c, d = 10, 11, 1, 2, 3, 4
+    tokens = [x, y, a, b, c, d, 20, 21, 5, a, b, c, d, 30, 31, 6, x, y, a, b, c, d]
+    assert NgramIndex().propose(tokens, 2, width=2) == [[20, 21], [30, 31]]
+
+
 def test_adaptive_length_follows_acceptance():
     good, bad = Acceptance(), Acceptance()
     for _ in range(20):
