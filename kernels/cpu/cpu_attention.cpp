@@ -8,10 +8,11 @@
 // tokens, heads packed [heads, head_dim]) attends the kv_lens[i] slots at kv_indices +
 // kv_starts[i], and the result goes to row rows[i] of out [tokens, heads, head_dim]. A row's
 // result depends on its q and its slots only, never on the other rows of the call. A work
-// item is one KV head of a group of rows that read the same slots (AVX-512), or one KV head
-// of a row, in chunks of 256 slots past that length (portable). Its scores are kept whole (a context fits in cache); softmax
-// and sums are float32. A sequence's slots are scattered over the pool, where the
-// hardware cannot guess them, so the rows about to be read are prefetched.
+// item is one KV head of one chunk of 256 slots (kChunk) of a row, or of a group of rows
+// that read the same slots (AVX-512); the chunks' softmaxes are merged after. A chunk's
+// scores are kept whole (they fit in cache); softmax and sums are float32. A sequence's
+// slots are scattered over the pool, where the hardware cannot guess them, so the rows about
+// to be read are prefetched.
 //
 // Two options change the softmax: `softcap` > 0 caps each scaled score as
 // softcap * tanh(score / softcap) first (Gemma 2), and `sinks`, when not null, holds a logit
@@ -108,11 +109,11 @@ struct DecodeRows {
   float sink(int64_t head) const { return sinks == nullptr ? -INFINITY : sinks[head]; }
 };
 
-// The portable path cuts contexts longer than this into chunks, one work item each, and
-// merges their partial softmaxes: at batch 1 a row's few KV heads alone leave threads idle
-// (SmolLM2's 3 on 2 threads). A row's chunks follow from its own length only, so its result
-// does not depend on the rest of the batch (deterministic mode), and rows up to this length
-// are attended exactly as without chunks.
+// Contexts longer than this are cut into chunks, one work item each, whose partial softmaxes
+// are merged: at batch 1 a row's few KV heads alone leave threads idle (SmolLM2's 3 on 2
+// threads). A row's chunks follow from its own length only, so its result does not depend on
+// the rest of the batch (a decode row and a verification row over the same slots come out
+// the same), and rows up to this length are attended exactly as without chunks.
 constexpr int64_t kChunk = 256;
 
 inline int64_t num_chunks(int64_t len) { return len <= kChunk ? 1 : (len + kChunk - 1) / kChunk; }
@@ -126,24 +127,56 @@ inline bool portable_heads(int64_t head_dim) {
 #endif
 }
 
-// The portable path's plan for one call, built once before its parallel region: row i's
-// work items start at first[i], its partials at split[i] (long rows only), and the partials
-// hold, per chunk of a long row and KV head, each query head's max, sum and weighted V.
+// Consecutive rows whose slot lists start at the same slot (a draft tree's nodes over their
+// prefix, a prefill chunk's rows over the run before them), at most kGroupRows of them: the
+// AVX-512 path attends a group together, each block of K and V read once for all its rows.
+constexpr int64_t kGroupRows = 8;
+
+std::vector<int64_t> row_groups(const int64_t* kv_starts, const int64_t* kv_lens,
+                                const int64_t* kv_indices, int64_t num_rows) {
+  std::vector<int64_t> first{0};
+  for (int64_t i = 1; i < num_rows; ++i) {
+    const bool same = kv_lens[i] > 0 && kv_lens[i - 1] > 0 &&
+                      kv_indices[kv_starts[i]] == kv_indices[kv_starts[i - 1]];
+    if (!same || i - first.back() == kGroupRows) first.push_back(i);
+  }
+  first.push_back(num_rows);
+  return first;
+}
+
+// One call's plan, built before its parallel region. Work items: on the portable path row
+// i's start at first[i]; on the AVX-512 path `groups` holds the row groups' bounds and group
+// j's items start at first[j] (one per chunk of its longest row and KV head). Row i's
+// partials start at split[i] (long rows only): per chunk and KV head, each query head's max,
+// sum and weighted V.
 struct RowChunks {
-  std::vector<int64_t> first, split;
+  std::vector<int64_t> groups, first, split;
   std::vector<float> partials;
 
-  RowChunks(const int64_t* kv_lens, int64_t num_rows, int64_t heads, int64_t kv_heads,
-            int64_t head_dim)
-      : first(num_rows + 1, 0), split(num_rows + 1, 0) {
-    if (!portable_heads(head_dim)) return;
+  RowChunks(const int64_t* kv_starts, const int64_t* kv_lens, const int64_t* kv_indices,
+            int64_t num_rows, int64_t heads, int64_t kv_heads, int64_t head_dim)
+      : split(num_rows + 1, 0) {
+    if (portable_heads(head_dim)) {
+      first.assign(num_rows + 1, 0);
+      for (int64_t i = 0; i < num_rows; ++i) {
+        first[i + 1] = first[i] + num_chunks(kv_lens[i]) * kv_heads;
+      }
+    } else {
+      groups = row_groups(kv_starts, kv_lens, kv_indices, num_rows);
+      first.assign(groups.size(), 0);
+      for (size_t j = 0; j + 1 < groups.size(); ++j) {
+        int64_t longest = 0;
+        for (int64_t i = groups[j]; i < groups[j + 1]; ++i) longest = std::max(longest, kv_lens[i]);
+        first[j + 1] = first[j] + num_chunks(longest) * kv_heads;
+      }
+    }
     for (int64_t i = 0; i < num_rows; ++i) {
       const int64_t chunks = num_chunks(kv_lens[i]);
-      first[i + 1] = first[i] + chunks * kv_heads;
       split[i + 1] = split[i] + (chunks > 1 ? chunks * kv_heads : 0);
     }
     partials.resize(split[num_rows] * (heads / kv_heads) * (head_dim + 2));
   }
+  int64_t num_items() const { return first.back(); }
 };
 
 // The functions named *_rows share out their loop among the threads of the parallel region
@@ -238,6 +271,44 @@ inline const float* as_float(const bf16* x, int64_t n, float* buf) {
   return buf;
 }
 
+// Long rows (more than one chunk): their chunks' softmaxes rescaled to the largest max and
+// summed, in chunk order. Called past the barrier of the loop that wrote the partials.
+template <typename T>
+void merge_chunks(const DecodeRows<T>& a) {
+  const int64_t head_dim = a.head_dim, kv_heads = a.kv_heads;
+  const int64_t group = a.heads / kv_heads;
+  const int64_t partial_size = group * (head_dim + 2);
+  const std::vector<int64_t>& split = a.chunks->split;
+  const float* partials = a.chunks->partials.data();
+  std::vector<float> acc(head_dim);
+#pragma omp for schedule(dynamic, 1)
+  for (int64_t pair = 0; pair < a.num_rows * kv_heads; ++pair) {
+    const int64_t i = pair / kv_heads, kvh = pair % kv_heads;
+    const int64_t chunks = num_chunks(a.kv_lens[i]);
+    if (chunks == 1) continue;
+    const float* base = partials + split[i] * partial_size;
+    T* o = a.out + (a.rows[i] * a.heads + kvh * group) * head_dim;
+    for (int64_t g = 0; g < group; ++g) {
+      const float sink = a.sink(kvh * group + g);
+      float top = sink, total = 0.0f;
+      for (int64_t c = 0; c < chunks; ++c) {
+        top = std::max(top, base[(c * kv_heads + kvh) * partial_size + g]);
+      }
+      if (sink != -INFINITY) total = exp_approx(sink - top);
+      std::fill(acc.begin(), acc.begin() + head_dim, 0.0f);
+      for (int64_t c = 0; c < chunks; ++c) {
+        const float* p = base + (c * kv_heads + kvh) * partial_size;
+        const float w = exp_approx(p[g] - top);
+        total += w * p[group + g];
+        axpy(w, p + 2 * group + g * head_dim, acc.data(), head_dim);
+      }
+      for (int64_t d = 0; d < head_dim; ++d) {
+        o[g * head_dim + d] = from_float<T>(acc[d] / total);
+      }
+    }
+  }
+}
+
 template <typename T>
 void attend_rows_portable(const DecodeRows<T>& a) {
   // A work item is one chunk of a row's slots for the query heads of one KV head: at batch 1
@@ -255,7 +326,7 @@ void attend_rows_portable(const DecodeRows<T>& a) {
   float* partials = a.chunks->partials.data();  // each item writes only its own
   std::vector<float> scores, acc(group * head_dim), qf(group * head_dim), row_f(head_dim);
 #pragma omp for schedule(dynamic, 1)
-  for (int64_t item = 0; item < first[a.num_rows]; ++item) {
+  for (int64_t item = 0; item < a.chunks->num_items(); ++item) {
     const int64_t i = std::upper_bound(first.begin(), first.end(), item) - first.begin() - 1;
     const int64_t local = item - first[i], kvh = local % kv_heads, chunk = local / kv_heads;
     const int64_t len = a.kv_lens[i], chunks = num_chunks(len);
@@ -302,34 +373,7 @@ void attend_rows_portable(const DecodeRows<T>& a) {
     T* o = a.out + (a.rows[i] * a.heads + kvh * group) * head_dim;
     for (int64_t j = 0; j < group * head_dim; ++j) o[j] = from_float<T>(acc[j]);
   }
-  // (the barrier of the loop above: every chunk is done) Long rows: their chunks' softmaxes
-  // rescaled to the largest max and summed.
-#pragma omp for schedule(dynamic, 1)
-  for (int64_t pair = 0; pair < a.num_rows * kv_heads; ++pair) {
-    const int64_t i = pair / kv_heads, kvh = pair % kv_heads;
-    const int64_t chunks = num_chunks(a.kv_lens[i]);
-    if (chunks == 1) continue;
-    const float* base = partials + split[i] * partial_size;
-    T* o = a.out + (a.rows[i] * a.heads + kvh * group) * head_dim;
-    for (int64_t g = 0; g < group; ++g) {
-      const float sink = a.sink(kvh * group + g);
-      float top = sink, total = 0.0f;
-      for (int64_t c = 0; c < chunks; ++c) {
-        top = std::max(top, base[(c * kv_heads + kvh) * partial_size + g]);
-      }
-      if (sink != -INFINITY) total = exp_approx(sink - top);
-      std::fill(acc.begin(), acc.begin() + head_dim, 0.0f);
-      for (int64_t c = 0; c < chunks; ++c) {
-        const float* p = base + (c * kv_heads + kvh) * partial_size;
-        const float w = exp_approx(p[g] - top);
-        total += w * p[group + g];
-        axpy(w, p + 2 * group + g * head_dim, acc.data(), head_dim);
-      }
-      for (int64_t d = 0; d < head_dim; ++d) {
-        o[g * head_dim + d] = from_float<T>(acc[d] / total);
-      }
-    }
-  }
+  merge_chunks(a);  // past the loop's barrier: every chunk is done
 }
 
 // ---- AVX-512, heads of 64 or 128 -------------------------------------------------------------
@@ -456,89 +500,86 @@ void weighted_v_heads(int g, const float* p, int64_t p_stride, const T* v_head,
   }
 }
 
-// Rows that read the same slots (a draft tree's nodes over their prefix, a prefill chunk's
-// rows over the run before them) are attended together, slot block by slot block, so each
-// block of K and V is read from memory once for all of them instead of once per row; a row's
-// own arithmetic (its scores, softmax and sums) is the same whichever rows it is grouped
-// with. A group is consecutive rows whose lists start at the same slot, at most kGroupRows.
-constexpr int64_t kGroupRows = 8;
+// A group's rows (RowChunks) are attended together, slot block by slot block, so each block
+// of K and V is read from memory once for all of them instead of once per row; a row's own
+// arithmetic (its scores, softmax and sums) is the same whichever rows it is grouped with.
 constexpr int64_t kBlock = 64;  // slots of V summed per row before the next row's turn
 
-template <typename T>
-std::vector<int64_t> row_groups(const DecodeRows<T>& a) {
-  std::vector<int64_t> first{0};
-  for (int64_t i = 1; i < a.num_rows; ++i) {
-    const bool same = a.kv_lens[i] > 0 && a.kv_lens[i - 1] > 0 &&
-                      a.kv_indices[a.kv_starts[i]] == a.kv_indices[a.kv_starts[i - 1]];
-    if (!same || i - first.back() == kGroupRows) first.push_back(i);
-  }
-  first.push_back(a.num_rows);
-  return first;
-}
-
 template <typename T, int D>
-void attend_rows_avx512(const DecodeRows<T>& a, const std::vector<int64_t>& groups) {
+void attend_rows_avx512(const DecodeRows<T>& a) {
   const int64_t heads = a.heads, kv_heads = a.kv_heads;
   const int64_t group = heads / kv_heads;
   const int64_t kv_row = kv_heads * D;
-  constexpr int kChunk = 256 / D;  // query heads per weighted_v call
-  const int64_t num_groups = static_cast<int64_t>(groups.size()) - 1;
+  const int64_t partial_size = group * (D + 2);
+  constexpr int kHeadsPerCall = 256 / D;  // query heads per weighted_v call
+  const std::vector<int64_t>&groups = a.chunks->groups, &first = a.chunks->first;
+  const std::vector<int64_t>& split = a.chunks->split;
+  float* partials = a.chunks->partials.data();  // each item writes only its own
   std::vector<float> scores, acc, inv;
-  // A work item is one group's query heads of one KV head: a lone row (batch-1 decoding)
-  // still spreads over the threads.
+  // A work item is one chunk of a group's slots for the query heads of one KV head: a lone
+  // row (batch-1 decoding) still spreads over the threads.
 #pragma omp for schedule(dynamic, 1)
-  for (int64_t item = 0; item < num_groups * kv_heads; ++item) {
-    const int64_t first = groups[item / kv_heads], last = groups[item / kv_heads + 1];
-    const int64_t kvh = item % kv_heads, rows = last - first;
-    int64_t longest = 0;
-    std::vector<int64_t> offset(rows + 1, 0);  // each row's scores, `group` padded runs
+  for (int64_t item = 0; item < a.chunks->num_items(); ++item) {
+    const int64_t j = std::upper_bound(first.begin(), first.end(), item) - first.begin() - 1;
+    const int64_t local = item - first[j], kvh = local % kv_heads, chunk = local / kv_heads;
+    const int64_t row0 = groups[j], rows = groups[j + 1] - row0, c0 = chunk * kChunk;
+    int64_t longest = 0;  // of the rows' slots in this chunk
+    std::vector<int64_t> n(rows), offset(rows + 1, 0);  // each row's scores: `group` runs
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t len = a.kv_lens[first + r];
-      longest = std::max(longest, len);
-      offset[r + 1] = offset[r] + group * ((len + 15) / 16 * 16);
+      n[r] = std::max<int64_t>(0, std::min(a.kv_lens[row0 + r], c0 + kChunk) - c0);
+      longest = std::max(longest, n[r]);
+      offset[r + 1] = offset[r] + group * ((n[r] + 15) / 16 * 16);
     }
     scores.resize(offset[rows]);
     acc.assign(rows * group * D, 0.0f);
     inv.resize(rows * group);
     for (int64_t l0 = 0; l0 < longest; l0 += 16) {
       for (int64_t r = 0; r < rows; ++r) {
-        const int64_t i = first + r, len = a.kv_lens[i];
+        const int64_t i = row0 + r, len = n[r];
         if (l0 >= len) continue;
-        const int n = static_cast<int>(std::min<int64_t>(16, len - l0));
-        const int64_t* slot = a.kv_indices + a.kv_starts[i];
+        const int m = static_cast<int>(std::min<int64_t>(16, len - l0));
+        const int64_t* slot = a.kv_indices + a.kv_starts[i] + c0;
         for (int64_t l = l0 + 16; l < std::min(l0 + 32, len); ++l) {  // the next block's K
           prefetch_bytes(a.k_cache + slot[l] * kv_row + kvh * D, D * sizeof(T), true);
         }
         const T* k[16];
-        for (int j = 0; j < 16; ++j) k[j] = a.k_cache + slot[l0 + std::min(j, n - 1)] * kv_row;
+        for (int x = 0; x < 16; ++x) k[x] = a.k_cache + slot[l0 + std::min(x, m - 1)] * kv_row;
         const int64_t padded = (len + 15) / 16 * 16;
         const T* q_row = a.q + a.rows[i] * a.q_stride;
         for (int64_t g = 0; g < group; ++g) {
           const int64_t h = kvh * group + g;
-          score16(QueryHead<T, D>(q_row + h * D), k, kvh * D, n, a.scale,
+          score16(QueryHead<T, D>(q_row + h * D), k, kvh * D, m, a.scale,
                   scores.data() + offset[r] + g * padded + l0);
         }
       }
     }
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t padded = (a.kv_lens[first + r] + 15) / 16 * 16;
+      if (n[r] == 0) continue;
+      const int64_t i = row0 + r, padded = (n[r] + 15) / 16 * 16;
+      // A long row's sink joins once, where its chunks are merged.
+      float* partial = num_chunks(a.kv_lens[i]) > 1
+                           ? partials + (split[i] + local) * partial_size
+                           : nullptr;
       for (int64_t g = 0; g < group; ++g) {
         float* s = scores.data() + offset[r] + g * padded;
         if (a.softcap > 0.0f) soft_cap(s, padded, a.softcap);
-        inv[r * group + g] = softmax_numerators(s, padded, nullptr, a.sink(kvh * group + g));
+        float top;
+        const float sink = partial == nullptr ? a.sink(kvh * group + g) : -INFINITY;
+        inv[r * group + g] = softmax_numerators(s, padded, &top, sink);
+        if (partial != nullptr) partial[g] = top, partial[group + g] = 1.0f / inv[r * group + g];
       }
     }
     for (int64_t l0 = 0; l0 < longest; l0 += kBlock) {
       for (int64_t r = 0; r < rows; ++r) {
-        const int64_t i = first + r, len = a.kv_lens[i];
+        const int64_t i = row0 + r, len = n[r];
         if (l0 >= len) continue;
         const int64_t l1 = std::min(len, l0 + kBlock), padded = (len + 15) / 16 * 16;
-        const int64_t* slot = a.kv_indices + a.kv_starts[i];
+        const int64_t* slot = a.kv_indices + a.kv_starts[i] + c0;
         for (int64_t l = l0; l < l1; ++l) {
           prefetch_bytes(a.v_cache + slot[l] * kv_row + kvh * D, D * sizeof(T), false);
         }
-        for (int64_t g = 0; g < group; g += kChunk) {
-          const int c = static_cast<int>(std::min<int64_t>(kChunk, group - g));
+        for (int64_t g = 0; g < group; g += kHeadsPerCall) {
+          const int c = static_cast<int>(std::min<int64_t>(kHeadsPerCall, group - g));
           weighted_v_heads<T, D>(c, scores.data() + offset[r] + g * padded, padded,
                                  a.v_cache + kvh * D, slot, l0, l1, kv_row,
                                  acc.data() + (r * group + g) * D);
@@ -546,16 +587,23 @@ void attend_rows_avx512(const DecodeRows<T>& a, const std::vector<int64_t>& grou
       }
     }
     for (int64_t r = 0; r < rows; ++r) {
-      T* o = a.out + (a.rows[first + r] * heads + kvh * group) * D;
+      if (n[r] == 0) continue;
+      const int64_t i = row0 + r;
+      const float* x = acc.data() + r * group * D;
+      if (num_chunks(a.kv_lens[i]) > 1) {  // its weighted V joins the partial
+        std::copy(x, x + group * D, partials + (split[i] + local) * partial_size + 2 * group);
+        continue;
+      }
+      T* o = a.out + (a.rows[i] * heads + kvh * group) * D;
       for (int64_t g = 0; g < group; ++g) {
         const __m512 w = _mm512_set1_ps(inv[r * group + g]);
-        const float* x = acc.data() + (r * group + g) * D;
         for (int64_t d = 0; d < D; d += 16) {
-          store16(o + g * D + d, _mm512_mul_ps(w, _mm512_loadu_ps(x + d)));
+          store16(o + g * D + d, _mm512_mul_ps(w, _mm512_loadu_ps(x + g * D + d)));
         }
       }
     }
   }
+  merge_chunks(a);  // past the loop's barrier: every chunk is done
 }
 
 #endif  // __AVX512F__
@@ -564,9 +612,8 @@ template <typename T>
 void attend_rows(const DecodeRows<T>& a) {
 #if defined(__AVX512F__)
   if (a.head_dim == 64 || a.head_dim == 128) {
-    const std::vector<int64_t> groups = row_groups(a);  // (each thread builds the same)
-    if (a.head_dim == 64) return attend_rows_avx512<T, 64>(a, groups);
-    return attend_rows_avx512<T, 128>(a, groups);
+    if (a.head_dim == 64) return attend_rows_avx512<T, 64>(a);
+    return attend_rows_avx512<T, 128>(a);
   }
 #endif
   attend_rows_portable(a);  // portable_heads(a.head_dim)
@@ -597,7 +644,7 @@ void attend_rows(const DecodeRows<T>& a) {
       const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, T* out,                \
       BRAID_ROWS_ARGS, int64_t heads, int64_t kv_heads, int64_t head_dim, float scale,         \
       float softcap, const float* sinks, int threads) {                                        \
-    RowChunks chunks(kv_lens, num_rows, heads, kv_heads, head_dim);                            \
+    RowChunks chunks(kv_starts, kv_lens, kv_indices, num_rows, heads, kv_heads, head_dim);     \
     const DecodeRows<T> a{q,         q_stride,   k_cache, v_cache, out,      rows,             \
                           kv_starts, kv_lens,    kv_indices, num_rows, heads, kv_heads,        \
                           head_dim,  scale,      softcap, sinks,   &chunks};                   \
@@ -608,7 +655,7 @@ void attend_rows(const DecodeRows<T>& a) {
                                              int threads) {                                   \
     const RopeStore<T> r{qkv,    positions, cos,      sin,     k_cache, v_cache,              \
                          slots,  tokens,    heads,    kv_heads, head_dim};                     \
-    RowChunks chunks(kv_lens, num_rows, heads, kv_heads, head_dim);                            \
+    RowChunks chunks(kv_starts, kv_lens, kv_indices, num_rows, heads, kv_heads, head_dim);     \
     const DecodeRows<T> a{qkv,       (heads + 2 * kv_heads) * head_dim, k_cache, v_cache,     \
                           out,       rows, kv_starts, kv_lens, kv_indices, num_rows, heads,    \
                           kv_heads,  head_dim, scale, softcap, sinks, &chunks};                \

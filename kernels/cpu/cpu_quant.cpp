@@ -542,6 +542,7 @@ void int8_group(const RoundedInputs& x, int64_t num_blocks, const Group* group, 
     const VF scale = block_scales(g);
     VF min = zero_f();
     if constexpr (F::kHasMin) min = load_halves(g.min);
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const int64_t i = r * num_blocks + b;
       const int8_t* xb = x.q + i * F::kBlock;

@@ -174,6 +174,40 @@ def test_rope_store_attend_is_rope_store_then_attention(
 
 
 @pytest.mark.parametrize("head_dim", [16, 64])
+def test_rows_over_a_shared_prefix_across_the_chunk_boundary(path_lib, threads, head_dim):
+    """Draft-tree rows over one prefix (one group on the AVX-512 path), their lengths on both
+    sides of 256 slots (one chunk, two), and past 512: the reference's results, and each row's
+    the same bits as when it is attended alone."""
+    heads, kv_heads = 6, 2
+    k_cache, v_cache = (
+        randn(4000, kv_heads, head_dim, seed=1),
+        randn(4000, kv_heads, head_dim, seed=2),
+    )
+    pool = torch.randperm(4000, generator=torch.Generator().manual_seed(3))
+    prefix, lengths = 254, [255, 256, 257, 258, 300, 513, 520, 255, 600, 256]
+    own = [pool[prefix + 400 * i : prefix + 400 * i + n - prefix] for i, n in enumerate(lengths)]
+    tables = [torch.cat([pool[:prefix], slots]) for slots in own]
+    indices = torch.cat(tables)
+    starts = torch.tensor([0, *lengths[:-1]]).cumsum(0)
+    q = randn(len(lengths), heads, head_dim, seed=4)
+    rows = torch.arange(len(lengths))
+    out = torch.empty_like(q)
+    path_lib.decode_attention(
+        q, k_cache, v_cache, out, rows, starts, torch.tensor(lengths), indices, 0.3
+    )
+    indptr = torch.tensor([0, *lengths]).cumsum(0)
+    want = reference.decode_attention(q, k_cache, v_cache, indptr, indices, 0.3)
+    torch.testing.assert_close(out, want, **TOL[torch.float32])
+    for i, table in enumerate(tables):
+        alone = torch.empty_like(q[i : i + 1])
+        path_lib.decode_attention(
+            q[i : i + 1], k_cache, v_cache, alone, torch.tensor([0]), torch.tensor([0]),
+            torch.tensor([len(table)]), table, 0.3,
+        )  # fmt: skip
+        assert torch.equal(alone[0], out[i]), f"row {i} ({lengths[i]} slots)"
+
+
+@pytest.mark.parametrize("head_dim", [16, 64])
 def test_results_do_not_depend_on_the_thread_count(path_lib, head_dim):
     """Each row (or chunk of a long row) is computed by one thread whole, chunks merged in a
     fixed order: the same bits with 1 or 2 threads."""
