@@ -9,7 +9,10 @@ import torch
 
 from braid.grammars.constraints import MAX_SCHEMA_DEPTH
 
-SPEC_METHODS = ("auto", "none", "ngram", "suffix", "draft")
+SPEC_METHODS = ("auto", "none", "ngram", "suffix", "draft", "medusa", "eagle3")
+# The methods that run EngineConfig.draft_model: a draft model, or a trained head over the
+# target's hidden states (runtime/spec/heads).
+DRAFT_METHODS = ("draft", "medusa", "eagle3")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -134,12 +137,14 @@ class EngineConfig:
         "from its acceptance and the measured cost of verifying, on wherever verification "
         "rows are bit-identical to decode rows: the CPU kernels' paths); none; ngram "
         "(drafts from the request's own prompt and output); suffix (drafts from the outputs "
-        "of requests in the same cache namespace, its own included); draft (runs draft_model)",
+        "of requests in the same cache namespace, its own included); draft (runs draft_model); "
+        "medusa or eagle3 (trained heads over the target's hidden states, from draft_model)",
     )
     draft_model: str | None = _setting(
         None,
         "with spec_method draft: a smaller model sharing the tokenizer (an HF directory), or "
-        "self / self:K for the target's first K layers and its head (K: a quarter)",
+        "self / self:K for the target's first K layers and its head (K: a quarter); with "
+        "medusa or eagle3: the head's directory (the layouts SGLang and vLLM load)",
     )
     spec_draft_length: int = _setting(
         0,
@@ -241,10 +246,16 @@ class EngineConfig:
                 "EngineConfig.quantization: expected auto, none, int8, int4 or gguf, got "
                 f"{self.quantization!r}"
             )
-        if (self.spec_method == "draft") != (self.draft_model is not None):
+        if (self.spec_method in DRAFT_METHODS) != (self.draft_model is not None):
             raise ValueError(
-                "EngineConfig.draft_model: give one exactly when spec_method is 'draft' "
-                f"(spec_method={self.spec_method!r}, draft_model={self.draft_model!r})"
+                "EngineConfig.draft_model: give one exactly when spec_method is one of "
+                f"{', '.join(DRAFT_METHODS)} (spec_method={self.spec_method!r}, "
+                f"draft_model={self.draft_model!r})"
+            )
+        if self.spec_method in ("medusa", "eagle3") and self.tp > 1:
+            raise ValueError(
+                f"EngineConfig.tp: spec_method={self.spec_method!r} runs its head on one "
+                "process; use tp=1"
             )
         if not 0 <= self.spec_draft_length <= 64:
             raise ValueError(

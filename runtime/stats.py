@@ -7,7 +7,7 @@ from collections import deque
 
 # Latency samples kept per metric: enough for stable p99s, bounded so memory stays flat.
 _WINDOW = 10_000
-SPEC_METHODS = ("auto", "ngram", "suffix", "draft")
+SPEC_METHODS = ("auto", "ngram", "suffix", "draft", "medusa", "eagle3")
 
 
 class EngineStats:

@@ -111,6 +111,11 @@ class QuantDecoderBatch(ctypes.Structure):
         ("lora_weights", _P),
         ("lora_count", _I64),
         ("lora_layers", _I64),
+        # Draft heads' hidden states (null: none): the layers whose input stream is copied
+        # out, how many, and where to ([tokens, num_captures, hidden] float32).
+        ("capture_layers", _P),
+        ("num_captures", _I64),
+        ("captured", _P),
     ]
 
 
@@ -360,6 +365,7 @@ class CpuKernels:
         cos: torch.Tensor,
         sin: torch.Tensor,
         lora: tuple[torch.Tensor, torch.Tensor] | None = None,
+        capture: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """The first `num_layers` decoder layers of a quantized float32 model over decode
         rows in one call (kernels/cpu/cpu_decoder.cpp): `residual` [T, hidden] is updated in
@@ -367,7 +373,9 @@ class CpuKernels:
         rope_store_attend's; the layers' pointers are the caller's to keep valid
         (runtime/models/layers/quant_decoder.py builds them). `lora`: each token's adapter (int64
         [T], -1 for none) and the pairs int64 [L, len(LORA_LINEARS), N, 4] of lora_add, for
-        the first L layers (later ones get none), added after each of those linears."""
+        the first L layers (later ones get none), added after each of those linears.
+        `capture`: (layers int64 [C], out float32 [T, C, hidden]): the residual stream
+        entering each of those layers (below num_layers; -1: none) is copied into out[:, c]."""
         _check(torch.float32, data=[residual, cos, sin])
         index = [positions, slots, rows, kv_starts, kv_lens, kv_indices]
         _check_index(index)
@@ -382,6 +390,22 @@ class CpuKernels:
                 raise ValueError(f"quant_decode_layers: LoRA pairs of shape {weights.shape}")
             batch.lora_adapters, batch.lora_weights = adapters.data_ptr(), weights.data_ptr()
             batch.lora_count, batch.lora_layers = weights.shape[2], weights.shape[0]
+        if capture is not None:
+            which, captured = capture
+            _check_index([which])
+            if (
+                captured.dtype != torch.float32
+                or not captured.is_contiguous()
+                or (captured.shape != (residual.shape[0], which.numel(), residual.shape[1]))
+            ):
+                raise ValueError(
+                    f"quant_decode_layers: capture out {tuple(captured.shape)} "
+                    f"{captured.dtype} for {which.numel()} layers of {tuple(residual.shape)}"
+                )
+            if which.numel() and not -1 <= int(which.min()) <= int(which.max()) < num_layers:
+                raise ValueError(f"quant_decode_layers: capture layers {which.tolist()}")
+            batch.capture_layers, batch.captured = which.data_ptr(), captured.data_ptr()
+            batch.num_captures = which.numel()
         out = torch.empty_like(residual)
         self._decode_layers(
             ctypes.addressof(layers), num_layers, ctypes.addressof(shape),

@@ -8,6 +8,7 @@
 // the Python path uses the torch twin, whose sums are ordered differently). LoRA adapters'
 // updates are added after each linear as the Python path adds them, by the same kernel.
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -88,6 +89,12 @@ struct QuantDecoderBatch {
   const int64_t* lora_adapters;
   const braid::LoraWeights* lora_weights;
   int64_t lora_count, lora_layers;
+  // Hidden states copied out for draft heads (EAGLE-3), or null: the residual stream
+  // entering layer capture_layers[c] goes to captured[t, c, :] ([tokens, num_captures,
+  // hidden]); the stream itself is untouched.
+  const int64_t* capture_layers;
+  int64_t num_captures;
+  float* captured;
 };
 
 // The linears in the order of the LoRA pairs (kernels/cpu/bindings.py's LORA_LINEARS).
@@ -103,6 +110,19 @@ void add_lora(const QuantDecoderBatch& batch, int64_t l, LoraLinear linear, cons
       batch.lora_weights + (l * kLoraLinears + linear) * batch.lora_count;
   lora_add_f32(x, in_size, out, out_size, batch.tokens, in_size, out_size, batch.lora_adapters,
                pairs, threads);
+}
+
+// Layer l's input (residual, with the previous layer's output already added in) into the
+// captured columns that ask for it.
+void capture_stream(const QuantDecoderBatch& batch, int64_t l, const float* residual,
+                    int64_t hidden) {
+  for (int64_t c = 0; c < batch.num_captures; ++c) {
+    if (batch.capture_layers[c] != l) continue;
+    for (int64_t t = 0; t < batch.tokens; ++t) {
+      const float* src = residual + t * hidden;
+      std::copy(src, src + hidden, batch.captured + (t * batch.num_captures + c) * hidden);
+    }
+  }
 }
 
 }  // namespace
@@ -122,6 +142,7 @@ extern "C" void quant_decode_layers(const QuantDecoderLayer* layers, int64_t num
     const QuantDecoderLayer& L = layers[l];
     add_rms_norm_f32(l == 0 ? nullptr : out, residual, L.input_norm, h.data(), M, s.hidden,
                      s.eps, threads);
+    capture_stream(*batch, l, residual, s.hidden);
     matmul(h.data(), M, s.hidden, L.qkv, qkv_size, qkv.data(), threads);
     add_lora(*batch, l, kLoraQkv, h.data(), s.hidden, qkv.data(), qkv_size, threads);
     if (L.q_norm != nullptr) {  // in place on each token's q heads, then its k heads

@@ -19,6 +19,7 @@ from braid.runtime.models.config.model_config import ModelConfig
 from braid.runtime.output.processor import OutputProcessor
 from braid.runtime.scheduler.scheduler import Scheduler
 from braid.runtime.spec import SpecWorker, load_draft_proposer
+from braid.runtime.spec.heads import load_head_proposer
 from braid.runtime.spec.lossless import unlike_decode_rows
 from braid.runtime.stats import EngineStats
 from braid.runtime.tp import RankReport
@@ -58,6 +59,8 @@ def build_core(
         draft = None
         if c.spec_method == "draft":
             draft = load_draft_proposer(c, runner.model, tokenizer, runner.vocab_size, kv.num_slots)
+        elif c.spec_method in ("medusa", "eagle3"):
+            draft = load_head_proposer(c, runner, kv.num_slots)
         scheduler = Scheduler(c, kv, cache, stats, draft.kv if draft is not None else None)
         worker, speculation = runner, f"speculation {c.spec_method}"
         if c.spec_method == "auto" and (why := unlike_decode_rows(runner.model)) is not None:

@@ -130,6 +130,24 @@ class ForwardBatch:
         )
 
 
+@dataclass
+class HiddenCapture:
+    """Hidden states a forward copies out besides its logits, for the draft heads that read
+    the target's own states (runtime/spec/heads): asked for by `layers` and `final`, filled
+    by the model's forward.
+
+    `layers`: indices j in [0, num_layers] of the residual stream entering layer j (0: the
+    embeddings; num_layers: the last layer's output before the final norm), as transformers'
+    `hidden_states[j]`; `aux` then holds them for every new token, side by side in that
+    order: [T, len(layers) * hidden]. `final`: `normed` holds the final normed hidden states
+    of the logits rows [N, hidden] (what the head multiplies)."""
+
+    layers: tuple[int, ...] = ()
+    final: bool = False
+    aux: torch.Tensor | None = None
+    normed: torch.Tensor | None = None
+
+
 def ancestor_mask(parents: list[int]) -> torch.Tensor:
     """bool [n, n]: row i marks token i and its ancestors (parents[i] < i, or -1 for none)."""
     n = len(parents)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from braid.runtime.executor.cuda_graphs import DecodeGraphs
-from braid.runtime.executor.forward_batch import ForwardBatch
+from braid.runtime.executor.forward_batch import ForwardBatch, HiddenCapture
 from braid.runtime.executor.sampler import (
     SamplingArgs,
     prepare_sampling,
@@ -42,6 +42,11 @@ class StepResult:
     # once that walk is closed, the tree nodes it followed (their KV is kept).
     steps: Generator[StepResult, None, None] | None = None
     kept_nodes: list[int] = field(default_factory=list)
+    # For draft heads (ModelRunner.capture): the final normed hidden states of the logits
+    # rows above (a tree's root and nodes; the sampled row last), and the target's states at
+    # the heads' layers for every token the request fed (draft nodes included), [n, C * H].
+    hidden: torch.Tensor | None = None
+    aux_hidden: torch.Tensor | None = None
 
 
 @dataclass
@@ -62,6 +67,7 @@ class PreparedBatch:
     sampled: list[int]  # the requests that sample a token here (draft trees are verified)
     sample_rows: list[int]  # their logits rows
     sampling: SamplingArgs | None  # their sampling arguments (None when none samples)
+    capture: HiddenCapture | None = None  # what the forward copied out for draft heads
 
 
 class ModelRunner:
@@ -85,6 +91,8 @@ class ModelRunner:
         # Rows of the model's vocabulary past the tokenizer's are padding: never sampled.
         self.vocab_size = min(tokenizer_size, model.config.vocab_size)
         self.tokenizer_size = tokenizer_size
+        # What draft heads read from every forward (runtime/spec/heads sets it), or None.
+        self.capture: HiddenCapture | None = None
 
     def run(self, batch: Batch) -> list[StepResult]:
         prepared = self.prepare(batch)
@@ -135,9 +143,12 @@ class ModelRunner:
     def forward(self, prepared: PreparedBatch) -> torch.Tensor:
         """The logits [rows, vocab_size] of every kept row, request by request."""
         p = prepared
-        # The captured graphs hold no adapter updates.
+        if self.capture is not None:  # filled per forward: a template
+            p.capture = HiddenCapture(self.capture.layers, self.capture.final)
+        # The captured graphs hold no adapter updates, nor the heads' hidden states.
         if (
             p.lora is None
+            and p.capture is None
             and self.graphs is not None
             and self.graphs.fits(p.new_tokens, p.slot_tables, p.rows)
         ):
@@ -146,11 +157,13 @@ class ModelRunner:
             fb = ForwardBatch.build(
                 p.new_tokens, p.slot_tables, p.rows, self.device, parents=p.parents, lora=p.lora
             )
+            # (Only llama.py's forward takes a capture: the heads check the target's.)
+            extra = {} if p.capture is None else {"capture": p.capture}
             if self.ranks is None:
-                logits = self.model(fb, self.kv)
+                logits = self.model(fb, self.kv, **extra)
             else:
                 with self.ranks.step(p.new_tokens, p.slot_tables, p.parents):
-                    logits = self.model(fb, self.kv)
+                    logits = self.model(fb, self.kv, **extra)
         return logits[:, : self.vocab_size]
 
     def sample(self, prepared: PreparedBatch, logits: torch.Tensor) -> list[StepResult]:
@@ -158,6 +171,8 @@ class ModelRunner:
         logits, or a sampled token with its logprobs."""
         batch = prepared.batch
         results = [StepResult() for _ in batch.requests]
+        if prepared.capture is not None:
+            _hand_out_capture(prepared, results)
         for i, r in enumerate(batch.requests):
             offset, (lo, hi) = prepared.offsets[i], prepared.prompt_spans[i]
             num_lp = hi - lo
@@ -193,6 +208,18 @@ class ModelRunner:
             return self.model(fb, self.kv, hidden_states=True)
         with self.ranks.step(new_tokens, slot_tables, [None] * len(new_tokens)):
             return self.model(fb, self.kv, hidden_states=True)
+
+
+def _hand_out_capture(prepared: PreparedBatch, results: list[StepResult]) -> None:
+    """Each request's share of the hidden states the forward copied out."""
+    capture, token = prepared.capture, 0
+    for i, res in enumerate(results):
+        n, offset, rows = len(prepared.new_tokens[i]), prepared.offsets[i], len(prepared.rows[i])
+        if capture.aux is not None:
+            res.aux_hidden = capture.aux[token : token + n]
+        if capture.normed is not None and rows:
+            res.hidden = capture.normed[offset : offset + rows]
+        token += n
 
 
 def _reports_next_top(batch: Batch, i: int) -> bool:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from braid.runtime.executor.forward_batch import ForwardBatch
+from braid.runtime.executor.forward_batch import ForwardBatch, HiddenCapture
 from braid.runtime.kvcache.pool import KVPool
 from braid.runtime.models.config.model_config import ModelConfig
 from braid.runtime.models.layers import rope
@@ -224,29 +224,41 @@ class LlamaForCausalLM(nn.Module):
         kv: KVPool,
         num_layers: int | None = None,
         hidden_states: bool = False,
+        capture: HiddenCapture | None = None,
     ) -> torch.Tensor:
         """Next-token logits [N, V] for the rows in batch.logits_indices, in the weights' dtype:
         greedy decoding takes the argmax of bfloat16 logits as they are (converting a batch's rows
         of the vocabulary cost a share of every step: docs/benchmarks.md), and the sampler and the
         logprobs convert to float32 themselves. With `num_layers`, only the first layers run before
         the head (a self-draft). With `hidden_states`, those rows' final normed hidden states
-        [N, hidden] instead of logits (what embeddings are pooled from)."""
+        [N, hidden] instead of logits (what embeddings are pooled from). `capture`: hidden
+        states copied out for draft heads (HiddenCapture says which), the logits unchanged."""
         residual = self.embed_tokens(batch.input_ids)  # (T, hidden)
+        depth = num_layers or len(self.layers)
+        wanted = capture.layers if capture is not None else ()
+        aux = None
+        if wanted:
+            aux = residual.new_empty(residual.shape[0], len(wanted), residual.shape[1])
         # The one-call decoder has no sliding window and one rope table: a windowed model, or
         # one with NoPE layers, runs layer by layer.
         plain = not (self.config.layer_windows or self.config.nope_layers)
         decoder = self.decoder if plain else None
         if decoder is not None and decoder.serves(batch):
-            x = decoder(residual, batch, kv, num_layers or len(self.layers))
+            x = decoder(residual, batch, kv, depth, wanted, aux)
         else:
             x = None
             # Slicing a ModuleList builds a new one (an add_module call a layer, every step):
             # only to cut it.
-            for layer in self.layers if num_layers is None else self.layers[:num_layers]:
+            for i, layer in enumerate(self.layers if num_layers is None else self.layers[:depth]):
+                _capture_stream(wanted, i, aux, residual, x)
                 x = layer(x, residual, batch, kv, self.rotary, self.ops)
+        _capture_stream(wanted, depth, aux, residual, x)
         # Only the rows whose logits are wanted go through the last add and norm.
         rows = batch.logits_indices
         x = self.norm(x[rows], self.ops, residual[rows])
+        if capture is not None:
+            capture.aux = None if aux is None else aux.flatten(1)
+            capture.normed = x if capture.final else None
         return x if hidden_states else self.lm_head(x)
 
     def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:
@@ -282,6 +294,21 @@ class LlamaForCausalLM(nn.Module):
                 put(name, torch.cat([take(p) for p in parts]))
             else:
                 put(name, take(hf))
+
+
+def _capture_stream(
+    wanted: tuple[int, ...], layer: int, aux: torch.Tensor | None, residual, x
+) -> None:
+    """Into aux[:, c] for each c with wanted[c] == layer: the residual stream entering
+    `layer`, residual + x (x, the previous layer's output, is added into residual in place
+    by the layer's first norm: the sum here is a copy, the stream itself untouched)."""
+    for c, j in enumerate(wanted):
+        if j != layer:
+            continue
+        if x is None:
+            aux[:, c].copy_(residual)
+        else:
+            torch.add(residual, x, out=aux[:, c])
 
 
 def partial_rotary_rows(config: ModelConfig) -> torch.Tensor | None:

@@ -26,6 +26,7 @@ from braid.runtime.executor.sampler import record_tokens, sample, sampling_probs
 from braid.runtime.spec.adaptive import MAX_ADAPTIVE_LENGTH, Acceptance, StepCost
 from braid.runtime.spec.constrained import draft_step
 from braid.runtime.spec.draft_model import DraftModelProposer
+from braid.runtime.spec.heads.proposer import HeadProposer
 from braid.runtime.spec.ngram import NgramIndex
 from braid.runtime.spec.suffix import SuffixStore
 from braid.runtime.spec.tree import DraftTree
@@ -54,6 +55,8 @@ class SpecState:
     # The request's output in the suffix store: its id there and how many tokens it holds.
     suffix_id: int | None = None
     suffix_stored: int = 0
+    # A trained draft head's memory of the request (runtime/spec/heads: hidden states).
+    head: object = None
 
 
 class SpecWorker:
@@ -65,9 +68,10 @@ class SpecWorker:
         runner: ModelRunner,
         stats: EngineStats,
         scheduler: Scheduler,
-        draft: DraftModelProposer | None = None,
+        draft: DraftModelProposer | HeadProposer | None = None,
     ) -> None:
-        """`scheduler`: where the draft trees' KV slots (and the draft model's) come from."""
+        """`scheduler`: where the draft trees' KV slots (and the draft model's) come from.
+        `draft`: a draft model or a trained head; without one, n-gram and suffix lookups."""
         self.runner = runner
         self.max_batch_tokens = config.max_batch_tokens
         self.scheduler = scheduler
@@ -75,7 +79,11 @@ class SpecWorker:
         self.fixed_length = config.spec_draft_length
         self.width = config.spec_tree_width
         self.stats = stats
-        self.draft = draft
+        self.proposer = draft
+        # A trained head sees every step's hidden states; a proposer with a pool of its own
+        # has its slots counted in the engine's stats.
+        self.heads = draft if isinstance(draft, HeadProposer) else None
+        self.draft = draft if getattr(draft, "kv", None) is not None else None
         self.cost = StepCost()
         # Earlier requests' outputs, by cache namespace (a tenant's never reach another's).
         self.suffix = None
@@ -87,6 +95,8 @@ class SpecWorker:
         gets its tokens in turn (`steps`)."""
         if not batch.drafts:  # (a batch run again, its requests one by one, has its trees)
             self._attach(batch, self.max_batch_tokens - sum(batch.num_new))
+        # Where each request's feed starts, before the step counts it as computed.
+        starts = [r.num_computed for r in batch.requests]
         started = time.perf_counter()
         results = self.runner.run(batch)
         if all(r.is_decoding for r in batch.requests):
@@ -94,9 +104,13 @@ class SpecWorker:
                 torch.cuda.synchronize(self.runner.device)
             self.cost.observe(sum(batch.num_new), time.perf_counter() - started)
         for i, res in enumerate(results):
-            tree = batch.draft(i)
+            tree, r, known = batch.draft(i), batch.requests[i], batch.num_known(i)
             if tree is not None:
-                res.steps = self._walk(batch.requests[i], tree, res)
+                res.steps = self._walk(r, tree, res, starts[i], known)
+            elif self.heads is not None:
+                if r.spec is None:
+                    r.spec = SpecState()
+                self.heads.observe(r, res, starts[i], known, None, [])
         return results
 
     def _attach(self, batch: Batch, budget: int) -> None:
@@ -120,7 +134,9 @@ class SpecWorker:
             batch.num_new[i] += len(tree)
             budget -= len(tree)
 
-    def _walk(self, r: Request, tree: DraftTree, root: StepResult) -> Iterator[StepResult]:
+    def _walk(
+        self, r: Request, tree: DraftTree, root: StepResult, start: int, known: int
+    ) -> Iterator[StepResult]:
         """Decode along the draft tree: at each node draw the target's token as decoding would
         (`_sample_node`) once the tokens before it are appended, then continue from the child
         holding what was appended (the token and any forced text), if the tree has one. The
@@ -129,7 +145,8 @@ class SpecWorker:
         frees the others', so rejected tokens never reach the radix cache).
 
         root.draft_logits: [1 + len(tree), V], the root's row first, then node i's at row
-        i + 1. The consumer stops early (closing the walk) when r ends.
+        i + 1. The consumer stops early (closing the walk) when r ends. A trained head sees
+        the hidden states along the kept path then (r fed `known` tokens from `start`).
         """
         logits = root.draft_logits
         kept: list[int] = []
@@ -152,6 +169,8 @@ class SpecWorker:
         finally:
             root.kept_nodes = kept
             self._record(r, tree, len(kept))
+            if self.heads is not None:
+                self.heads.observe(r, root, start, known, tree, kept)
 
     def _sample_node(
         self, logits: torch.Tensor, r: Request, drafted: tuple[int, torch.Tensor] | None
@@ -174,7 +193,7 @@ class SpecWorker:
 
     def propose(self, reqs: list[Request], budget: int) -> list[DraftTree | None]:
         """A draft tree (or None) per decoding request, at most `budget` tokens in all."""
-        extra = self.draft.seconds_per_step if self.draft is not None else 0.0
+        extra = self.proposer.seconds_per_step if self.proposer is not None else 0.0
         token_cost = self.cost.token_cost(len(reqs), extra)
         lengths = []
         for r in reqs:
@@ -189,8 +208,8 @@ class SpecWorker:
                 k = r.spec.acceptance.choose_length(token_cost, min(MAX_ADAPTIVE_LENGTH, limit))
             lengths.append(max(k, 0))
             budget -= k  # a tree may hold more nodes than its depth: trimmed below
-        if self.draft is not None:
-            trees = self.draft.propose(reqs, lengths, self.scheduler)
+        if self.proposer is not None:
+            trees = self.proposer.propose(reqs, lengths, self.scheduler)
             for r in reqs:
                 if r.constraint is not None:
                     r.constraint.reset_draft()

@@ -69,18 +69,32 @@ class QuantDecoder:
         return batch.lora is None or batch.lora.cpu_kernels is not None
 
     def __call__(
-        self, residual: torch.Tensor, batch: ForwardBatch, kv: KVPool, num_layers: int
+        self,
+        residual: torch.Tensor,
+        batch: ForwardBatch,
+        kv: KVPool,
+        num_layers: int,
+        capture_layers: tuple[int, ...] = (),
+        captured: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The first `num_layers` layers over `batch` (which `serves`): `residual` (the
-        embeddings) is updated in place; returns the last layer's MLP output."""
+        embeddings) is updated in place; returns the last layer's MLP output. With
+        `capture_layers` (as HiddenCapture.layers), the stream entering each of them below
+        num_layers is copied into captured[:, c] ([T, len(capture_layers), hidden]; the
+        caller adds the last layer's output itself)."""
         meta = batch.metadata(self.attention)
         rotary = self.model.rotary
         lora = batch.lora
         pairs = None if lora is None else (lora.row_adapters, lora.cpu_pairs)
+        capture = None
+        if capture_layers:
+            # A layer past the stack is never reached: -1 matches none.
+            which = [j if j < num_layers else -1 for j in capture_layers]
+            capture = (torch.tensor(which, dtype=torch.int64), captured)
         return self.attention.lib.quant_decode_layers(
             self._layers_for(kv), num_layers, self.shape, residual, batch.positions,
             batch.out_slots, meta.rows, meta.kv_starts, meta.kv_lens, meta.kv_indices,
-            rotary.cos, rotary.sin, pairs,
+            rotary.cos, rotary.sin, pairs, capture,
         )  # fmt: skip
 
     def _layers_for(self, kv: KVPool):
