@@ -19,7 +19,9 @@ METHODS by --methods; with --llama-cpp-python, llama.cpp on the same GGUF at bat
 (llama-cpp-python serves one sequence), plain and with its prompt-lookup drafting,
 constrained by the grammar it makes from the same schemas (its rows compare with its plain
 side, the output by text). tok/s is output tokens over the time from the first request to
-the last reply, prefill included: what a user waits for.
+the last reply, prefill included: what a user waits for; decode tok/s is each reply's tokens
+after its first over the time from its first token to its last (the phase speculation
+speeds up, with the prefill left out; at batch 16, per request).
 
 Every (workload, mode, side) run is a fresh process, the sides alternate their order per
 round, and each keeps its best round: a shared machine's speed drifts over minutes
@@ -31,10 +33,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
@@ -50,7 +52,8 @@ from braid.runtime.cli.bench.common import (
 from braid.runtime.cli.bench.peers import model_files, run_peer
 
 if TYPE_CHECKING:
-    from braid.runtime import Engine, GenerateOutput, SamplingParams
+    from braid.runtime import Engine, SamplingParams
+    from braid.runtime.protocol.outputs import StreamChunk
 
 
 class Conversation(TypedDict):
@@ -172,6 +175,7 @@ def add_parser(workloads: argparse._SubParsersAction) -> None:
         + ", ".join(f"{name} {w.tokens}" for name, w in WORKLOADS.items())
         + ")",
     )
+    p.add_argument("--modes", default=",".join(MODES), help="which of them, comma-separated")
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds per side")
     p.add_argument(
         "--llama-cpp-python",
@@ -200,30 +204,52 @@ def _params(conversation: Conversation, tokens: int) -> SamplingParams:
     return SamplingParams(temperature=0, max_tokens=tokens, json_schema=conversation["schema"])
 
 
+@dataclass
+class _Reply:
+    """One request's output as its chunks arrive, with when its first and last tokens came
+    (the decode phase lies between them)."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+    first: float | None = None
+    last: float = 0.0
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def add(self, chunk: StreamChunk) -> None:
+        now = time.perf_counter()
+        if chunk.token_ids:
+            if self.first is None:
+                self.first = now
+            self.last = now
+        self.text += chunk.text
+        self.token_ids += chunk.token_ids
+        if chunk.finish_reason is not None:
+            if chunk.error:
+                self.meta["error"] = chunk.error
+            self.meta.update(chunk.meta or {})
+            self.done.set()
+
+
 def _generate(
     engine: Engine, conversations: list[Conversation], prompts: list[str], tokens: int
-) -> list[GenerateOutput]:
-    """Submit every prompt at once: one `generate` call (whose requests share their params)
-    per schema among them, each call in a thread of its own."""
-    by_schema: dict[str, list[int]] = {}
-    for i, c in enumerate(conversations):
-        by_schema.setdefault(json.dumps(c["schema"]), []).append(i)
-    outs: dict[int, GenerateOutput] = {}
-    with ThreadPoolExecutor(len(by_schema)) as pool:
-        calls = {}
-        for index in by_schema.values():
-            params = _params(conversations[index[0]], tokens)
-            calls[pool.submit(engine.generate, [prompts[i] for i in index], params)] = index
-        for call, index in calls.items():
-            outs.update(zip(index, call.result(), strict=True))
-    return [outs[i] for i in range(len(prompts))]
+) -> list[_Reply]:
+    """Submit every prompt at once and wait for all their replies."""
+    replies = [_Reply() for _ in prompts]
+    for c, prompt, reply in zip(conversations, prompts, replies, strict=True):
+        engine.submit(prompt, _params(c, tokens), reply.add)
+    for reply in replies:
+        reply.done.wait()
+        if "error" in reply.meta:
+            raise RuntimeError(f"bench spec: a request failed: {reply.meta['error']}")
+    return replies
 
 
-def _converse(engine: Engine, group: list[Conversation], tokens: int) -> list[GenerateOutput]:
+def _converse(engine: Engine, group: list[Conversation], tokens: int) -> list[_Reply]:
     """Step the group's conversations together, each step one request per conversation, all
     at once; every reply, by conversation then step."""
     histories = [list(c["messages"]) for c in group]
-    replies: list[list[GenerateOutput]] = [[] for _ in group]
+    replies: list[list[_Reply]] = [[] for _ in group]
     for step in range(len(group[0]["tool_results"]) + 1):
         outs = _generate(engine, group, [_render(engine, h) for h in histories], tokens)
         for c, history, own, out in zip(group, histories, replies, outs, strict=True):
@@ -260,6 +286,9 @@ def _braid(
     return {
         "seconds": seconds,
         "output_tokens": sum(len(o.token_ids) for o in outs),
+        # The decode phase: each reply's tokens after its first, over the time they took.
+        "decode_tokens": sum(len(o.token_ids) - 1 for o in outs),
+        "decode_seconds": sum(o.last - o.first for o in outs if o.first is not None),
         "prompt_tokens": sum(o.meta["prompt_tokens"] for o in outs),
         "outputs": [o.token_ids for o in outs],
         "sample": outs[0].text[:120],
@@ -308,6 +337,8 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--methods: {BASELINE} and any of {', '.join(METHODS)}; got {methods}")
     if any(w not in WORKLOADS for w in workloads):
         raise ValueError(f"--workloads: any of {', '.join(WORKLOADS)}; got {workloads}")
+    if any(m not in MODES for m in args.modes.split(",")):
+        raise ValueError(f"--modes: any of {', '.join(MODES)}; got {args.modes}")
 
 
 def bench_spec(args: argparse.Namespace) -> int:
@@ -321,7 +352,8 @@ def bench_spec(args: argparse.Namespace) -> int:
     runs: dict[tuple[str, str, str], list[dict]] = {}
     for round_ in range(args.rounds):
         for workload in args.workloads.split(","):
-            for mode, batch in MODES.items():
+            for mode in args.modes.split(","):
+                batch = MODES[mode]
                 sides = _sides(args, model, gguf, workload, batch)
                 # Alternate which side goes first, so a drift in speed within a round does
                 # not always land on the same side.
@@ -354,11 +386,17 @@ def _rate(out: dict) -> float:
     return out["output_tokens"] / out["seconds"]
 
 
+def _decode_rate(out: dict) -> float | None:
+    """Tokens after each reply's first over the time they took (braid's sides)."""
+    seconds = out.get("decode_seconds")
+    return out["decode_tokens"] / seconds if seconds else None
+
+
 def _rows(runs: dict[tuple[str, str, str], list[dict]]) -> list[dict]:
     """Each side's best round against its engine's plain side's best, printed as a table."""
     print(
         f"{'workload':<12}{'mode':<10}{'side':<18}{'tok/s':>8}{'speedup':>9}"
-        f"{'accepted/proposed':>19}{'same output':>13}"
+        f"{'decode tok/s':>14}{'speedup':>9}{'accepted/proposed':>19}{'same output':>13}"
     )
     rows = []
     for (workload, mode, side), outs in runs.items():
@@ -367,6 +405,8 @@ def _rows(runs: dict[tuple[str, str, str], list[dict]]) -> list[dict]:
         reference = max(runs[(workload, mode, baseline)], key=_rate)
         proposed, accepted = best.get("spec_proposed_tokens"), best.get("spec_accepted_tokens")
         same = None if side == baseline else best["outputs"] == reference["outputs"]
+        decode, decode_reference = _decode_rate(best), _decode_rate(reference)
+        decode_speedup = decode / decode_reference if decode and decode_reference else None
         row = {
             "workload": workload,
             "mode": mode,
@@ -375,6 +415,8 @@ def _rows(runs: dict[tuple[str, str, str], list[dict]]) -> list[dict]:
             "tok_s": round(_rate(best), 1),
             "tok_s_per_round": [round(_rate(o), 1) for o in outs],
             "speedup": round(_rate(best) / _rate(reference), 3),
+            "decode_tok_s": None if decode is None else round(decode, 1),
+            "decode_speedup": None if decode_speedup is None else round(decode_speedup, 3),
             "output_tokens": best["output_tokens"],
             "prompt_tokens": best["prompt_tokens"],
             "spec_steps": best.get("spec_steps"),
@@ -387,8 +429,10 @@ def _rows(runs: dict[tuple[str, str, str], list[dict]]) -> list[dict]:
         rows.append(row)
         acceptance = f"{accepted}/{proposed}" if proposed else "-"
         same_text = "-" if same is None else "yes" if same else "NO"
+        decode_text = "-" if decode is None else f"{decode:.1f}"
+        decode_x = "-" if decode_speedup is None else f"{decode_speedup:.2f}x"
         print(
             f"{workload:<12}{mode:<10}{side:<18}{row['tok_s']:>8.1f}{row['speedup']:>8.2f}x"
-            f"{acceptance:>19}{same_text:>13}"
+            f"{decode_text:>14}{decode_x:>9}{acceptance:>19}{same_text:>13}"
         )
     return rows
