@@ -10,9 +10,10 @@ import torch
 from braid.grammars.constraints import MAX_SCHEMA_DEPTH
 
 SPEC_METHODS = ("auto", "none", "ngram", "suffix", "draft", "medusa", "eagle3")
-# The methods that run EngineConfig.draft_model: a draft model, or a trained head over the
-# target's hidden states (runtime/spec/heads).
-DRAFT_METHODS = ("draft", "medusa", "eagle3")
+# The methods that run a trained head over the target's hidden states (runtime/spec/heads),
+# and all that run EngineConfig.draft_model: those and a draft model.
+HEAD_METHODS = ("medusa", "eagle3")
+DRAFT_METHODS = ("draft", *HEAD_METHODS)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -252,7 +253,7 @@ class EngineConfig:
                 f"{', '.join(DRAFT_METHODS)} (spec_method={self.spec_method!r}, "
                 f"draft_model={self.draft_model!r})"
             )
-        if self.spec_method in ("medusa", "eagle3") and self.tp > 1:
+        if self.spec_method in HEAD_METHODS and self.tp > 1:
             raise ValueError(
                 f"EngineConfig.tp: spec_method={self.spec_method!r} runs its head on one "
                 "process; use tp=1"

@@ -5,9 +5,12 @@ from __future__ import annotations
 import threading
 from collections import deque
 
+from braid.runtime.config import SPEC_METHODS as CONFIG_SPEC_METHODS
+
 # Latency samples kept per metric: enough for stable p99s, bounded so memory stays flat.
 _WINDOW = 10_000
-SPEC_METHODS = ("auto", "ngram", "suffix", "draft", "medusa", "eagle3")
+# The methods counted apart: every spec_method that speculates.
+SPEC_METHODS = tuple(m for m in CONFIG_SPEC_METHODS if m != "none")
 
 
 class EngineStats:

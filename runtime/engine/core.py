@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from braid.runtime.config import EngineConfig
+from braid.runtime.config import HEAD_METHODS, EngineConfig
 from braid.runtime.executor.model_runner import ModelRunner
 from braid.runtime.kvcache.pool import KVPool
 from braid.runtime.kvcache.radix_cache import RadixCache
@@ -59,7 +59,7 @@ def build_core(
         draft = None
         if c.spec_method == "draft":
             draft = load_draft_proposer(c, runner.model, tokenizer, runner.vocab_size, kv.num_slots)
-        elif c.spec_method in ("medusa", "eagle3"):
+        elif c.spec_method in HEAD_METHODS:
             draft = load_head_proposer(c, runner, kv.num_slots)
         scheduler = Scheduler(c, kv, cache, stats, draft.kv if draft is not None else None)
         worker, speculation = runner, f"speculation {c.spec_method}"

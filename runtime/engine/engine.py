@@ -419,8 +419,8 @@ class Engine:
             lora_adapter_reloads=self._registry.memory.num_reloads,
             **self.grammars.stats(),
         )
-        draft = self.worker.draft if isinstance(self.worker, SpecWorker) else None
-        if draft is not None:  # the draft model's own pool: empty again once all are done
+        draft = self.worker.proposer if isinstance(self.worker, SpecWorker) else None
+        if draft is not None and draft.kv is not None:  # its own pool: empty once all are done
             out.update(
                 draft_kv_slots_total=draft.kv.num_slots, draft_kv_slots_free=draft.kv.num_free_slots
             )

@@ -41,8 +41,9 @@ class NgramIndex:
         total = len(tokens)
         paths: list[list[int]] = []
         for n in range(min(MAX_NGRAM, total - 1), MIN_NGRAM - 1, -1):
-            ends = [e for e in self._ends.get(tuple(tokens[total - n :]), []) if e < total]
-            recent = ends[-MAX_OCCURRENCES:]
+            # Ends grow with the tokens: only the last can be the suffix itself.
+            ends = self._ends.get(tuple(tokens[total - n :]), [])[-MAX_OCCURRENCES - 1 :]
+            recent = [e for e in ends if e < total][-MAX_OCCURRENCES:]
             order = sorted(
                 range(len(recent)),
                 key=lambda i: (_match_length(tokens, recent[i], n), i),

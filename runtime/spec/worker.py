@@ -80,10 +80,8 @@ class SpecWorker:
         self.width = config.spec_tree_width
         self.stats = stats
         self.proposer = draft
-        # A trained head sees every step's hidden states; a proposer with a pool of its own
-        # has its slots counted in the engine's stats.
+        # A trained head sees every step's hidden states.
         self.heads = draft if isinstance(draft, HeadProposer) else None
-        self.draft = draft if getattr(draft, "kv", None) is not None else None
         self.cost = StepCost()
         # Earlier requests' outputs, by cache namespace (a tenant's never reach another's).
         self.suffix = None
